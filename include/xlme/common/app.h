@@ -1,0 +1,35 @@
+// The command-line contract every binary shares (DESIGN section 2): --config, repeatable --set,
+// --print-config, --log-level, --threads, --version, --help; errors as one clear message and a
+// documented exit code.
+#pragma once
+
+#include "xlme/config/config.h"
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+namespace xlme {
+
+// Exit codes of every binary (README.md, "Exit codes").
+constexpr int kExitOk = 0;
+constexpr int kExitError = 1;           // bad input, bad config, a failed run: see the message
+constexpr int kExitUsage = 2;           // bad command line
+constexpr int kExitNotImplemented = 3;  // the binary's job is not built yet
+
+struct AppSpec {
+  std::string name;       // "xlme-pretrain"
+  std::string summary;    // one line for --help
+  bool run_logs = false;  // also log to <run.out_dir>/logs/rank<N>.log
+};
+
+// Parses the command line, resolves the config, prints it for --print-config, then sets up
+// logging, threads and the OpenMP wait policy, checks the BLAS, and calls `body`. Every
+// xlme::Error (and any other exception) becomes one "error:" line and kExitError.
+// `add_options` may add the binary's own options to the CLI11 app before parsing.
+int run_app(int argc, char** argv, const AppSpec& spec,
+            const std::function<int(const config::Config&)>& body,
+            const std::function<void(CLI::App&)>& add_options = {});
+
+}  // namespace xlme

@@ -1,0 +1,397 @@
+// The typed configuration of every xlme binary: one struct per area, parsed once from YAML.
+//
+// Each struct lists its fields once, in `visit`, with the allowed values and a one-line doc;
+// the YAML reader, the writer (`--print-config`, checkpoints) and every error message are driven
+// by that list, so a field cannot be readable but not printable, or checked in one place only.
+// Defaults are the paper's Base recipe (XLM-E, Tables 8-10) unless a comment says otherwise.
+#pragma once
+
+#include "xlme/config/schema.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace xlme::config {
+
+// Where a run writes, how loudly, on how many threads.
+struct RunConfig {
+  std::string out_dir = "runs/default";
+  int64_t seed = 1;
+  int64_t threads = 0;
+  std::string log_level = "info";
+  std::string device = "auto";
+
+  template <class V>
+  void visit(V& v) {
+    v.field(
+        "out_dir", out_dir,
+        "run folder for logs, metrics and checkpoints (relative paths: to the working directory)");
+    v.field("seed", seed, IntRange{0, 2147483647}, "seed of every random number generator");
+    v.field("threads", threads, IntRange{0, 4096},
+            "CPU threads for LibTorch and BLAS; 0 = all cores available to the process");
+    v.field("log_level", log_level, Choices{"trace", "debug", "info", "warn", "error", "off"},
+            "console and log-file level");
+    v.field("device", device, Choices{"auto", "cpu", "cuda"},
+            "auto = cuda when available, else cpu");
+  }
+};
+
+// Relative position bias of every attention layer (DESIGN section 5).
+struct RelativePositionConfig {
+  bool enabled = true;
+  bool gated = true;
+  int64_t num_buckets = 32;
+  int64_t max_distance = 128;
+  bool shared_across_layers = false;
+
+  template <class V>
+  void visit(V& v) {
+    v.field(
+        "enabled", enabled,
+        "add a learned bias per head and relative-distance bucket (off: absolute positions only)");
+    v.field("gated", gated,
+            "gate the bias by the query (XLM-E's gated relative position bias); off: plain "
+            "relative bias");
+    v.field("num_buckets", num_buckets, IntRange{4, 1024},
+            "bidirectional log-spaced distance buckets (even)");
+    v.field("max_distance", max_distance, IntRange{2, 1048576},
+            "distances at or beyond this share the last bucket");
+    v.field("shared_across_layers", shared_across_layers,
+            "one bias table for all layers instead of one per layer");
+  }
+};
+
+// The generator; 0 in a size field means "the discriminator's value".
+struct GeneratorConfig {
+  int64_t layers = 4;
+  int64_t hidden_size = 0;
+  int64_t heads = 0;
+  int64_t ffn_size = 0;
+  double sampling_temperature = 1.0;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("layers", layers, IntRange{1, 1024},
+            "generator Transformer layers (paper: 4 / 6 / 8 for Base / Large / XL)");
+    v.field("hidden_size", hidden_size, IntRange{0, 65536},
+            "0 = the discriminator's hidden size (the paper's setting)");
+    v.field("heads", heads, IntRange{0, 1024}, "0 = the discriminator's number of heads");
+    v.field("ffn_size", ffn_size, IntRange{0, 1048576}, "0 = the discriminator's FFN size");
+    v.field("sampling_temperature", sampling_temperature, RealRange{0.0, 100.0, true, false},
+            "temperature of replacement sampling from the generator's softmax");
+  }
+};
+
+// The encoders: the discriminator's shape at top level, the generator's under `generator`.
+struct ModelConfig {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 768;
+  int64_t layers = 12;
+  int64_t heads = 12;
+  int64_t ffn_size = 3072;
+  int64_t embedding_size = 0;
+  int64_t max_positions = 512;
+  bool absolute_positions = true;
+  double dropout = 0.1;
+  double attention_dropout = 0.1;
+  double layer_norm_eps = 1e-5;
+  std::string norm = "post";
+  double init_std = 0.02;
+  std::string embedding_sharing = "full";
+  std::string attention = "auto";
+  RelativePositionConfig relative_position;
+  GeneratorConfig generator;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("vocab_size", vocab_size, IntRange{0, 2147483647},
+            "0 = the tokenizer's size (data.tokenizer); XLM-R's vocabulary has 250002 ids");
+    v.field("hidden_size", hidden_size, IntRange{1, 65536}, "discriminator width");
+    v.field("layers", layers, IntRange{1, 1024}, "discriminator Transformer layers");
+    v.field("heads", heads, IntRange{1, 1024}, "attention heads (must divide hidden_size)");
+    v.field("ffn_size", ffn_size, IntRange{1, 1048576}, "feed-forward inner size");
+    v.field("embedding_size", embedding_size, IntRange{0, 65536},
+            "0 = hidden_size; smaller: factorized embeddings with a projection (ELECTRA-small)");
+    v.field("max_positions", max_positions, IntRange{1, 1048576},
+            "longest sequence the position embeddings cover");
+    v.field("absolute_positions", absolute_positions, "learned absolute position embeddings");
+    v.field("dropout", dropout, RealRange{0.0, 1.0, false, true},
+            "dropout on embeddings and sub-layer outputs");
+    v.field("attention_dropout", attention_dropout, RealRange{0.0, 1.0, false, true},
+            "dropout on attention probabilities");
+    v.field("layer_norm_eps", layer_norm_eps, RealRange{0.0, 1.0, true, true}, "LayerNorm epsilon");
+    v.field("norm", norm, Choices{"post", "pre"},
+            "LayerNorm after (BERT, default) or before each sub-layer");
+    v.field("init_std", init_std, RealRange{0.0, 1.0, true, false},
+            "standard deviation of the N(0, std) initialization");
+    v.field(
+        "embedding_sharing", embedding_sharing, Choices{"full", "gdes"},
+        "full = ELECTRA's shared embeddings; gdes = DeBERTa-v3's gradient-disentangled sharing");
+    v.field("attention", attention, Choices{"auto", "math", "sdpa"},
+            "attention kernel: math = explicit softmax (any LibTorch); sdpa = "
+            "scaled_dot_product_attention (LibTorch >= 2.0)");
+    v.section("relative_position", relative_position,
+              "gated relative position bias (DESIGN section 5)");
+    v.section("generator", generator,
+              "the generator encoder (shares the token and position embeddings)");
+  }
+};
+
+// Which losses a step optimizes: L = L_MLM + L_TLM + rtd_weight * (L_MRTD + L_TRTD).
+struct ObjectivesConfig {
+  std::string set = "xlme";
+  double rtd_weight = 50.0;
+  double mask_ratio = 0.15;
+  double mask_token_ratio = 1.0;
+
+  template <class V>
+  void visit(V& v) {
+    v.field(
+        "set", set, Choices{"xlme", "xlme-mono", "mlm", "mlm+tlm"},
+        "xlme = MLM+TLM+MRTD+TRTD; xlme-mono = MLM+MRTD; mlm = XLM-R-style; mlm+tlm = XLM-style");
+    v.field("rtd_weight", rtd_weight, RealRange{0.0, 1e6, true, false},
+            "lambda, the weight of the discriminator losses (paper: 50)");
+    v.field("mask_ratio", mask_ratio, RealRange{0.0, 1.0, true, true},
+            "fraction of real tokens selected for masking");
+    v.field("mask_token_ratio", mask_token_ratio, RealRange{0.0, 1.0},
+            "of the selected tokens, the fraction replaced by <mask> (ELECTRA: 0.85); the rest "
+            "stay as they are");
+  }
+};
+
+// SentencePiece training (xlme-data train-spm).
+struct TokenizerTrainingConfig {
+  int64_t vocab_size = 32000;
+  std::string model_type = "unigram";
+  double character_coverage = 0.9995;
+  double sampling_exponent = 0.3;
+  int64_t max_sentences = 10000000;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("vocab_size", vocab_size, IntRange{100, 4194304},
+            "pieces in the trained model, special ids included");
+    v.field("model_type", model_type, Choices{"unigram", "bpe"}, "SentencePiece algorithm");
+    v.field("character_coverage", character_coverage, RealRange{0.0, 1.0, true, false},
+            "fraction of characters the vocabulary must cover");
+    v.field("sampling_exponent", sampling_exponent, RealRange{0.0, 1.0, true, false},
+            "beta: sentences sampled per language with p_j ~ m_j^beta (XLM-R: 0.3)");
+    v.field("max_sentences", max_sentences, IntRange{1, kNoLimit},
+            "sentences sampled for training, over all languages");
+  }
+};
+
+// One task's batches: MRTD reads monolingual text, TRTD translation pairs.
+struct TaskDataConfig {
+  int64_t max_len = 512;
+  double sampling_exponent = 0.7;
+  std::vector<std::string> languages;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("max_len", max_len, IntRange{8, 1048576},
+            "longest sequence in tokens, special tokens included");
+    v.field("sampling_exponent", sampling_exponent, RealRange{0.0, 1.0, true, false},
+            "alpha: languages (pairs) sampled with p_j ~ m_j^alpha (paper: 0.7)");
+    v.field(
+        "languages", languages,
+        "languages (mono) or pairs such as en-de (para) to train on; empty = all in data.shards");
+  }
+};
+
+// From raw text to batches (DESIGN section 4).
+struct DataConfig {
+  std::string tokenizer;
+  std::string vocab_layout = "own";
+  std::string shards = "data/shards";
+  TaskDataConfig mono;
+  TaskDataConfig para;
+  std::string too_long = "drop";
+  int64_t loader_threads = 2;
+  int64_t prefetch = 8;
+  TokenizerTrainingConfig spm;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("tokenizer", tokenizer,
+            "SentencePiece model file; empty until one is trained or given");
+    v.field("vocab_layout", vocab_layout, Choices{"own", "xlmr"},
+            "own = a model trained by xlme-data; xlmr = XLM-R's sentencepiece.bpe.model (fairseq "
+            "ids, <mask> last)");
+    v.field("shards", shards, "folder of binarized shards (xlme-data binarize --out)");
+    v.section("mono", mono, "MRTD batches: monolingual sentences packed into sequences");
+    v.section("para", para, "TRTD batches: <s> e </s> f </s>, bucketed by length");
+    v.field("too_long", too_long, Choices{"drop", "truncate"},
+            "what happens to a translation pair longer than para.max_len");
+    v.field("loader_threads", loader_threads, IntRange{1, 256},
+            "background threads that build batches");
+    v.field("prefetch", prefetch, IntRange{1, 4096}, "batches built ahead of the training step");
+    v.section("spm", spm, "SentencePiece training (xlme-data train-spm)");
+  }
+};
+
+// The optimizer step and its schedule.
+struct TrainConfig {
+  int64_t steps = 125000;
+  int64_t warmup_steps = 10000;
+  double lr = 5e-4;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.98;
+  double adam_eps = 1e-6;
+  double weight_decay = 0.01;
+  double clip_norm = 2.0;
+  int64_t tokens_per_task = 1048576;
+  int64_t micro_batch_tokens = 16384;
+  std::string precision = "auto";
+  int64_t log_every = 100;
+  int64_t validate_every = 5000;
+  int64_t save_every = 5000;
+  int64_t keep_last = 3;
+  int64_t keep_every = 0;
+  int64_t max_bad_steps = 20;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("steps", steps, IntRange{1, kNoLimit}, "optimizer steps");
+    v.field("warmup_steps", warmup_steps, IntRange{0, kNoLimit},
+            "linear warm-up steps, then linear decay to 0");
+    v.field("lr", lr, RealRange{0.0, 1.0, true, false}, "peak learning rate");
+    v.field("adam_beta1", adam_beta1, RealRange{0.0, 1.0, false, true}, "AdamW beta1");
+    v.field("adam_beta2", adam_beta2, RealRange{0.0, 1.0, false, true}, "AdamW beta2");
+    v.field("adam_eps", adam_eps, RealRange{0.0, 1.0, true, true}, "AdamW epsilon");
+    v.field("weight_decay", weight_decay, RealRange{0.0, 1.0},
+            "decoupled weight decay (not on biases and LayerNorm)");
+    v.field("clip_norm", clip_norm, RealRange{0.0, 1e6},
+            "global gradient-norm clipping over both models; 0 = off");
+    v.field("tokens_per_task", tokens_per_task, IntRange{1, kNoLimit},
+            "global tokens per optimizer step for each task (ranks x micro-batches x tokens)");
+    v.field("micro_batch_tokens", micro_batch_tokens, IntRange{1, kNoLimit},
+            "tokens per micro-batch on one rank, padding included");
+    v.field("precision", precision, Choices{"auto", "fp32", "bf16"},
+            "auto = bf16 autocast on CUDA, fp32 on CPU");
+    v.field("log_every", log_every, IntRange{1, kNoLimit}, "steps between log lines");
+    v.field("validate_every", validate_every, IntRange{0, kNoLimit},
+            "steps between validations; 0 = never");
+    v.field("save_every", save_every, IntRange{0, kNoLimit},
+            "steps between checkpoints; 0 = only at the end");
+    v.field("keep_last", keep_last, IntRange{1, kNoLimit}, "newest checkpoints kept");
+    v.field("keep_every", keep_every, IntRange{0, kNoLimit},
+            "also keep every checkpoint whose step is a multiple of this; 0 = none");
+    v.field("max_bad_steps", max_bad_steps, IntRange{1, kNoLimit},
+            "non-finite steps in a row before the run stops");
+  }
+};
+
+// Multi-process training over c10d.
+struct DistConfig {
+  std::string backend = "auto";
+  int64_t timeout_s = 1800;
+  int64_t bucket_mb = 25;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("backend", backend, Choices{"auto", "nccl", "gloo"},
+            "auto = nccl on CUDA, gloo on CPU");
+    v.field("timeout_s", timeout_s, IntRange{1, 604800}, "collective timeout in seconds");
+    v.field("bucket_mb", bucket_mb, IntRange{1, 65536},
+            "size of the flat gradient buckets all-reduced together");
+  }
+};
+
+// Fine-tuning and evaluation on one XTREME task (xlme-finetune).
+struct FinetuneConfig {
+  std::string task = "xnli";
+  std::string data_dir = "download";
+  std::string init;
+  std::string train_language = "en";
+  std::vector<std::string> languages;
+  int64_t max_len = 128;
+  int64_t batch_size = 32;
+  double lr = 2e-5;
+  int64_t epochs = 2;
+  double warmup_ratio = 0.1;
+  double weight_decay = 0.0;
+  double layer_lr_decay = 1.0;
+  int64_t eval_every = 0;
+  std::vector<int64_t> seeds = {1};
+
+  template <class V>
+  void visit(V& v) {
+    v.field("task", task,
+            Choices{"xnli", "pawsx", "udpos", "panx", "xquad", "mlqa", "tydiqa", "tatoeba", "bucc"},
+            "XTREME task");
+    v.field("data_dir", data_dir, "XTREME's download/ folder (download/<task>/...)");
+    v.field("init", init, "pre-training checkpoint or export folder to start from");
+    v.field("train_language", train_language,
+            "language trained on and used for model selection (zero-shot: en)");
+    v.field("languages", languages, "languages evaluated; empty = the task's XTREME list");
+    v.field("max_len", max_len, IntRange{8, 1048576}, "longest input in tokens");
+    v.field("batch_size", batch_size, IntRange{1, kNoLimit}, "training batch size in examples");
+    v.field("lr", lr, RealRange{0.0, 1.0, true, false}, "peak learning rate");
+    v.field("epochs", epochs, IntRange{1, 100000}, "training epochs");
+    v.field("warmup_ratio", warmup_ratio, RealRange{0.0, 1.0, false, true},
+            "fraction of steps spent in linear warm-up");
+    v.field("weight_decay", weight_decay, RealRange{0.0, 1.0}, "decoupled weight decay");
+    v.field("layer_lr_decay", layer_lr_decay, RealRange{0.0, 1.0, true, false},
+            "learning rate multiplied by this per layer below the top; 1 = off");
+    v.field("eval_every", eval_every, IntRange{0, kNoLimit},
+            "steps between dev evaluations; 0 = once per epoch");
+    v.field("seeds", seeds, IntRange{0, 2147483647}, "one run per seed; results as mean and std");
+  }
+};
+
+// The portable model folder (xlme-export).
+struct ExportConfig {
+  std::string checkpoint;
+  std::string out_dir = "export";
+  bool with_generator = false;
+  std::string dtype = "fp32";
+
+  template <class V>
+  void visit(V& v) {
+    v.field("checkpoint", checkpoint, "checkpoint folder to export");
+    v.field("out_dir", out_dir, "export folder (model.safetensors, config.json, tokenizer)");
+    v.field("with_generator", with_generator, "also export the generator and its head");
+    v.field("dtype", dtype, Choices{"fp32", "bf16"}, "dtype of the exported weights");
+  }
+};
+
+// Everything a binary can be configured with. Binaries read the sections they need; a resolved
+// Config is written into every checkpoint and reads back identically.
+struct Config {
+  RunConfig run;
+  ModelConfig model;
+  DataConfig data;
+  ObjectivesConfig objectives;
+  TrainConfig train;
+  DistConfig dist;
+  FinetuneConfig finetune;
+  ExportConfig export_;
+
+  template <class V>
+  void visit(V& v) {
+    v.section("run", run, "where the run writes, logging, threads");
+    v.section("model", model, "generator and discriminator encoders");
+    v.section("data", data, "tokenizer, shards, batches");
+    v.section("objectives", objectives, "losses and masking");
+    v.section("train", train, "optimizer, schedule, checkpoints");
+    v.section("dist", dist, "multi-process training over c10d");
+    v.section("finetune", finetune, "XTREME fine-tuning and evaluation");
+    v.section("export", export_, "portable model folder");
+  }
+};
+
+// Resolves a config: defaults < `path` (with its `include:` files) < each `--set key=value`.
+// `path` may be empty (defaults only). Throws xlme::Error naming the file, line and key of any
+// unknown key, wrong type, out-of-range value, missing file or malformed YAML.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The resolved config as YAML that load_config reads back identically; with `docs`, each key is
+// preceded by a comment with its meaning and allowed values.
+std::string to_yaml(const Config& config, bool docs = false);
+
+// Writes to_yaml(config) to `path` atomically (temporary file, fsync, rename).
+void save_config(const Config& config, const std::string& path);
+
+}  // namespace xlme::config

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Installs the Debian packages xlme needs (skipped when all are present), then configures and
+# builds xlme. Safe to run again: it only does what is missing or out of date.
+#
+#   scripts/setup.sh [--no-build] [-- EXTRA CMAKE ARGS]
+#
+# Environment:
+#   XLME_BUILD_DIR     build folder (default: build)
+#   XLME_TORCH_PREFIX  a CUDA LibTorch 2.x, e.g. $(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)');
+#                      default: Debian's libtorch-dev (1.13, CPU)
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir=${XLME_BUILD_DIR:-build}
+case "$build_dir" in /*) ;; *) build_dir="$root/$build_dir" ;; esac
+build=1
+cmake_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-build) build=0 ;;
+    --) shift; cmake_args=("$@"); break ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+# libopenblas0-pthread: without it LibTorch falls back to the reference BLAS (~15x slower matmuls).
+# python3-torch, python3-numpy: the PyTorch reference loader and its parity test.
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libtorch-dev libgloo-dev libopenblas0-pthread
+  libsentencepiece-dev sentencepiece
+  libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
+  python3-torch python3-numpy
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "setup.sh: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    sudo=sudo
+  fi
+  echo "==> installing ${#missing[@]} Debian packages: ${missing[*]}"
+  $sudo apt-get update -q
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+else
+  echo "==> Debian packages: all ${#packages[@]} present"
+fi
+
+[ "$build" -eq 1 ] || exit 0
+
+if [ -n "${XLME_TORCH_PREFIX:-}" ]; then
+  cmake_args+=("-DCMAKE_PREFIX_PATH=$XLME_TORCH_PREFIX")
+fi
+echo "==> configuring $build_dir"
+cmake -S "$root" -B "$build_dir" -G Ninja "${cmake_args[@]}" >"$build_dir.configure.log" 2>&1 || {
+  cat "$build_dir.configure.log" >&2
+  echo "setup.sh: cmake configuration failed (log above: $build_dir.configure.log)" >&2
+  exit 1
+}
+echo "==> building (this takes a few minutes on 2 cores the first time)"
+start=$(date +%s)
+cmake --build "$build_dir"
+echo "==> built in $(( $(date +%s) - start )) s: $build_dir/xlme-{data,pretrain,finetune,export}"

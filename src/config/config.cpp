@@ -1,0 +1,204 @@
+#include "xlme/config/config.h"
+
+#include "xlme/common/error.h"
+#include "xlme/common/io.h"
+#include "yaml_io.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace xlme::config {
+namespace {
+
+namespace fs = std::filesystem;
+using detail::Origins;
+using detail::Source;
+
+constexpr const char* kIncludeKey = "include";
+
+YAML::Node parse_file(const std::string& path) {
+  XLME_CHECK(fs::is_regular_file(path),
+             "config file '{}' not found (working directory: {}); pass an existing YAML file to "
+             "--config, e.g. configs/pretrain/demo.yaml",
+             path, fs::current_path().string());
+  try {
+    return YAML::LoadFile(path);
+  } catch (const YAML::ParserException& e) {
+    XLME_FAIL("{}:{}:{}: malformed YAML: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
+  } catch (const YAML::BadFile&) {
+    XLME_FAIL("config file '{}' cannot be read; check its permissions", path);
+  }
+}
+
+// Applies `path` onto `config`: first the files of its `include:` list (paths relative to the
+// including file, each one's own includes first), then its own keys.
+void apply_file(const std::string& path, Config& config, Origins& origins,
+                std::vector<std::string>& chain) {
+  const std::string canonical = fs::weakly_canonical(path).string();
+  for (const auto& seen : chain) {
+    XLME_CHECK(seen != canonical, "{}: include cycle: {} -> {}", path, fmt::join(chain, " -> "),
+               canonical);
+  }
+  YAML::Node root = parse_file(path);
+  const Source source{path, true};
+  if (root.IsMap()) {
+    if (const YAML::Node includes = root[kIncludeKey]) {
+      std::vector<std::string> files;
+      if (includes.IsScalar()) {
+        files.push_back(includes.Scalar());
+      } else if (includes.IsSequence()) {
+        for (const auto& item : includes) {
+          XLME_CHECK(item.IsScalar(), "{}: include: expected a list of file paths",
+                     source.where(item));
+          files.push_back(item.Scalar());
+        }
+      } else {
+        XLME_FAIL("{}: include: expected a file path or a list of file paths",
+                  source.where(includes));
+      }
+      chain.push_back(canonical);
+      for (const auto& file : files) {
+        const fs::path resolved =
+            fs::path(file).is_absolute() ? fs::path(file) : fs::path(path).parent_path() / file;
+        XLME_CHECK(fs::is_regular_file(resolved),
+                   "{}: included file '{}' not found (looked for {})", source.where(includes), file,
+                   resolved.string());
+        apply_file(resolved.lexically_normal().string(), config, origins, chain);
+      }
+      chain.pop_back();
+    }
+  }
+  if (root.IsNull()) return;  // an empty file sets nothing
+  detail::YamlReader reader(root, "", source, origins, {kIncludeKey});
+  config.visit(reader);
+  reader.finish();
+}
+
+// `--set a.b.c=value`: a one-key YAML map applied like a file. Values starting with '[' or '{'
+// are YAML flow collections ("[de, fr]"); anything else is taken verbatim as one scalar, so that
+// paths with spaces or '#' survive.
+void apply_override(const std::string& text, Config& config, Origins& origins) {
+  const auto eq = text.find('=');
+  XLME_CHECK(eq != std::string::npos && eq > 0,
+             "--set '{}': expected dotted.key=value, e.g. --set train.lr=1e-4", text);
+  const std::string dotted = text.substr(0, eq);
+  const std::string value = text.substr(eq + 1);
+  YAML::Node leaf;
+  if (!value.empty() && (value.front() == '[' || value.front() == '{')) {
+    try {
+      leaf = YAML::Load(value);
+    } catch (const YAML::ParserException& e) {
+      XLME_FAIL("--set {}: malformed YAML value '{}': {}", text, value, e.msg);
+    }
+  } else {
+    leaf = YAML::Node(value);
+  }
+  std::vector<std::string> parts;
+  std::stringstream stream(dotted);
+  for (std::string part; std::getline(stream, part, '.');) {
+    XLME_CHECK(!part.empty(), "--set '{}': empty component in key '{}'", text, dotted);
+    parts.push_back(part);
+  }
+  XLME_CHECK(!dotted.empty() && dotted.back() != '.', "--set '{}': empty component in key '{}'",
+             text, dotted);
+  YAML::Node node = leaf;
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+    YAML::Node parent(YAML::NodeType::Map);
+    parent[*it] = node;
+    node = parent;
+  }
+  const Source source{"--set " + text, false};
+  detail::YamlReader reader(node, "", source, origins);
+  config.visit(reader);
+  reader.finish();
+}
+
+std::string origin_of(const Origins& origins, const std::string& key) {
+  const auto it = origins.find(key);
+  return it == origins.end() ? "default" : "from " + it->second;
+}
+
+// Constraints that involve more than one key; the message names each key and where it was set.
+void validate(const Config& c, const Origins& o) {
+  const auto& m = c.model;
+  XLME_CHECK(m.hidden_size % m.heads == 0,
+             "model.hidden_size ({}, {}) must be a multiple of model.heads ({}, {})", m.hidden_size,
+             origin_of(o, "model.hidden_size"), m.heads, origin_of(o, "model.heads"));
+  const int64_t gen_hidden = m.generator.hidden_size ? m.generator.hidden_size : m.hidden_size;
+  const int64_t gen_heads = m.generator.heads ? m.generator.heads : m.heads;
+  XLME_CHECK(gen_hidden % gen_heads == 0,
+             "the generator's hidden size ({}) must be a multiple of its number of heads ({}); "
+             "set model.generator.hidden_size ({}) and model.generator.heads ({})",
+             gen_hidden, gen_heads, origin_of(o, "model.generator.hidden_size"),
+             origin_of(o, "model.generator.heads"));
+  XLME_CHECK(m.embedding_size <= m.hidden_size,
+             "model.embedding_size ({}, {}) must not exceed model.hidden_size ({}, {}); 0 means "
+             "equal to hidden_size",
+             m.embedding_size, origin_of(o, "model.embedding_size"), m.hidden_size,
+             origin_of(o, "model.hidden_size"));
+  const auto& rp = m.relative_position;
+  XLME_CHECK(rp.num_buckets % 2 == 0,
+             "model.relative_position.num_buckets ({}, {}) must be even: half the buckets are "
+             "for each direction",
+             rp.num_buckets, origin_of(o, "model.relative_position.num_buckets"));
+  XLME_CHECK(rp.max_distance > rp.num_buckets / 4,
+             "model.relative_position.max_distance ({}, {}) must exceed num_buckets / 4 ({}), the "
+             "exact buckets per direction",
+             rp.max_distance, origin_of(o, "model.relative_position.max_distance"),
+             rp.num_buckets / 4);
+  for (const auto* task : {"mono", "para"}) {
+    const TaskDataConfig& d = std::string(task) == "mono" ? c.data.mono : c.data.para;
+    const std::string key = fmt::format("data.{}.max_len", task);
+    XLME_CHECK(d.max_len <= m.max_positions,
+               "{} ({}, {}) exceeds model.max_positions ({}, {}); lower one or raise the other",
+               key, d.max_len, origin_of(o, key), m.max_positions,
+               origin_of(o, "model.max_positions"));
+    XLME_CHECK(d.max_len <= c.train.micro_batch_tokens,
+               "{} ({}, {}) exceeds train.micro_batch_tokens ({}, {}): one sequence must fit in "
+               "a micro-batch",
+               key, d.max_len, origin_of(o, key), c.train.micro_batch_tokens,
+               origin_of(o, "train.micro_batch_tokens"));
+  }
+  XLME_CHECK(c.train.warmup_steps <= c.train.steps,
+             "train.warmup_steps ({}, {}) exceeds train.steps ({}, {})", c.train.warmup_steps,
+             origin_of(o, "train.warmup_steps"), c.train.steps, origin_of(o, "train.steps"));
+  XLME_CHECK(c.finetune.max_len <= m.max_positions,
+             "finetune.max_len ({}, {}) exceeds model.max_positions ({}, {})", c.finetune.max_len,
+             origin_of(o, "finetune.max_len"), m.max_positions,
+             origin_of(o, "model.max_positions"));
+  XLME_CHECK(!c.finetune.seeds.empty(), "finetune.seeds ({}) must name at least one seed",
+             origin_of(o, "finetune.seeds"));
+}
+
+}  // namespace
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Config config;
+  Origins origins;
+  if (!path.empty()) {
+    std::vector<std::string> chain;
+    apply_file(path, config, origins, chain);
+  }
+  for (const auto& text : overrides) apply_override(text, config, origins);
+  validate(config, origins);
+  return config;
+}
+
+std::string to_yaml(const Config& config, bool docs) {
+  std::ostringstream out;
+  if (docs) out << "# xlme resolved configuration (defaults < --config file < --set)\n";
+  Config copy = config;  // visit() is shared with the reader, which needs mutable access
+  detail::YamlWriter writer(out, docs);
+  copy.visit(writer);
+  return out.str();
+}
+
+void save_config(const Config& config, const std::string& path) {
+  write_file_atomic(path, to_yaml(config, /*docs=*/false));
+}
+
+}  // namespace xlme::config

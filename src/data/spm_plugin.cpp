@@ -1,0 +1,79 @@
+// libxlme_spm.so: SentencePiece behind the plugin boundary (include/xlme/data/spm_plugin_abi.h).
+// Nothing here may throw across the boundary.
+#include "xlme/data/spm_plugin_abi.h"
+
+#include <sentencepiece_processor.h>
+
+#include <exception>
+#include <memory>
+
+namespace {
+
+using sentencepiece::SentencePieceProcessor;
+
+const SentencePieceProcessor& processor_of(const void* p) {
+  return *static_cast<const SentencePieceProcessor*>(p);
+}
+
+std::string load(const std::string& path, void** processor) {
+  try {
+    auto sp = std::make_unique<SentencePieceProcessor>();
+    const auto status = sp->Load(path);
+    if (!status.ok()) return status.ToString();
+    *processor = sp.release();
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+void destroy(void* processor) {
+  delete static_cast<SentencePieceProcessor*>(processor);
+}
+
+int piece_size(const void* processor) {
+  return processor_of(processor).GetPieceSize();
+}
+
+std::string encode(const void* processor, const std::string& text, std::vector<int>* ids) {
+  try {
+    const auto status = processor_of(processor).Encode(text, ids);
+    return status.ok() ? "" : status.ToString();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+std::string decode(const void* processor, const std::vector<int>& ids, std::string* text) {
+  try {
+    const auto status = processor_of(processor).Decode(ids, text);
+    return status.ok() ? "" : status.ToString();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+std::string id_to_piece(const void* processor, int id, std::string* piece) {
+  const auto& sp = processor_of(processor);
+  if (id < 0 || id >= sp.GetPieceSize()) return "id out of range";
+  *piece = sp.IdToPiece(id);
+  return "";
+}
+
+int piece_to_id(const void* processor, const std::string& piece) {
+  return processor_of(processor).PieceToId(piece);
+}
+
+}  // namespace
+
+extern "C" const xlme::data::SpmPluginApi* xlme_spm_plugin_api() {
+  static const xlme::data::SpmPluginApi api{xlme::data::kSpmPluginAbiVersion,
+                                            load,
+                                            destroy,
+                                            piece_size,
+                                            encode,
+                                            decode,
+                                            id_to_piece,
+                                            piece_to_id};
+  return &api;
+}

@@ -1,0 +1,157 @@
+// The four binaries as a user runs them: --help, --version, --print-config (read back through the
+// config loader), overrides, errors with their exit codes, log files, the OpenMP wait policy and
+// the reference-BLAS warning.
+#include "xlme/config/config.h"
+
+#include "test_util.h"
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace xlme {
+namespace {
+
+using xlme::testing::contains_all;
+using xlme::testing::read_file;
+using xlme::testing::TempDir;
+using xlme::testing::write_file;
+
+const char* const kTools[] = {"xlme-data", "xlme-pretrain", "xlme-finetune", "xlme-export"};
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs `tool args...` through the shell with `env` prepended (e.g. "RANK=2"), in `cwd`.
+Result run(const std::string& tool, const std::vector<std::string>& args,
+           const std::string& env = "", const std::string& cwd = XLME_SOURCE_DIR) {
+  static TempDir scratch;
+  std::string command =
+      "cd " + quote(cwd) + " && " + env + " " + quote(std::string(XLME_BINARY_DIR) + "/" + tool);
+  for (const auto& a : args) command += " " + quote(a);
+  command += " >" + quote(scratch / "out") + " 2>" + quote(scratch / "err");
+  const int status = std::system(command.c_str());
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_file(scratch / "out");
+  r.err = read_file(scratch / "err");
+  return r;
+}
+
+TEST(Cli, EveryBinaryAnswersHelp) {
+  for (const char* tool : kTools) {
+    SCOPED_TRACE(tool);
+    const Result r = run(tool, {"--help"});
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(contains_all(r.out, {tool, "--config FILE", "--set KEY=VALUE", "--print-config",
+                                     "--log-level", "--threads", "--version", "Exit codes"}));
+  }
+}
+
+TEST(Cli, EveryBinaryPrintsAConfigThatLoadsBackIdentically) {
+  TempDir dir;
+  for (const char* tool : kTools) {
+    SCOPED_TRACE(tool);
+    const Result r = run(tool, {"--config", "configs/pretrain/demo.yaml", "--print-config", "--set",
+                                "train.lr=2.5e-4", "--threads", "1"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(contains_all(r.out, {"lr: 0.00025", "threads: 1", "# peak learning rate"}));
+    write_file(dir / "printed.yaml", r.out);
+    const config::Config expected =
+        config::load_config(std::string(XLME_SOURCE_DIR) + "/configs/pretrain/demo.yaml",
+                            {"train.lr=2.5e-4", "run.threads=1"});
+    EXPECT_EQ(config::to_yaml(config::load_config(dir / "printed.yaml")),
+              config::to_yaml(expected));
+  }
+}
+
+TEST(Cli, PrintConfigWithoutAFileGivesTheDefaults) {
+  const Result r = run("xlme-export", {"--print-config"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  TempDir dir;
+  write_file(dir / "defaults.yaml", r.out);
+  EXPECT_EQ(config::to_yaml(config::load_config(dir / "defaults.yaml")),
+            config::to_yaml(config::load_config("")));
+}
+
+TEST(Cli, ConfigErrorsExitWithOneAndAMessage) {
+  Result r = run("xlme-pretrain", {"--config", "configs/pretrain/demo.yaml", "--set",
+                                   "model.hiden_size=3", "--print-config"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains_all(r.err, {"xlme-pretrain: error: --set model.hiden_size=3: unknown key "
+                                   "'model.hiden_size' (did you mean 'model.hidden_size'?)"}));
+  EXPECT_EQ(r.out, "");
+  r = run("xlme-finetune", {"--config", "configs/nope.yaml"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains_all(r.err, {"config file 'configs/nope.yaml' not found"}));
+  r = run("xlme-data", {"--log-level", "loud", "--print-config"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains_all(r.err, {"run.log_level: expected one of: trace, debug, info, warn, "
+                                   "error, off, got 'loud'"}));
+}
+
+TEST(Cli, BadCommandLineExitsWithTwo) {
+  const Result r = run("xlme-export", {"--no-such-flag"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains_all(r.err, {"--no-such-flag"}));
+}
+
+TEST(Cli, VersionNamesLibTorch) {
+  const Result r = run("xlme-pretrain", {"--version"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains_all(r.out, {"xlme " XLME_VERSION, "LibTorch"}));
+}
+
+TEST(Cli, UnbuiltJobsSayIssueAndExitWithThree) {
+  TempDir dir;
+  const Result r = run("xlme-pretrain", {"--config", "configs/pretrain/demo.yaml", "--set",
+                                         "run.out_dir=" + (dir / "run")});
+  EXPECT_EQ(r.code, 3);
+  EXPECT_TRUE(contains_all(r.err, {"pre-training is not implemented yet (issue #5)"}));
+  // The run folder holds rank 0's log, with the start-up lines.
+  EXPECT_TRUE(contains_all(read_file(dir / "run/logs/rank0.log"),
+                           {"xlme-pretrain - xlme", "threads: ", "not implemented yet"}));
+}
+
+TEST(Cli, OtherRanksLogToTheirFileAndKeepTheConsoleForErrors) {
+  TempDir dir;
+  const Result r = run("xlme-finetune", {"--set", "run.out_dir=" + (dir / "run")}, "RANK=2");
+  EXPECT_EQ(r.code, 3);
+  EXPECT_EQ(r.err.find("threads:"), std::string::npos) << r.err;  // info lines stay in the file
+  EXPECT_TRUE(contains_all(r.err, {"[rank 2]", "not implemented yet"}));
+  EXPECT_TRUE(contains_all(read_file(dir / "run/logs/rank2.log"), {"threads: "}));
+  EXPECT_FALSE(std::filesystem::exists(dir / "run/logs/rank0.log"));
+}
+
+TEST(Cli, PassiveOpenMpWaitPolicyUnlessTheUserSetsOne) {
+  Result r = run("xlme-export", {"--threads", "2"}, "env -u OMP_WAIT_POLICY");
+  EXPECT_TRUE(contains_all(r.err, {"threads: 2 LibTorch", "OMP_WAIT_POLICY=PASSIVE"}));
+  r = run("xlme-export", {}, "OMP_WAIT_POLICY=ACTIVE");
+  EXPECT_TRUE(contains_all(r.err, {"OMP_WAIT_POLICY=ACTIVE"}));
+}
+
+TEST(Cli, WarnsWhenLibTorchFallsBackToTheReferenceBlas) {
+  const std::string reference = "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3";
+  if (!std::filesystem::exists(reference)) GTEST_SKIP() << "no reference BLAS at " << reference;
+  Result r = run("xlme-export", {});
+  EXPECT_EQ(r.err.find("reference BLAS"), std::string::npos) << r.err;
+  // Put the reference libblas.so.3 first on the library path, as a machine without OpenBLAS has.
+  TempDir dir;
+  std::filesystem::create_symlink(reference, dir / "libblas.so.3");
+  r = run("xlme-export", {}, "LD_LIBRARY_PATH=" + quote(dir.path().string()));
+  EXPECT_TRUE(contains_all(r.err, {"LibTorch is using the reference BLAS (" + reference,
+                                   "Install libopenblas0-pthread"}));
+}
+
+}  // namespace
+}  // namespace xlme
