@@ -3,6 +3,7 @@
 #include "xlme/common/error.h"
 #include "xlme/common/logging.h"
 #include "xlme/common/runtime.h"
+#include "xlme/dist/launch.h"
 
 #include <spdlog/spdlog.h>
 
@@ -77,7 +78,7 @@ int run_app(int argc, char** argv, const AppSpec& spec,
     }
 
     runtime::ensure_passive_omp_wait_policy(argv);
-    const int rank = runtime::launcher_rank();
+    const int rank = dist::launch_info_from_env().rank;
     logging::Options log_options{cfg.run.log_level, rank, ""};
     if (spec.run_logs) {
       log_options.dir = (std::filesystem::path(cfg.run.out_dir) / "logs").string();

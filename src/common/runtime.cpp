@@ -23,16 +23,6 @@ bool contains(const std::string& text, const char* part) {
   return text.find(part) != std::string::npos;
 }
 
-int env_int(const char* name, int fallback) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
-  char* end = nullptr;
-  const long parsed = std::strtol(value, &end, 10);
-  XLME_CHECK(*end == '\0' && parsed >= 0 && parsed <= INT_MAX,
-             "environment variable {}='{}' is not a non-negative integer", name, value);
-  return static_cast<int>(parsed);
-}
-
 }  // namespace
 
 BlasInfo detect_blas() {
@@ -95,11 +85,6 @@ void ensure_passive_omp_wait_policy(char** argv) {
   execv("/proc/self/exe", argv);
   // Only reached when the re-execution failed; the caller goes on with spinning threads.
   unsetenv("OMP_WAIT_POLICY");
-}
-
-int launcher_rank() {
-  if (std::getenv("RANK") != nullptr) return env_int("RANK", 0);
-  return env_int("SLURM_PROCID", 0);
 }
 
 std::string build_description() {

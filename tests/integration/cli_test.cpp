@@ -125,7 +125,8 @@ TEST(Cli, UnbuiltJobsSayIssueAndExitWithThree) {
 
 TEST(Cli, OtherRanksLogToTheirFileAndKeepTheConsoleForErrors) {
   TempDir dir;
-  const Result r = run("xlme-finetune", {"--set", "run.out_dir=" + (dir / "run")}, "RANK=2");
+  const Result r = run("xlme-finetune", {"--set", "run.out_dir=" + (dir / "run")},
+                       "RANK=2 WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500");
   EXPECT_EQ(r.code, 3);
   EXPECT_EQ(r.err.find("threads:"), std::string::npos) << r.err;  // info lines stay in the file
   EXPECT_TRUE(contains_all(r.err, {"[rank 2]", "not implemented yet"}));

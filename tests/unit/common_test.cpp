@@ -111,21 +111,6 @@ TEST(Runtime, LibTorchUsesAnOptimizedBlas) {
   }
 }
 
-TEST(Runtime, LauncherRankFromTheEnvironment) {
-  unsetenv("RANK");
-  unsetenv("SLURM_PROCID");
-  EXPECT_EQ(runtime::launcher_rank(), 0);
-  setenv("SLURM_PROCID", "5", 1);
-  EXPECT_EQ(runtime::launcher_rank(), 5);
-  setenv("RANK", "2", 1);  // torchrun's variable wins
-  EXPECT_EQ(runtime::launcher_rank(), 2);
-  setenv("RANK", "two", 1);
-  EXPECT_TRUE(contains_all(error_message([] { runtime::launcher_rank(); }),
-                           {"RANK='two' is not a non-negative integer"}));
-  unsetenv("RANK");
-  unsetenv("SLURM_PROCID");
-}
-
 TEST(TorchCompat, VersionMacrosMatchTheLibrary) {
   EXPECT_TRUE(XLME_TORCH_AT_LEAST(1, 13));
   EXPECT_FALSE(XLME_TORCH_AT_LEAST(TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR + 1));

@@ -37,9 +37,6 @@ ThreadSettings configure_threads(int64_t requested);
 // own OMP_WAIT_POLICY is left alone. Returns only if no re-execution happened.
 void ensure_passive_omp_wait_policy(char** argv);
 
-// This process's rank from the launcher's environment (RANK, else SLURM_PROCID, else 0).
-int launcher_rank();
-
 // One line describing the build: xlme, LibTorch and CUDA versions.
 std::string build_description();
 

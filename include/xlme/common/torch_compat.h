@@ -18,3 +18,18 @@ constexpr bool kHasScaledDotProductAttention = XLME_TORCH_AT_LEAST(2, 0);
 constexpr const char* kTorchVersion = TORCH_VERSION;
 
 }  // namespace xlme::compat
+
+// c10d: LibTorch 2.0 split ProcessGroup into a dispatching ProcessGroup and per-device Backends;
+// ProcessGroupGloo/ProcessGroupNCCL became Backends with the same collective methods. xlme holds
+// them through this alias.
+#if XLME_TORCH_AT_LEAST(2, 0)
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+namespace xlme::compat {
+using CollectiveGroup = c10d::Backend;
+}
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+namespace xlme::compat {
+using CollectiveGroup = c10d::ProcessGroup;
+}
+#endif

@@ -1,0 +1,244 @@
+#include "xlme/dist/communicator.h"
+
+#include "xlme/common/error.h"
+#include "xlme/common/torch_compat.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+#include <unistd.h>
+
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <thread>
+
+namespace xlme::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string alive_key(int rank) {
+  return fmt::format("xlme/alive/{}", rank);
+}
+constexpr const char* kAllAliveKey = "xlme/alive/all";
+
+std::string this_host() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return fmt::format("{}:{}", name, ::getpid());
+}
+
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  // A single-host job rendezvousing on loopback stays on loopback, whatever the hostname says.
+  if (master_addr == "127.0.0.1" || master_addr == "localhost" || master_addr == "::1") {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+struct Communicator::Group {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<compat::CollectiveGroup> pg;
+  torch::Device device = torch::kCPU;
+};
+
+Communicator::Communicator(LaunchInfo launch, std::string backend)
+    : launch_(std::move(launch)), backend_(std::move(backend)) {}
+
+Communicator::~Communicator() = default;
+
+std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
+                                                   const std::string& backend,
+                                                   std::chrono::milliseconds timeout) {
+  std::string chosen = backend;
+  if (chosen == "auto") chosen = torch::cuda::is_available() ? "nccl" : "gloo";
+  XLME_CHECK(chosen == "gloo" || chosen == "nccl",
+             "unknown distributed backend '{}'; use auto, gloo or nccl", backend);
+  std::shared_ptr<Communicator> comm(new Communicator(launch, chosen));
+  if (launch.world_size == 1) return comm;
+
+  const int rank = launch.rank;
+  const int world = launch.world_size;
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(timeout).count();
+  const std::string where = fmt::format("{}:{}", launch.master_addr, launch.master_port);
+  comm->group_ = std::make_unique<Group>();
+  Group& group = *comm->group_;
+
+  // Rendezvous: rank 0 serves a TCPStore without waiting for the others, so that the presence
+  // check below, not the store, decides who is missing and says so.
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(launch.master_port);
+  options.isServer = rank == 0;
+  options.numWorkers = world;
+  options.waitWorkers = false;
+  options.timeout = timeout;
+  try {
+    group.store = c10::make_intrusive<c10d::TCPStore>(launch.master_addr, options);
+  } catch (const std::exception& e) {
+    XLME_FAIL(
+        "rank {} of {}: cannot {} the rendezvous at {} within {} s ({}); check MASTER_ADDR and "
+        "MASTER_PORT, that the port is free on rank 0's host, and that rank 0 is running",
+        rank, world, rank == 0 ? "serve" : "reach", where, seconds, e.what());
+  }
+
+  // Start-up check: every rank announces itself; rank 0 names the ones that stay silent.
+  const std::string host = this_host();
+  group.store->set(alive_key(rank), std::vector<uint8_t>(host.begin(), host.end()));
+  if (rank == 0) {
+    const auto deadline = Clock::now() + timeout;
+    std::vector<int> missing;
+    do {
+      missing.clear();
+      for (int r = 0; r < world; ++r) {
+        if (!group.store->check({alive_key(r)})) missing.push_back(r);
+      }
+      if (missing.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    } while (Clock::now() < deadline);
+    XLME_CHECK(missing.empty(),
+               "rank(s) {} of {} did not join the rendezvous at {} within {} s "
+               "(dist.timeout_s); check that every process was launched and can reach {}",
+               fmt::join(missing, ", "), world, where, seconds, where);
+    group.store->set(kAllAliveKey, std::vector<uint8_t>{1});
+  } else {
+    try {
+      group.store->wait({kAllAliveKey}, timeout);
+    } catch (const std::exception& e) {
+      XLME_FAIL(
+          "rank {} of {}: rank 0 did not confirm within {} s that all ranks joined the "
+          "rendezvous at {}; rank 0's log names the missing ranks ({})",
+          rank, world, seconds, where, e.what());
+    }
+  }
+
+  auto prefix = c10::make_intrusive<c10d::PrefixStore>("xlme/pg", group.store);
+  try {
+    if (chosen == "gloo") {
+      auto pg_options = c10d::ProcessGroupGloo::Options::create(timeout);
+      pg_options->devices.push_back(gloo_device(launch.master_addr));
+      group.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, rank, world, pg_options);
+    } else {
+#ifdef USE_C10D_NCCL
+      group.device = torch::Device(torch::kCUDA, static_cast<int8_t>(launch.local_rank));
+      auto pg_options = c10d::ProcessGroupNCCL::Options::create();
+      pg_options->timeout = timeout;
+      group.pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefix, rank, world, pg_options);
+#else
+      XLME_FAIL(
+          "dist.backend=nccl needs a CUDA LibTorch built with NCCL; this build ({}) has "
+          "none: use dist.backend=gloo",
+          compat::kTorchVersion);
+#endif
+    }
+  } catch (const xlme::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    XLME_FAIL("rank {} of {}: cannot create the {} process group: {}", rank, world, chosen,
+              e.what());
+  }
+
+  // One all-reduce through the new group proves the collective path end to end.
+  std::vector<torch::Tensor> probe{torch::ones({1}, torch::TensorOptions().device(group.device))};
+  comm->all_reduce_sum(probe);
+  const double total = probe[0].item<double>();
+  XLME_CHECK(total == world, "start-up all-reduce over {} ranks returned {} instead of {}", world,
+             total, world);
+  spdlog::info("distributed: rank {} of {} (local rank {}), {} via {}, rendezvous {}", rank, world,
+               launch.local_rank, chosen, launch.launcher, where);
+  return comm;
+}
+
+void Communicator::all_reduce_sum(std::vector<torch::Tensor>& tensors) {
+  if (!group_) return;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  try {
+    // One collective per tensor: a multi-tensor call means "one tensor per device" to c10d.
+    for (auto& tensor : tensors) {
+      std::vector<torch::Tensor> one{tensor};
+      works.push_back(group_->pg->allreduce(one));
+    }
+    for (auto& work : works) work->wait();
+  } catch (const std::exception& e) {
+    XLME_FAIL(
+        "rank {}: all-reduce failed ({}); another rank probably died or exceeded "
+        "dist.timeout_s, see its log",
+        rank(), e.what());
+  }
+}
+
+void Communicator::broadcast(std::vector<torch::Tensor>& tensors, int root) {
+  if (!group_) return;
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  try {
+    for (auto& tensor : tensors) {
+      std::vector<torch::Tensor> one{tensor};
+      group_->pg->broadcast(one, options)->wait();
+    }
+  } catch (const std::exception& e) {
+    XLME_FAIL("rank {}: broadcast from rank {} failed ({}); see the other ranks' logs", rank(),
+              root, e.what());
+  }
+}
+
+void Communicator::barrier() {
+  if (!group_) return;
+  try {
+    group_->pg->barrier()->wait();
+  } catch (const std::exception& e) {
+    XLME_FAIL("rank {}: barrier failed ({}); see the other ranks' logs", rank(), e.what());
+  }
+}
+
+void broadcast_tensors(Communicator& comm, const std::vector<torch::Tensor>& tensors, int root) {
+  if (comm.world_size() == 1) return;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> data;
+  for (const auto& t : tensors) data.push_back(t.detach());
+  comm.broadcast(data, root);
+}
+
+void all_reduce_gradients(Communicator& comm, const std::vector<torch::Tensor>& params,
+                          int64_t bucket_bytes, bool average) {
+  if (comm.world_size() == 1) return;
+  XLME_CHECK(bucket_bytes > 0, "gradient bucket size must be positive, got {} bytes", bucket_bytes);
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    grads.push_back(p.grad());
+  }
+  // Buckets of consecutive gradients with one dtype and device, each flattened into one tensor.
+  std::size_t begin = 0;
+  while (begin < grads.size()) {
+    std::size_t end = begin;
+    std::size_t bytes = 0;
+    while (
+        end < grads.size() && grads[end].scalar_type() == grads[begin].scalar_type() &&
+        grads[end].device() == grads[begin].device() &&
+        (end == begin || bytes + grads[end].nbytes() <= static_cast<std::size_t>(bucket_bytes))) {
+      bytes += grads[end].nbytes();
+      ++end;
+    }
+    const std::vector<torch::Tensor> bucket(grads.begin() + begin, grads.begin() + end);
+    std::vector<torch::Tensor> flat{at::flatten_dense_tensors(bucket)};
+    comm.all_reduce_sum(flat);
+    if (average) flat[0].div_(comm.world_size());
+    const auto pieces = at::unflatten_dense_tensors(flat[0], bucket);
+    for (std::size_t i = 0; i < bucket.size(); ++i) bucket[i].copy_(pieces[i]);
+    begin = end;
+  }
+}
+
+}  // namespace xlme::dist

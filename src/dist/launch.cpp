@@ -1,0 +1,86 @@
+#include "xlme/dist/launch.h"
+
+#include "xlme/common/error.h"
+
+#include <cstdlib>
+#include <limits>
+
+namespace xlme::dist {
+namespace {
+
+const char* env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : nullptr;
+}
+
+int env_int(const char* name, const char* launcher, int min, int max) {
+  const char* value = env(name);
+  XLME_CHECK(value != nullptr, "{} launch: environment variable {} is not set", launcher, name);
+  char* end = nullptr;
+  const long parsed = std::strtol(value, &end, 10);
+  XLME_CHECK(*end == '\0' && parsed >= min && parsed <= max,
+             "{} launch: environment variable {}='{}' is not an integer in [{}, {}]", launcher,
+             name, value, min, max);
+  return static_cast<int>(parsed);
+}
+
+}  // namespace
+
+std::string first_slurm_host(const std::string& nodelist) {
+  std::string host;
+  std::size_t i = 0;
+  while (i < nodelist.size() && nodelist[i] != ',') {
+    if (nodelist[i] != '[') {
+      host += nodelist[i++];
+      continue;
+    }
+    // A bracket group "[07-12,20]": the first number of its first range.
+    const std::size_t close = nodelist.find(']', i);
+    XLME_CHECK(close != std::string::npos, "SLURM_JOB_NODELIST='{}': unbalanced '['", nodelist);
+    const std::string group = nodelist.substr(i + 1, close - i - 1);
+    const std::size_t stop = group.find_first_of("-,");
+    const std::string first = group.substr(0, stop);
+    XLME_CHECK(!first.empty(), "SLURM_JOB_NODELIST='{}': empty range in '[{}]'", nodelist, group);
+    host += first;
+    i = close + 1;
+  }
+  XLME_CHECK(!host.empty(), "SLURM_JOB_NODELIST='{}' names no host", nodelist);
+  return host;
+}
+
+LaunchInfo launch_info_from_env() {
+  LaunchInfo info;
+  constexpr int kMaxRanks = 1 << 20;
+  if (env("RANK") != nullptr || env("WORLD_SIZE") != nullptr) {
+    info.launcher = "torchrun";
+    info.world_size = env_int("WORLD_SIZE", "torchrun", 1, kMaxRanks);
+    info.rank = env_int("RANK", "torchrun", 0, info.world_size - 1);
+    info.local_rank = env("LOCAL_RANK") ? env_int("LOCAL_RANK", "torchrun", 0, kMaxRanks) : 0;
+    if (info.world_size > 1) {
+      XLME_CHECK(env("MASTER_ADDR") != nullptr,
+                 "torchrun launch: environment variable MASTER_ADDR is not set (WORLD_SIZE={})",
+                 info.world_size);
+      info.master_addr = env("MASTER_ADDR");
+      info.master_port = env_int("MASTER_PORT", "torchrun", 1, 65535);
+    }
+  } else if (env("SLURM_PROCID") != nullptr) {
+    info.launcher = "slurm";
+    info.world_size = env_int("SLURM_NTASKS", "SLURM", 1, kMaxRanks);
+    info.rank = env_int("SLURM_PROCID", "SLURM", 0, info.world_size - 1);
+    info.local_rank = env("SLURM_LOCALID") ? env_int("SLURM_LOCALID", "SLURM", 0, kMaxRanks) : 0;
+    if (info.world_size > 1) {
+      if (const char* addr = env("MASTER_ADDR")) {
+        info.master_addr = addr;
+      } else {
+        XLME_CHECK(env("SLURM_JOB_NODELIST") != nullptr,
+                   "SLURM launch: neither MASTER_ADDR nor SLURM_JOB_NODELIST is set");
+        info.master_addr = first_slurm_host(env("SLURM_JOB_NODELIST"));
+      }
+      if (env("MASTER_PORT") != nullptr)
+        info.master_port = env_int("MASTER_PORT", "SLURM", 1, 65535);
+    }
+  }
+  return info;
+}
+
+}  // namespace xlme::dist

@@ -1,0 +1,156 @@
+// Two real processes on a real Gloo process group over loopback: all-reduce, broadcast, bucketed
+// gradient averaging and parameter broadcast give what one process computes from both ranks'
+// values; the start-up check names a rank that never joins.
+#include "xlme/dist/communicator.h"
+
+#include "test_util.h"
+
+#include <netinet/in.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+extern char** environ;
+
+namespace xlme::dist {
+namespace {
+
+using xlme::testing::contains_all;
+using xlme::testing::read_file;
+using xlme::testing::TempDir;
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Starts this test binary again, running only the worker below, with `vars` added to the
+// environment. Returns the child's pid.
+pid_t spawn_worker(const std::map<std::string, std::string>& vars) {
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  for (const auto& [name, value] : vars) env_strings.push_back(name + "=" + value);
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string exe = "/proc/self/exe", filter = "--gtest_filter=DistGloo.DISABLED_Worker",
+              disabled = "--gtest_also_run_disabled_tests";
+  char* argv[] = {exe.data(), filter.data(), disabled.data(), nullptr};
+  pid_t pid = -1;
+  EXPECT_EQ(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+  return pid;
+}
+
+int wait_exit_code(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Runs inside the spawned processes only (disabled for a normal test run).
+TEST(DistGloo, DISABLED_Worker) {
+  const std::string mode = std::getenv("XLME_DIST_MODE");
+  std::ofstream result(std::getenv("XLME_DIST_RESULT"));
+  const LaunchInfo launch = launch_info_from_env();
+  if (mode == "missing") {
+    try {
+      Communicator::create(launch, "gloo", std::chrono::seconds(2));
+      result << "created without the other rank";
+    } catch (const xlme::Error& e) {
+      result << e.what();
+    }
+    return;
+  }
+  const auto comm = Communicator::create(launch, "gloo", std::chrono::seconds(30));
+  const int r = comm->rank();
+  ASSERT_EQ(comm->world_size(), 2);
+
+  std::vector<torch::Tensor> sums{torch::tensor({r + 1.0, 10.0 * (r + 1)}), torch::full({3}, r)};
+  comm->all_reduce_sum(sums);
+  EXPECT_TRUE(torch::equal(sums[0], torch::tensor({3.0, 30.0})));
+  EXPECT_TRUE(torch::equal(sums[1], torch::full({3}, 1)));
+
+  std::vector<torch::Tensor> from_one{r == 1 ? torch::arange(5.0) : torch::zeros({5})};
+  comm->broadcast(from_one, /*root=*/1);
+  EXPECT_TRUE(torch::equal(from_one[0], torch::arange(5.0)));
+
+  // Gradients: rank r holds (r + 1) * i for parameter i; parameter 3 has no gradient on rank 0.
+  // A 40-byte bucket limit splits the 3 x 4 + 5 + 2 x 2 + 1 floats into several collectives.
+  std::vector<torch::Tensor> params{torch::zeros({3, 4}), torch::zeros({5}), torch::zeros({2, 2}),
+                                    torch::zeros({1}, torch::kFloat64)};
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (r == 0 && i == 3) continue;
+    params[i].mutable_grad() = torch::full_like(params[i], (r + 1.0) * (i + 1));
+  }
+  all_reduce_gradients(*comm, params, /*bucket_bytes=*/40, /*average=*/true);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(torch::allclose(params[i].grad(), torch::full_like(params[i], 1.5 * (i + 1)))) << i;
+  }
+  EXPECT_TRUE(torch::equal(params[3].grad(), torch::full({1}, 4.0, torch::kFloat64)));
+
+  std::vector<torch::Tensor> weights{torch::full({4}, r + 7.0), torch::full({2, 3}, -r)};
+  broadcast_tensors(*comm, weights, /*root=*/0);
+  EXPECT_TRUE(torch::equal(weights[0], torch::full({4}, 7.0)));
+  EXPECT_TRUE(torch::equal(weights[1], torch::zeros({2, 3}, torch::kLong)));
+  comm->barrier();
+  if (!::testing::Test::HasFailure()) result << "ok";
+}
+
+TEST(DistGloo, TwoProcessesAgreeWithTheCombinedComputation) {
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 2; ++rank) {
+    pids.push_back(spawn_worker({{"RANK", std::to_string(rank)},
+                                 {"WORLD_SIZE", "2"},
+                                 {"MASTER_ADDR", "127.0.0.1"},
+                                 {"MASTER_PORT", port},
+                                 {"XLME_DIST_MODE", "collectives"},
+                                 {"XLME_DIST_RESULT", dir / ("rank" + std::to_string(rank))}}));
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(wait_exit_code(pids[rank]), 0) << "rank " << rank;
+    EXPECT_EQ(read_file(dir / ("rank" + std::to_string(rank))), "ok") << "rank " << rank;
+  }
+}
+
+TEST(DistGloo, StartupCheckNamesTheRankThatNeverJoins) {
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  const pid_t pid = spawn_worker({{"RANK", "0"},
+                                  {"WORLD_SIZE", "2"},
+                                  {"MASTER_ADDR", "127.0.0.1"},
+                                  {"MASTER_PORT", port},
+                                  {"XLME_DIST_MODE", "missing"},
+                                  {"XLME_DIST_RESULT", dir / "rank0"}});
+  EXPECT_EQ(wait_exit_code(pid), 0);
+  EXPECT_TRUE(contains_all(
+      read_file(dir / "rank0"),
+      {"rank(s) 1 of 2 did not join the rendezvous at 127.0.0.1:" + port, "within 2 s"}));
+}
+
+TEST(DistGloo, OneProcessNeedsNoProcessGroup) {
+  LaunchInfo single;
+  const auto comm = Communicator::create(single, "gloo", std::chrono::seconds(1));
+  std::vector<torch::Tensor> t{torch::ones({2})};
+  comm->all_reduce_sum(t);
+  comm->broadcast(t, 0);
+  comm->barrier();
+  EXPECT_TRUE(torch::equal(t[0], torch::ones({2})));
+  EXPECT_EQ(comm->world_size(), 1);
+}
+
+}  // namespace
+}  // namespace xlme::dist

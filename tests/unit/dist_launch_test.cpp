@@ -1,0 +1,110 @@
+// Launcher environments: torchrun, SLURM (with its compressed node lists), none, and the errors.
+#include "xlme/dist/launch.h"
+
+#include "test_util.h"
+
+#include <cstdlib>
+#include <map>
+
+namespace xlme::dist {
+namespace {
+
+using xlme::testing::contains_all;
+using xlme::testing::error_message;
+
+// Sets exactly `vars` among the launcher variables for the test's duration.
+class LaunchEnv : public ::testing::Test {
+ protected:
+  void SetUp() override { clear(); }
+  void TearDown() override { clear(); }
+  static void clear() {
+    for (const char* name :
+         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
+          "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST"}) {
+      unsetenv(name);
+    }
+  }
+  static void set(const std::map<std::string, std::string>& vars) {
+    for (const auto& [name, value] : vars) setenv(name.c_str(), value.c_str(), 1);
+  }
+};
+
+TEST(SlurmNodeList, FirstHost) {
+  const std::pair<const char*, const char*> table[] = {
+      {"node01", "node01"},
+      {"node[01-04]", "node01"},
+      {"gpu[07-12,20],cpu1", "gpu07"},
+      {"gpu[3,5-7]", "gpu3"},
+      {"a-b[001-010]", "a-b001"},
+      {"n1,n2,n3", "n1"},
+      {"r[1-2]n[3-4]", "r1n3"},
+      {"dgx-a100-[0012-0015].cluster", "dgx-a100-0012.cluster"},
+  };
+  for (const auto& [list, host] : table) EXPECT_EQ(first_slurm_host(list), host) << list;
+  EXPECT_TRUE(contains_all(error_message([] { first_slurm_host("gpu[1-2"); }),
+                           {"SLURM_JOB_NODELIST='gpu[1-2': unbalanced '['"}));
+  EXPECT_TRUE(contains_all(error_message([] { first_slurm_host(""); }), {"names no host"}));
+}
+
+TEST_F(LaunchEnv, NoLauncherIsOneProcess) {
+  const LaunchInfo info = launch_info_from_env();
+  EXPECT_EQ(info.launcher, "none");
+  EXPECT_EQ(info.rank, 0);
+  EXPECT_EQ(info.world_size, 1);
+}
+
+TEST_F(LaunchEnv, Torchrun) {
+  set({{"RANK", "5"},
+       {"WORLD_SIZE", "16"},
+       {"LOCAL_RANK", "1"},
+       {"MASTER_ADDR", "10.0.0.7"},
+       {"MASTER_PORT", "29400"},
+       {"SLURM_PROCID", "9"}});  // torchrun's variables win
+  const LaunchInfo info = launch_info_from_env();
+  EXPECT_EQ(info.launcher, "torchrun");
+  EXPECT_EQ(info.rank, 5);
+  EXPECT_EQ(info.world_size, 16);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.master_addr, "10.0.0.7");
+  EXPECT_EQ(info.master_port, 29400);
+}
+
+TEST_F(LaunchEnv, Slurm) {
+  set({{"SLURM_PROCID", "3"},
+       {"SLURM_NTASKS", "8"},
+       {"SLURM_LOCALID", "3"},
+       {"SLURM_JOB_NODELIST", "gpu[12-13]"}});
+  LaunchInfo info = launch_info_from_env();
+  EXPECT_EQ(info.launcher, "slurm");
+  EXPECT_EQ(info.rank, 3);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.local_rank, 3);
+  EXPECT_EQ(info.master_addr, "gpu12");
+  EXPECT_EQ(info.master_port, 29500);
+  set({{"MASTER_ADDR", "head"}, {"MASTER_PORT", "1234"}});
+  info = launch_info_from_env();
+  EXPECT_EQ(info.master_addr, "head");
+  EXPECT_EQ(info.master_port, 1234);
+}
+
+TEST_F(LaunchEnv, ErrorsNameTheVariable) {
+  set({{"RANK", "0"}});
+  EXPECT_TRUE(contains_all(error_message([] { launch_info_from_env(); }),
+                           {"torchrun launch: environment variable WORLD_SIZE is not set"}));
+  set({{"WORLD_SIZE", "2"}, {"RANK", "2"}});
+  EXPECT_TRUE(contains_all(error_message([] { launch_info_from_env(); }),
+                           {"RANK='2' is not an integer in [0, 1]"}));
+  set({{"RANK", "1"}});
+  EXPECT_TRUE(contains_all(error_message([] { launch_info_from_env(); }),
+                           {"MASTER_ADDR is not set (WORLD_SIZE=2)"}));
+  set({{"MASTER_ADDR", "x"}, {"MASTER_PORT", "http"}});
+  EXPECT_TRUE(contains_all(error_message([] { launch_info_from_env(); }),
+                           {"MASTER_PORT='http' is not an integer in [1, 65535]"}));
+  clear();
+  set({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}});
+  EXPECT_TRUE(contains_all(error_message([] { launch_info_from_env(); }),
+                           {"neither MASTER_ADDR nor SLURM_JOB_NODELIST is set"}));
+}
+
+}  // namespace
+}  // namespace xlme::dist
