@@ -31,7 +31,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev libgloo-dev libopenblas0-pthread
   libsentencepiece-dev sentencepiece
-  libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
+  libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev zlib1g-dev
   python3-torch python3-numpy
 )
 

@@ -1,0 +1,207 @@
+#include "xlme/train/checkpoint.h"
+
+#include "xlme/common/error.h"
+#include "xlme/common/io.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+namespace xlme::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kManifest = "manifest.yaml";
+constexpr const char* kFormat = "xlme-checkpoint";
+constexpr int kFormatVersion = 1;
+
+void fsync_or_throw(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags);
+  XLME_CHECK(fd >= 0, "cannot open '{}' to sync it: {}", path, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  XLME_CHECK(rc == 0, "cannot sync '{}' to disk: {}", path, std::strerror(err));
+}
+
+// "step_00001200" -> 1200; -1 for other names (temporaries included).
+int64_t step_of(const std::string& name) {
+  static const std::regex pattern("step_([0-9]+)");
+  std::smatch match;
+  if (!std::regex_match(name, match, pattern)) return -1;
+  return std::stoll(match[1].str());
+}
+
+}  // namespace
+
+uint32_t file_crc32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  XLME_CHECK(in.good(), "cannot read '{}'", path);
+  std::vector<char> buffer(1 << 20);
+  uLong crc = crc32_z(0L, Z_NULL, 0);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    crc = crc32_z(crc, reinterpret_cast<const Bytef*>(buffer.data()),
+                  static_cast<z_size_t>(in.gcount()));
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+CheckpointManager::CheckpointManager(std::string dir, int64_t keep_last, int64_t keep_every)
+    : dir_(std::move(dir)), keep_last_(keep_last), keep_every_(keep_every) {
+  XLME_CHECK(keep_last >= 1, "keep_last must be at least 1, got {}", keep_last);
+  XLME_CHECK(keep_every >= 0, "keep_every must be 0 or positive, got {}", keep_every);
+}
+
+std::string CheckpointManager::folder(int64_t step) const {
+  return (fs::path(dir_) / fmt::format("step_{:08d}", step)).string();
+}
+
+std::string CheckpointManager::begin(int64_t step) const {
+  const std::string tmp = folder(step) + ".tmp";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  XLME_CHECK(!ec, "cannot create checkpoint folder '{}': {}", tmp, ec.message());
+  return tmp;
+}
+
+std::string CheckpointManager::commit(int64_t step) const {
+  const std::string tmp = folder(step) + ".tmp";
+  const std::string final_path = folder(step);
+  XLME_CHECK(fs::is_directory(tmp), "checkpoint of step {}: '{}' does not exist; call begin()",
+             step, tmp);
+  YAML::Emitter out;
+  out << YAML::BeginMap << YAML::Key << "format" << YAML::Value << kFormat << YAML::Key << "version"
+      << YAML::Value << kFormatVersion << YAML::Key << "step" << YAML::Value << step << YAML::Key
+      << "files" << YAML::Value << YAML::BeginMap;
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(tmp)) {
+    XLME_CHECK(entry.is_regular_file(), "checkpoint folder '{}' holds '{}', which is not a file",
+               tmp, entry.path().filename().string());
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  for (const auto& name : names) {
+    const std::string path = (fs::path(tmp) / name).string();
+    fsync_or_throw(path, O_RDONLY);
+    out << YAML::Key << name << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "bytes"
+        << YAML::Value << static_cast<uint64_t>(fs::file_size(path)) << YAML::Key << "crc32"
+        << YAML::Value << fmt::format("{:08x}", file_crc32(path)) << YAML::EndMap;
+  }
+  out << YAML::EndMap << YAML::EndMap;
+  write_file_atomic((fs::path(tmp) / kManifest).string(), std::string(out.c_str()) + "\n");
+  std::error_code ec;
+  fs::remove_all(final_path, ec);  // a checkpoint of the same step from an earlier attempt
+  fs::rename(tmp, final_path, ec);
+  XLME_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp, final_path, ec.message());
+  fsync_or_throw(dir_, O_RDONLY | O_DIRECTORY);
+  prune();
+  return final_path;
+}
+
+std::string CheckpointManager::save(
+    int64_t step, const std::function<void(const std::string& folder)>& write) const {
+  const std::string tmp = begin(step);
+  try {
+    write(tmp);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return commit(step);
+}
+
+std::vector<CheckpointRef> CheckpointManager::list() const {
+  std::vector<CheckpointRef> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return found;
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    const int64_t step = step_of(entry.path().filename().string());
+    if (step >= 0 && entry.is_directory()) found.push_back({step, entry.path().string()});
+  }
+  std::sort(found.begin(), found.end(),
+            [](const CheckpointRef& a, const CheckpointRef& b) { return a.step < b.step; });
+  return found;
+}
+
+std::optional<CheckpointRef> CheckpointManager::latest_valid() const {
+  const auto all = list();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      verify(it->path);
+      return *it;
+    } catch (const Error& e) {
+      spdlog::warn("skipping a damaged checkpoint: {}", e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+void CheckpointManager::remove_temporaries() const {
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return;
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
+      spdlog::info("removing '{}', left by an interrupted save", entry.path().string());
+      fs::remove_all(entry.path(), ec);
+    }
+  }
+}
+
+void CheckpointManager::prune() const {
+  const auto all = list();
+  const int64_t excess = static_cast<int64_t>(all.size()) - keep_last_;
+  for (int64_t i = 0; i < excess; ++i) {
+    if (keep_every_ > 0 && all[i].step % keep_every_ == 0) continue;
+    std::error_code ec;
+    fs::remove_all(all[i].path, ec);
+    if (ec) spdlog::warn("cannot remove old checkpoint '{}': {}", all[i].path, ec.message());
+  }
+}
+
+void CheckpointManager::verify(const std::string& path) {
+  const std::string manifest_path = (fs::path(path) / kManifest).string();
+  XLME_CHECK(fs::is_regular_file(manifest_path),
+             "checkpoint '{}' has no {}: its save did not finish", path, kManifest);
+  YAML::Node manifest;
+  try {
+    manifest = YAML::LoadFile(manifest_path);
+  } catch (const YAML::Exception& e) {
+    XLME_FAIL("checkpoint '{}': {} is malformed: {}", path, kManifest, e.what());
+  }
+  XLME_CHECK(manifest["format"] && manifest["format"].as<std::string>() == kFormat &&
+                 manifest["files"] && manifest["files"].IsMap(),
+             "checkpoint '{}': {} is not an xlme checkpoint manifest", path, kManifest);
+  const int version = manifest["version"].as<int>(0);
+  XLME_CHECK(version == kFormatVersion,
+             "checkpoint '{}' has format version {}; this xlme reads version {}", path, version,
+             kFormatVersion);
+  for (const auto& entry : manifest["files"]) {
+    const std::string name = entry.first.as<std::string>();
+    const std::string file = (fs::path(path) / name).string();
+    XLME_CHECK(fs::is_regular_file(file), "checkpoint '{}': {} is missing", path, name);
+    const uint64_t expected = entry.second["bytes"].as<uint64_t>();
+    const uint64_t actual = fs::file_size(file);
+    XLME_CHECK(actual == expected, "checkpoint '{}': {} is truncated: expected {} bytes, found {}",
+               path, name, expected, actual);
+    const std::string crc = fmt::format("{:08x}", file_crc32(file));
+    XLME_CHECK(crc == entry.second["crc32"].as<std::string>(),
+               "checkpoint '{}': {} is corrupted: CRC32 {} instead of {}", path, name, crc,
+               entry.second["crc32"].as<std::string>());
+  }
+}
+
+}  // namespace xlme::train

@@ -1,0 +1,71 @@
+// Learning-rate schedule, AdamW parameter groups, and the stop-signal flag.
+#include "xlme/train/optimizer.h"
+#include "xlme/train/schedule.h"
+#include "xlme/train/signals.h"
+
+#include "test_util.h"
+
+#include <csignal>
+
+namespace xlme::train {
+namespace {
+
+using xlme::testing::contains_all;
+using xlme::testing::error_message;
+
+TEST(LinearSchedule, WarmsUpThenDecaysToZero) {
+  const LinearSchedule s(/*peak=*/1e-3, /*warmup=*/4, /*total=*/10);
+  // Hand-computed: (step + 1) / 4 during warm-up, then (10 - step) / 6.
+  const double expected[] = {0.25e-3,      0.5e-3,   0.75e-3,  1e-3,     1e-3,
+                             5e-4 * 5 / 3, 4e-3 / 6, 3e-3 / 6, 2e-3 / 6, 1e-3 / 6};
+  for (int step = 0; step < 10; ++step) EXPECT_NEAR(s.lr(step), expected[step], 1e-15) << step;
+  EXPECT_EQ(s.lr(10), 0.0);
+  EXPECT_EQ(s.lr(50), 0.0);
+  const LinearSchedule constant(2.0, 0, 1);
+  EXPECT_EQ(constant.lr(0), 2.0);
+  EXPECT_TRUE(contains_all(error_message([] { LinearSchedule(1.0, 11, 10); }),
+                           {"warm-up 11 must be in [0, total steps 10]"}));
+}
+
+TEST(AdamW, DecaysMatricesButNotBiasesOrNorms) {
+  torch::nn::Linear linear(3, 2);
+  torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({2}));
+  std::vector<torch::Tensor> params = linear->parameters();
+  for (const auto& p : norm->parameters()) params.push_back(p);
+  config::TrainConfig train;
+  train.lr = 0.1;
+  train.weight_decay = 0.5;
+  auto optimizer = make_adamw(params, train);
+  ASSERT_EQ(optimizer->param_groups().size(), 2u);
+  EXPECT_EQ(optimizer->param_groups()[0].params().size(), 1u);  // linear.weight
+  EXPECT_EQ(optimizer->param_groups()[1].params().size(), 3u);  // biases, LayerNorm gain/bias
+
+  // With zero gradients Adam's update is 0: only the decoupled decay moves a parameter,
+  // by a factor (1 - lr * weight_decay) = 0.95.
+  std::vector<torch::Tensor> before;
+  for (auto& p : params) {
+    before.push_back(p.detach().clone());
+    p.mutable_grad() = torch::zeros_like(p);
+  }
+  optimizer->step();
+  EXPECT_TRUE(torch::allclose(params[0], before[0] * 0.95));
+  for (std::size_t i = 1; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], before[i]));
+
+  set_learning_rate(*optimizer, 0.25);
+  for (auto& group : optimizer->param_groups()) EXPECT_EQ(group.options().get_lr(), 0.25);
+}
+
+TEST(StopSignals, SetTheFlagInsteadOfKilling) {
+  install_stop_signal_handlers();
+  clear_stop_signal();
+  EXPECT_EQ(stop_signal(), 0);
+  std::raise(SIGUSR1);
+  EXPECT_EQ(stop_signal(), SIGUSR1);
+  std::raise(SIGTERM);
+  EXPECT_EQ(stop_signal(), SIGTERM);
+  clear_stop_signal();
+  EXPECT_EQ(stop_signal(), 0);
+}
+
+}  // namespace
+}  // namespace xlme::train
