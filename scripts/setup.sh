@@ -26,13 +26,14 @@ while [ $# -gt 0 ]; do
 done
 
 # libopenblas0-pthread: without it LibTorch falls back to the reference BLAS (~15x slower matmuls).
-# python3-torch, python3-numpy: the PyTorch reference loader and its parity test.
+# python3-torch, python3-numpy: the PyTorch reference loader and its parity test;
+# python3-matplotlib: scripts/plot_metrics.py.
 packages=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev libgloo-dev libopenblas0-pthread
   libsentencepiece-dev sentencepiece
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev zlib1g-dev
-  python3-torch python3-numpy
+  python3-torch python3-numpy python3-matplotlib
 )
 
 missing=()

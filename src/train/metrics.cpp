@@ -1,0 +1,88 @@
+#include "xlme/train/metrics.h"
+
+#include "xlme/common/error.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+
+namespace xlme::train {
+
+std::string json_quote(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+MetricsRecord& MetricsRecord::add(const std::string& key, int64_t value) {
+  fields_.emplace_back(key, value);
+  return *this;
+}
+
+MetricsRecord& MetricsRecord::add(const std::string& key, double value) {
+  fields_.emplace_back(key, value);
+  return *this;
+}
+
+MetricsRecord& MetricsRecord::add(const std::string& key, const std::string& value) {
+  fields_.emplace_back(key, value);
+  return *this;
+}
+
+std::string MetricsRecord::to_json() const {
+  std::string out = "{";
+  for (std::size_t i = 0; i < fields_.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += json_quote(fields_[i].first) + ": ";
+    const Value& value = fields_[i].second;
+    if (const auto* n = std::get_if<int64_t>(&value)) {
+      out += std::to_string(*n);
+    } else if (const auto* d = std::get_if<double>(&value)) {
+      out += std::isfinite(*d) ? fmt::format("{}", *d) : "null";
+    } else {
+      out += json_quote(std::get<std::string>(value));
+    }
+  }
+  return out + "}";
+}
+
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+  const auto folder = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!folder.empty()) std::filesystem::create_directories(folder, ec);
+  out_.open(path, std::ios::app);
+  XLME_CHECK(out_.good(), "cannot open the metrics file '{}' for appending", path);
+}
+
+void MetricsWriter::write(const MetricsRecord& record) {
+  out_ << record.to_json() << '\n';
+  out_.flush();
+  XLME_CHECK(out_.good(), "cannot write to the metrics file '{}' (is the disk full?)", path_);
+}
+
+}  // namespace xlme::train
