@@ -116,11 +116,10 @@ torch::Tensor EncoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
 EncoderImpl::EncoderImpl(const EncoderOptions& options, SharedEmbeddings embeddings,
                          std::shared_ptr<BucketCache> buckets)
     : options_(options), embeddings_(std::move(embeddings)), buckets_(std::move(buckets)) {
-  XLME_CHECK(options.embedding_size <= options.hidden_size,
-             "the embedding size {} must not exceed the hidden size {}", options.embedding_size,
-             options.hidden_size);
   embedding_norm =
       register_module("embedding_norm", layer_norm(options.embedding_size, options.layer_norm_eps));
+  // Factorized embeddings (embedding_size < hidden_size), or a generator narrower than the
+  // shared tables (ELECTRA's smaller generators).
   if (options.embedding_size != options.hidden_size) {
     embedding_projection = register_module(
         "embedding_projection",

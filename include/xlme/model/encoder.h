@@ -112,7 +112,7 @@ class EncoderImpl : public torch::nn::Module {
   const EncoderOptions& options() const { return options_; }
 
   torch::nn::LayerNorm embedding_norm{nullptr};
-  torch::nn::Linear embedding_projection{nullptr};  // null unless embedding_size < hidden_size
+  torch::nn::Linear embedding_projection{nullptr};  // null when embedding_size == hidden_size
   torch::Tensor token_delta;                        // [V, E], gdes only
   torch::Tensor position_delta;                     // [P, E], gdes with absolute positions only
   torch::Tensor relative_bias;                      // [H, num_buckets], shared table only
