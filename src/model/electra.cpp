@@ -69,15 +69,15 @@ torch::Tensor DiscriminatorHeadImpl::forward(const torch::Tensor& hidden) {
 torch::Tensor sample_replacements(const torch::Tensor& logits, double temperature,
                                   const data::SpecialIds& special) {
   torch::NoGradGuard no_grad;
-  auto scores = logits.detach() / temperature;  // [N, V]
+  // Gumbel-max: argmax(s / temperature + G), G = -log(-log U), is a draw from
+  // softmax(s / temperature). Built in place in the noise tensor: one [N, V] buffer.
+  auto scores = torch::rand_like(logits).clamp_(std::numeric_limits<float>::min(), 1.0);
+  scores.log_().neg_().log_().neg_().add_(logits.detach(), 1.0 / temperature);  // [N, V]
   const auto special_ids =
       torch::tensor({special.bos, special.pad, special.eos, special.unk, special.mask},
                     torch::TensorOptions().dtype(torch::kInt64))
           .to(logits.device());
   scores.index_fill_(1, special_ids, -std::numeric_limits<double>::infinity());
-  // Gumbel-max: argmax(s + G), G = -log(-log U), is a draw from softmax(s).
-  auto u = torch::rand_like(scores).clamp_(std::numeric_limits<float>::min(), 1.0);
-  scores.sub_(u.log_().neg_().log_());
   return scores.argmax(1);
 }
 
