@@ -74,6 +74,8 @@ torch::Tensor sdpa_attention(const torch::Tensor& q, const torch::Tensor& k, con
     const auto pad = padding_bias(padding, q.options());
     mask = mask.defined() ? mask + pad : pad;
   }
+  // The fused kernels want a float mask of the query's dtype (bf16 under autocast).
+  if (mask.defined()) mask = mask.to(q.scalar_type());
   return compat::scaled_dot_product_attention(q, k, v, mask, training ? dropout : 0.0);
 }
 

@@ -73,11 +73,10 @@ torch::Tensor sample_replacements(const torch::Tensor& logits, double temperatur
   // softmax(s / temperature). Built in place in the noise tensor: one [N, V] buffer.
   auto scores = torch::rand_like(logits).clamp_(std::numeric_limits<float>::min(), 1.0);
   scores.log_().neg_().log_().neg_().add_(logits.detach(), 1.0 / temperature);  // [N, V]
-  const auto special_ids =
-      torch::tensor({special.bos, special.pad, special.eos, special.unk, special.mask},
-                    torch::TensorOptions().dtype(torch::kInt64))
-          .to(logits.device());
-  scores.index_fill_(1, special_ids, -std::numeric_limits<double>::infinity());
+  // One column fill per special id: no index tensor to copy to the device (no host sync).
+  for (const int64_t id : {special.bos, special.pad, special.eos, special.unk, special.mask}) {
+    scores.select(1, id).fill_(-std::numeric_limits<double>::infinity());
+  }
   return scores.argmax(1);
 }
 

@@ -3,6 +3,7 @@
 #include "xlme/model/electra.h"
 
 #include "xlme/model/parameter_count.h"
+#include "xlme/objectives/objectives.h"
 
 #include "test_util.h"
 
@@ -351,6 +352,27 @@ TEST(Ablations, NeutralParametersReproduceTheSwitchedOffModel) {
   }
   EXPECT_TRUE(
       torch::allclose(discriminator_output(per_layer), discriminator_output(shared), 1e-12, 1e-12));
+}
+
+// One training step through the objectives reaches every parameter (gradients finite, non-zero).
+TEST(ElectraModel, FullStepTrainsEveryParameter) {
+  auto m = tiny_config();
+  m.dropout = 0.1;
+  m.attention_dropout = 0.1;
+  auto model = build(m);
+  model->train();
+  config::ObjectivesConfig objectives_config;
+  const objectives::Objectives objectives(objectives_config);
+  const auto out = model->forward(tiny_inputs());
+  const auto terms = objectives.compute(out, data::Task::kMono);
+  std::map<std::string, torch::Tensor> norms;
+  for (const auto& t : terms) norms[t.name] = t.count;
+  objectives::weighted_loss(terms, norms).backward();
+  for (const auto& p : model->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_TRUE(torch::isfinite(p.value().grad()).all().item<bool>()) << p.key();
+    EXPECT_GT(p.value().grad().abs().sum().item<double>(), 0) << p.key();
+  }
 }
 
 }  // namespace
