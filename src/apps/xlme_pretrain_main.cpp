@@ -1,16 +1,39 @@
 // xlme-pretrain: pre-train XLM-E: generator + discriminator, MLM + TLM + MRTD + TRTD, DDP over c10d
 #include "xlme/common/app.h"
+#include "xlme/common/error.h"
+#include "xlme/model/electra.h"
+#include "xlme/model/parameter_count.h"
 
 #include <spdlog/spdlog.h>
+
+#include <iostream>
 
 int main(int argc, char** argv) {
   const xlme::AppSpec spec{
       "xlme-pretrain",
       "pre-train XLM-E: generator + discriminator, MLM + TLM + MRTD + TRTD, DDP over c10d",
       /*run_logs=*/true};
-  return xlme::run_app(argc, argv, spec, [](const xlme::config::Config&) {
-    spdlog::error(
-        "xlme-pretrain resolved its config, but pre-training is not implemented yet (issue #5)");
-    return xlme::kExitNotImplemented;
-  });
+  bool print_model = false;
+  return xlme::run_app(
+      argc, argv, spec,
+      [&](const xlme::config::Config& config) {
+        if (print_model) {
+          XLME_CHECK(config.model.vocab_size > 0,
+                     "--print-model needs model.vocab_size (0 = the tokenizer's size, read only "
+                     "when training starts); add e.g. --set model.vocab_size=250002");
+          xlme::model::ElectraModel model(config.model,
+                                          xlme::model::architecture_for(config.objectives.set));
+          std::cout << xlme::model::format_parameter_table(xlme::model::parameter_counts(*model));
+          return xlme::kExitOk;
+        }
+        spdlog::error(
+            "xlme-pretrain resolved its config, but pre-training is not implemented yet "
+            "(issue #5)");
+        return xlme::kExitNotImplemented;
+      },
+      [&](CLI::App& cli) {
+        cli.add_flag("--print-model", print_model,
+                     "build the model from the config on the CPU, print its parameter count per "
+                     "module, and exit");
+      });
 }

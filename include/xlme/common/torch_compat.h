@@ -2,6 +2,9 @@
 // the CUDA 2.x build of PyTorch's wheels) is decided here, and only here.
 #pragma once
 
+#include "xlme/common/error.h"
+
+#include <ATen/ATen.h>
 #include <torch/version.h>
 
 // True when the LibTorch being compiled against is at least major.minor.
@@ -13,6 +16,24 @@ namespace xlme::compat {
 
 // at::scaled_dot_product_attention (fused attention kernels) exists from LibTorch 2.0.
 constexpr bool kHasScaledDotProductAttention = XLME_TORCH_AT_LEAST(2, 0);
+
+// at::scaled_dot_product_attention(q, k, v, additive mask, dropout) with its default scale
+// 1/sqrt(d_k); q, k, v: [B, H, T, d_k], mask: broadcastable to [B, H, T, T] or undefined.
+// Before LibTorch 2.0 it does not exist, and this throws (the caller selects the math kernel).
+inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Tensor& k,
+                                               const at::Tensor& v, const at::Tensor& mask,
+                                               double dropout) {
+#if XLME_TORCH_AT_LEAST(2, 0)
+  const auto attn_mask = mask.defined() ? c10::optional<at::Tensor>(mask) : c10::nullopt;
+  return at::scaled_dot_product_attention(q, k, v, attn_mask, dropout, /*is_causal=*/false);
+#else
+  (void)q, (void)k, (void)v, (void)mask, (void)dropout;
+  XLME_FAIL(
+      "scaled_dot_product_attention needs LibTorch >= 2.0 (this build has {}); use "
+      "model.attention=math",
+      TORCH_VERSION);
+#endif
+}
 
 // "1.13.0"
 constexpr const char* kTorchVersion = TORCH_VERSION;

@@ -1,0 +1,82 @@
+// Multi-head self-attention with XLM-E's gated relative position bias (DESIGN section 5):
+//   g_update = sigmoid(q_i . u_h), g_reset = sigmoid(q_i . v_h)
+//   r_{i-j}  = d_{h,b(i-j)} * (1 + g_update + (1 - g_update) * w_h * g_reset)
+//   a_ij     ~ exp(q_i . k_j / sqrt(d_k) + r_{i-j})
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+
+namespace xlme::model {
+
+// How the attention probabilities are computed. kMath: explicit softmax, any LibTorch;
+// kSdpa: at::scaled_dot_product_attention with the bias as an additive mask (LibTorch >= 2.0).
+enum class AttentionKernel { kMath, kSdpa };
+
+// model.attention ("auto", "math", "sdpa") for tensors on `device`: auto = sdpa on CUDA when the
+// LibTorch has it, else math. Throws when sdpa is asked for and this LibTorch lacks it.
+AttentionKernel resolve_attention_kernel(const std::string& name, const torch::Device& device);
+
+// One layer's relative position bias, as the kernel consumes it.
+struct PositionBias {
+  torch::Tensor table;   // [H, T, T]: d_{h, b(i-j)}; undefined = no relative bias
+  torch::Tensor gate_u;  // [H, d_k]: u_h; undefined = plain (ungated) relative bias
+  torch::Tensor gate_v;  // [H, d_k]: v_h
+  torch::Tensor gate_w;  // [H]: w_h
+};
+
+// q: [B, H, T, d_k] -> [B, H, T, 1]: 1 + g_update + (1 - g_update) * w_h * g_reset, the factor
+// that scales the head's Toeplitz table for query i.
+torch::Tensor gate_factor(const torch::Tensor& q, const PositionBias& bias);
+
+// q, k, v: [B, H, T, d_k]; padding: [B, T] bool, true at <pad> (keys there get no attention;
+// undefined = no padding) -> context [B, H, T, d_k]. Every sequence needs at least one real token.
+// The bias is (per batch, head, query factor) x (per-head [T, T] table); the math kernel adds it
+// into the score tensor in place, so it never exists as a separate [B, H, T, T] tensor.
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& padding, const PositionBias& bias, double dropout,
+                        bool training, AttentionKernel kernel);
+
+struct SelfAttentionOptions {
+  int64_t hidden_size = 768;
+  int64_t heads = 12;
+  double attention_dropout = 0.1;
+  bool relative_bias = true;  // this layer has a relative bias (its own table or a shared one)
+  bool own_table = true;      // the table d is this layer's (false: shared across layers)
+  bool gated = true;          // gate the bias by the query
+  int64_t num_buckets = 32;
+  double init_std = 0.02;
+  std::string kernel = "auto";  // model.attention
+};
+
+// Projections, the layer's bias parameters and the kernel. Parameter names (export keys):
+// query, key, value, output (Linear), relative_bias [H, num_buckets] (d), gate_u, gate_v
+// [H, d_k] and gate_w [H].
+class SelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit SelfAttentionImpl(const SelfAttentionOptions& options);
+
+  // x: [B, T, hidden]; padding: [B, T] bool; table: [H, T, T] d_{h, b(i-j)} for this layer
+  // (undefined when the relative bias is off) -> [B, T, hidden].
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& padding,
+                        const torch::Tensor& table);
+
+  const SelfAttentionOptions& options() const { return options_; }
+
+  torch::nn::Linear query{nullptr}, key{nullptr}, value{nullptr}, output{nullptr};
+  torch::Tensor relative_bias;  // [H, num_buckets]: d_{h, b}, when own_table
+  torch::Tensor gate_u;         // [H, d_k]
+  torch::Tensor gate_v;         // [H, d_k]
+  torch::Tensor gate_w;         // [H]
+
+ private:
+  SelfAttentionOptions options_;
+};
+TORCH_MODULE(SelfAttention);
+
+}  // namespace xlme::model

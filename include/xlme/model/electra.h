@@ -1,0 +1,115 @@
+// The XLM-E model (ELECTRA): a generator and a discriminator sharing token and position
+// embeddings, the generator head at masked positions, replacement sampling, the discriminator
+// head. It returns logits and what the objectives need; it never computes a loss (DESIGN 3, 5).
+// The same code builds the baselines: objectives.set mlm / mlm+tlm have no generator and put an
+// MLM head on the discriminator-sized encoder.
+#pragma once
+
+#include "xlme/config/config.h"
+#include "xlme/data/batch.h"
+#include "xlme/model/encoder.h"
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace xlme::model {
+
+// kElectra: generator + discriminator (objectives.set xlme, xlme-mono); kMaskedLm: one encoder
+// with an MLM head (mlm, mlm+tlm).
+enum class Architecture { kElectra, kMaskedLm };
+
+// objectives.set -> architecture; throws on an unknown set, listing the valid ones.
+Architecture architecture_for(const std::string& objective_set);
+
+// What the model reads from a data::Batch, plus the masked positions as flat indices so that the
+// model can gather them without a device-to-host synchronization.
+struct ModelInputs {
+  torch::Tensor input_ids;     // [B, T] int64: tokens with the selected positions masked
+  torch::Tensor labels;        // [B, T] int64: the original tokens
+  torch::Tensor padding;       // [B, T] bool: true at <pad>
+  torch::Tensor positions;     // [B, T] int64: absolute position ids
+  torch::Tensor masked_index;  // [N] int64: b * T + t of each masked position, ascending
+
+  // Computes masked_index where the batch lives: call it on the host batch, before to().
+  static ModelInputs from(const data::Batch& batch);
+  ModelInputs to(const torch::Device& device, bool non_blocking = true) const;
+};
+
+// Everything the objectives read. N = masked positions in the micro-batch.
+struct ModelOutput {
+  torch::Tensor generator_logits;      // [N, V]: generator (or MLM head) at masked positions
+  torch::Tensor generator_targets;     // [N] int64: the original tokens there
+  torch::Tensor sampled;               // [N] int64: replacements drawn from the generator
+  torch::Tensor discriminator_input;   // [B, T] int64: originals with the replacements put in
+  torch::Tensor replaced;              // [B, T] bool: discriminator input != original
+  torch::Tensor discriminator_logits;  // [B, T]: one logit per token (replaced vs original)
+  torch::Tensor padding;               // [B, T] bool: true at <pad>
+};
+
+// dense [hidden -> E] -> GELU -> LayerNorm -> tied projection onto the token table + bias.
+class GeneratorHeadImpl : public torch::nn::Module {
+ public:
+  GeneratorHeadImpl(int64_t hidden_size, int64_t embedding_size, int64_t vocab_size,
+                    double layer_norm_eps, double init_std);
+
+  // hidden: [N, hidden]; token_table: [V, E] -> logits [N, V].
+  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& token_table);
+
+  torch::nn::Linear dense{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+  torch::Tensor output_bias;  // [V]
+};
+TORCH_MODULE(GeneratorHead);
+
+// dense [hidden -> hidden] -> GELU -> output [hidden -> 1].
+class DiscriminatorHeadImpl : public torch::nn::Module {
+ public:
+  DiscriminatorHeadImpl(int64_t hidden_size, double init_std);
+
+  torch::Tensor forward(const torch::Tensor& hidden);  // [B, T, hidden] -> [B, T]
+
+  torch::nn::Linear dense{nullptr}, output{nullptr};
+};
+TORCH_MODULE(DiscriminatorHead);
+
+// Gumbel-max draw from softmax(logits / temperature) per row, never a special id; no gradient.
+// logits: [N, V] -> [N] int64.
+torch::Tensor sample_replacements(const torch::Tensor& logits, double temperature,
+                                  const data::SpecialIds& special);
+
+// Registered modules (export-key prefixes): embeddings, generator, discriminator, generator_head
+// (kElectra) or mlm_head (kMaskedLm), discriminator_head (kElectra).
+class ElectraModelImpl : public torch::nn::Module {
+ public:
+  // model.vocab_size must be resolved (non-zero); special ids default to the XLM-R layout.
+  ElectraModelImpl(const config::ModelConfig& config, Architecture architecture);
+  ElectraModelImpl(const config::ModelConfig& config, Architecture architecture,
+                   const data::SpecialIds& special);
+
+  ModelOutput forward(const ModelInputs& inputs);
+
+  Architecture architecture() const { return architecture_; }
+  const data::SpecialIds& special_ids() const { return special_; }
+
+  SharedEmbeddings embeddings{nullptr};
+  Encoder generator{nullptr};  // kElectra only
+  Encoder discriminator{nullptr};
+  GeneratorHead generator_head{nullptr};          // kElectra only
+  GeneratorHead mlm_head{nullptr};                // kMaskedLm only
+  DiscriminatorHead discriminator_head{nullptr};  // kElectra only
+
+ private:
+  Architecture architecture_;
+  data::SpecialIds special_;
+  double temperature_;
+};
+TORCH_MODULE(ElectraModel);
+
+}  // namespace xlme::model

@@ -1,0 +1,129 @@
+// The Transformer encoder of the generator and the discriminator (DESIGN section 5): shared
+// token (+ absolute position) embeddings, embedding LayerNorm and dropout, an optional projection
+// of factorized embeddings, then L layers of self-attention with the gated relative position bias
+// and a GELU feed-forward block, post-LN by default (pre-LN: with a final LayerNorm).
+#pragma once
+
+#include "xlme/config/config.h"
+#include "xlme/model/attention.h"
+#include "xlme/model/relative_position.h"
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace xlme::model {
+
+// The shape of one encoder, resolved from config::ModelConfig.
+struct EncoderOptions {
+  int64_t vocab_size = 0;
+  int64_t max_positions = 512;
+  bool absolute_positions = true;
+  int64_t embedding_size = 768;  // width of the shared embedding tables
+  int64_t hidden_size = 768;
+  int64_t layers = 12;
+  int64_t heads = 12;
+  int64_t ffn_size = 3072;
+  double dropout = 0.1;
+  double attention_dropout = 0.1;
+  double layer_norm_eps = 1e-5;
+  bool pre_norm = false;
+  double init_std = 0.02;
+  bool relative_bias = true;
+  bool gated = true;
+  bool shared_table = false;
+  int64_t num_buckets = 32;
+  int64_t max_distance = 128;
+  bool embedding_delta = false;  // gdes: own zero-initialized delta on the shared tables
+  std::string attention = "auto";
+
+  static EncoderOptions discriminator(const config::ModelConfig& model);
+  // The generator: the discriminator's values where model.generator's size fields are 0.
+  static EncoderOptions generator(const config::ModelConfig& model);
+};
+
+// Token and absolute position tables shared by the generator and the discriminator (registered
+// once, in the ELECTRA model, as "embeddings"): token.weight [V, E], position.weight [P, E].
+class SharedEmbeddingsImpl : public torch::nn::Module {
+ public:
+  explicit SharedEmbeddingsImpl(const EncoderOptions& options);
+
+  torch::nn::Embedding token{nullptr};
+  torch::nn::Embedding position{nullptr};  // null when absolute positions are off
+};
+TORCH_MODULE(SharedEmbeddings);
+
+// GELU feed-forward block: intermediate [hidden -> ffn], output [ffn -> hidden].
+class FeedForwardImpl : public torch::nn::Module {
+ public:
+  FeedForwardImpl(int64_t hidden_size, int64_t ffn_size, double init_std);
+  torch::Tensor forward(const torch::Tensor& x);  // [..., hidden] -> [..., hidden]
+
+  torch::nn::Linear intermediate{nullptr}, output{nullptr};
+};
+TORCH_MODULE(FeedForward);
+
+// One layer: attention, attention_norm, ffn, ffn_norm.
+class EncoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit EncoderLayerImpl(const EncoderOptions& options);
+
+  // x: [B, T, hidden]; padding: [B, T] bool; table: [H, T, T] or undefined -> [B, T, hidden].
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& padding,
+                        const torch::Tensor& table);
+
+  SelfAttention attention{nullptr};
+  torch::nn::LayerNorm attention_norm{nullptr};
+  FeedForward ffn{nullptr};
+  torch::nn::LayerNorm ffn_norm{nullptr};
+
+ private:
+  double dropout_;
+  bool pre_norm_;
+};
+TORCH_MODULE(EncoderLayer);
+
+// Parameter names (export keys) below the encoder's own prefix: embedding_norm,
+// embedding_projection (factorized embeddings), token_delta / position_delta (gdes),
+// relative_bias (table shared across layers), layers.<i>.*, final_norm (pre-LN).
+class EncoderImpl : public torch::nn::Module {
+ public:
+  // `embeddings` is owned (and registered) by the caller; `buckets` is shared with the other
+  // encoder so that the [T, T] bucket index is built once per length.
+  EncoderImpl(const EncoderOptions& options, SharedEmbeddings embeddings,
+              std::shared_ptr<BucketCache> buckets);
+
+  // input_ids, positions: [B, T] int64; padding: [B, T] bool -> hidden states [B, T, hidden].
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& positions,
+                        const torch::Tensor& padding);
+
+  // [B, T, E]: token (+ position) embeddings; with gdes the shared tables are detached and this
+  // encoder's delta is added, so its loss reaches only the delta.
+  torch::Tensor embed(const torch::Tensor& input_ids, const torch::Tensor& positions);
+
+  const EncoderOptions& options() const { return options_; }
+
+  torch::nn::LayerNorm embedding_norm{nullptr};
+  torch::nn::Linear embedding_projection{nullptr};  // null when embedding_size == hidden_size
+  torch::Tensor token_delta;                        // [V, E], gdes only
+  torch::Tensor position_delta;                     // [P, E], gdes with absolute positions only
+  torch::Tensor relative_bias;                      // [H, num_buckets], shared table only
+  torch::nn::ModuleList layers{nullptr};
+  torch::nn::LayerNorm final_norm{nullptr};  // pre-LN only
+
+ private:
+  EncoderOptions options_;
+  SharedEmbeddings embeddings_;  // not registered here: the ELECTRA model owns it
+  std::shared_ptr<BucketCache> buckets_;
+};
+TORCH_MODULE(Encoder);
+
+}  // namespace xlme::model

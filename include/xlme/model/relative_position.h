@@ -1,0 +1,50 @@
+// Relative-distance buckets and the per-head Toeplitz bias table of the gated relative position
+// bias (DESIGN section 5).
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+
+namespace xlme::model {
+
+// The bucket of the relative distance `delta = i - j` between query position i and key position
+// j (sequence indices). Bidirectional, T5-style: half of the buckets for each direction (keys to
+// the left of the query, delta > 0, take the upper half); in each half, the first half of the
+// buckets are exact distances and the rest are log-spaced up to `max_distance`, where the last
+// bucket of the half takes every longer distance. The log boundaries are computed in double with
+// a small tolerance, so that they fall exactly where the formula puts them (distance 16 of
+// 32 / 128 opens bucket 10), unlike float32 arithmetic.
+int64_t relative_position_bucket(int64_t delta, int64_t num_buckets, int64_t max_distance);
+
+// [T, T] int64 on `device`: relative_position_bucket(i - j) at (i, j).
+torch::Tensor relative_position_buckets(int64_t length, int64_t num_buckets, int64_t max_distance,
+                                        const torch::Device& device);
+
+// Bucket indices flattened to [T * T], built once per (length, device) and then reused by every
+// layer and step; the generator and the discriminator share one cache.
+class BucketCache {
+ public:
+  BucketCache(int64_t num_buckets, int64_t max_distance)
+      : num_buckets_(num_buckets), max_distance_(max_distance) {}
+
+  // [T * T] int64 on `device`.
+  const torch::Tensor& get(int64_t length, const torch::Device& device);
+
+  int64_t num_buckets() const { return num_buckets_; }
+
+ private:
+  int64_t num_buckets_;
+  int64_t max_distance_;
+  std::map<std::pair<int64_t, std::string>, torch::Tensor> cache_;  // (T, device) -> [T * T]
+};
+
+// d: [H, num_buckets], flat_buckets: [T * T] (BucketCache) -> [H, T, T]: d_{h, b(i - j)}. The
+// per-head Toeplitz table; the attention scales it per (batch, head, query).
+torch::Tensor toeplitz_bias(const torch::Tensor& d, const torch::Tensor& flat_buckets,
+                            int64_t length);
+
+}  // namespace xlme::model

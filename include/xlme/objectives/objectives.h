@@ -1,0 +1,69 @@
+// The losses of XLM-E and its baselines: L = L_MLM + L_TLM + lambda * (L_MRTD + L_TRTD)
+// (DESIGN sections 1 and 5). Each term of a micro-batch is returned as a loss *sum*, a count and
+// statistic sums, all tensors on the model's device (no host synchronization), so that the
+// trainer can normalize by the counts summed over every micro-batch and rank of an optimizer step.
+#pragma once
+
+#include "xlme/config/config.h"
+#include "xlme/data/batch.h"
+#include "xlme/model/electra.h"
+
+#include <torch/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace xlme::objectives {
+
+// One term of L on one micro-batch.
+struct Term {
+  std::string name;        // mlm, tlm (generator); mrtd, trtd (discriminator)
+  double weight = 1.0;     // 1 for generator terms, lambda (objectives.rtd_weight) for RTD terms
+  torch::Tensor loss_sum;  // []: summed per-token loss (differentiable)
+  torch::Tensor count;     // [] int64: tokens in the sum (masked positions / real tokens)
+  // [] int64 sums. Generator terms: correct. Discriminator terms: correct, true_positive
+  // (predicted and actually replaced), predicted_positive, replaced.
+  std::map<std::string, torch::Tensor> statistics;
+};
+
+// Generator term: cross-entropy over the masked positions.
+// logits: [N, V]; targets: [N] int64.
+Term generator_term(const std::string& name, const torch::Tensor& logits,
+                    const torch::Tensor& targets);
+
+// Discriminator term: binary cross-entropy with logits over the real (non-pad) tokens.
+// logits: [B, T]; replaced, padding: [B, T] bool.
+Term discriminator_term(const std::string& name, double weight, const torch::Tensor& logits,
+                        const torch::Tensor& replaced, const torch::Tensor& padding);
+
+// The terms an objective set computes for each task.
+class Objectives {
+ public:
+  explicit Objectives(const config::ObjectivesConfig& config);
+
+  // Names of `task`'s terms; empty when the set does not train on that task (xlme-mono and mlm
+  // use no translation pairs).
+  std::vector<std::string> term_names(data::Task task) const;
+
+  // The terms of one micro-batch of `task` from the model's output.
+  std::vector<Term> compute(const model::ModelOutput& output, data::Task task) const;
+
+ private:
+  std::string set_;
+  double rtd_weight_;
+};
+
+// The differentiable loss of one micro-batch: sum over its terms of
+// weight * loss_sum / normalizers[name], where a normalizer is the term's count summed over all
+// micro-batches and ranks of the optimizer step ([] tensor). Back-propagating each micro-batch's
+// value accumulates exactly the gradient of the step's normalized L.
+torch::Tensor weighted_loss(const std::vector<Term>& terms,
+                            const std::map<std::string, torch::Tensor>& normalizers);
+
+// Loss and statistics as numbers, from a term whose sums were reduced over the step: loss,
+// accuracy; for discriminator terms also precision, recall and f1 on replaced tokens and
+// replaced_fraction. Reads tensors to the host: call once per log line, not per micro-batch.
+std::map<std::string, double> summarize(const Term& reduced);
+
+}  // namespace xlme::objectives

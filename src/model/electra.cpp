@@ -1,0 +1,148 @@
+#include "xlme/model/electra.h"
+
+#include "xlme/common/error.h"
+
+#include <torch/torch.h>
+
+#include <limits>
+
+namespace xlme::model {
+
+Architecture architecture_for(const std::string& objective_set) {
+  if (objective_set == "xlme" || objective_set == "xlme-mono") return Architecture::kElectra;
+  if (objective_set == "mlm" || objective_set == "mlm+tlm") return Architecture::kMaskedLm;
+  XLME_FAIL("unknown objectives.set '{}'; valid sets: xlme, xlme-mono, mlm, mlm+tlm",
+            objective_set);
+}
+
+ModelInputs ModelInputs::from(const data::Batch& batch) {
+  ModelInputs in;
+  in.input_ids = batch.input_ids;
+  in.labels = batch.labels;
+  in.padding = batch.padding;
+  in.positions = batch.positions;
+  in.masked_index = batch.masked.reshape(-1).nonzero().squeeze(1);
+  return in;
+}
+
+ModelInputs ModelInputs::to(const torch::Device& device, bool non_blocking) const {
+  ModelInputs out;
+  out.input_ids = input_ids.to(device, non_blocking);
+  out.labels = labels.to(device, non_blocking);
+  out.padding = padding.to(device, non_blocking);
+  out.positions = positions.to(device, non_blocking);
+  out.masked_index = masked_index.to(device, non_blocking);
+  return out;
+}
+
+GeneratorHeadImpl::GeneratorHeadImpl(int64_t hidden_size, int64_t embedding_size,
+                                     int64_t vocab_size, double layer_norm_eps, double init_std) {
+  dense = register_module("dense", torch::nn::Linear(hidden_size, embedding_size));
+  norm = register_module(
+      "norm",
+      torch::nn::LayerNorm(torch::nn::LayerNormOptions({embedding_size}).eps(layer_norm_eps)));
+  output_bias = register_parameter("output_bias", torch::zeros({vocab_size}));
+  torch::NoGradGuard no_grad;
+  dense->weight.normal_(0.0, init_std);
+  dense->bias.zero_();
+}
+
+torch::Tensor GeneratorHeadImpl::forward(const torch::Tensor& hidden,
+                                         const torch::Tensor& token_table) {
+  return torch::nn::functional::linear(norm(torch::gelu(dense(hidden))), token_table, output_bias);
+}
+
+DiscriminatorHeadImpl::DiscriminatorHeadImpl(int64_t hidden_size, double init_std) {
+  dense = register_module("dense", torch::nn::Linear(hidden_size, hidden_size));
+  output = register_module("output", torch::nn::Linear(hidden_size, 1));
+  torch::NoGradGuard no_grad;
+  for (auto* linear : {&dense, &output}) {
+    (*linear)->weight.normal_(0.0, init_std);
+    (*linear)->bias.zero_();
+  }
+}
+
+torch::Tensor DiscriminatorHeadImpl::forward(const torch::Tensor& hidden) {
+  return output(torch::gelu(dense(hidden))).squeeze(-1);
+}
+
+torch::Tensor sample_replacements(const torch::Tensor& logits, double temperature,
+                                  const data::SpecialIds& special) {
+  torch::NoGradGuard no_grad;
+  // Gumbel-max: argmax(s / temperature + G), G = -log(-log U), is a draw from
+  // softmax(s / temperature). Built in place in the noise tensor: one [N, V] buffer.
+  auto scores = torch::rand_like(logits).clamp_(std::numeric_limits<float>::min(), 1.0);
+  scores.log_().neg_().log_().neg_().add_(logits.detach(), 1.0 / temperature);  // [N, V]
+  // One column fill per special id: no index tensor to copy to the device (no host sync).
+  for (const int64_t id : {special.bos, special.pad, special.eos, special.unk, special.mask}) {
+    scores.select(1, id).fill_(-std::numeric_limits<double>::infinity());
+  }
+  return scores.argmax(1);
+}
+
+ElectraModelImpl::ElectraModelImpl(const config::ModelConfig& config, Architecture architecture)
+    : ElectraModelImpl(config, architecture, data::SpecialIds::for_vocab(config.vocab_size)) {}
+
+ElectraModelImpl::ElectraModelImpl(const config::ModelConfig& config, Architecture architecture,
+                                   const data::SpecialIds& special)
+    : architecture_(architecture),
+      special_(special),
+      temperature_(config.generator.sampling_temperature) {
+  XLME_CHECK(config.vocab_size > 0,
+             "model.vocab_size is {} (= the tokenizer's size) and must be resolved before the "
+             "model is built; set model.vocab_size or data.tokenizer",
+             config.vocab_size);
+  const auto disc = EncoderOptions::discriminator(config);
+  auto buckets = std::make_shared<BucketCache>(disc.num_buckets, disc.max_distance);
+  embeddings = register_module("embeddings", SharedEmbeddings(disc));
+  if (architecture == Architecture::kElectra) {
+    const auto gen = EncoderOptions::generator(config);
+    generator = register_module("generator", Encoder(gen, embeddings, buckets));
+    discriminator = register_module("discriminator", Encoder(disc, embeddings, buckets));
+    generator_head = register_module(
+        "generator_head", GeneratorHead(gen.hidden_size, gen.embedding_size, gen.vocab_size,
+                                        gen.layer_norm_eps, gen.init_std));
+    discriminator_head =
+        register_module("discriminator_head", DiscriminatorHead(disc.hidden_size, disc.init_std));
+  } else {
+    discriminator = register_module("discriminator", Encoder(disc, embeddings, buckets));
+    mlm_head = register_module("mlm_head",
+                               GeneratorHead(disc.hidden_size, disc.embedding_size, disc.vocab_size,
+                                             disc.layer_norm_eps, disc.init_std));
+  }
+}
+
+namespace {
+
+// hidden: [B, T, H], masked_index: [N] -> [N, H]. Gathering before the head keeps the vocabulary
+// projection to the masked positions (~15% of the tokens).
+torch::Tensor gather_masked(const torch::Tensor& hidden, const torch::Tensor& masked_index) {
+  return hidden.reshape({-1, hidden.size(-1)}).index_select(0, masked_index);
+}
+
+}  // namespace
+
+ModelOutput ElectraModelImpl::forward(const ModelInputs& in) {
+  ModelOutput out;
+  out.padding = in.padding;
+  out.generator_targets = in.labels.reshape(-1).index_select(0, in.masked_index);
+  const auto& table = embeddings->token->weight;
+  if (architecture_ == Architecture::kMaskedLm) {
+    const auto hidden = discriminator(in.input_ids, in.positions, in.padding);
+    out.generator_logits = mlm_head(gather_masked(hidden, in.masked_index), table);
+    return out;
+  }
+  const auto generated = generator(in.input_ids, in.positions, in.padding);
+  out.generator_logits = generator_head(gather_masked(generated, in.masked_index), table);
+  out.sampled = sample_replacements(out.generator_logits, temperature_, special_);
+  // The discriminator sees the originals with the samples put in; a sample equal to the
+  // original is therefore labelled original.
+  out.discriminator_input =
+      in.labels.reshape(-1).index_copy(0, in.masked_index, out.sampled).view_as(in.labels);
+  out.replaced = out.discriminator_input != in.labels;
+  const auto hidden = discriminator(out.discriminator_input, in.positions, in.padding);
+  out.discriminator_logits = discriminator_head(hidden);
+  return out;
+}
+
+}  // namespace xlme::model

@@ -1,0 +1,189 @@
+#include "xlme/model/encoder.h"
+
+#include "xlme/common/error.h"
+
+#include <torch/torch.h>
+
+namespace xlme::model {
+
+EncoderOptions EncoderOptions::discriminator(const config::ModelConfig& model) {
+  EncoderOptions o;
+  o.vocab_size = model.vocab_size;
+  o.max_positions = model.max_positions;
+  o.absolute_positions = model.absolute_positions;
+  o.embedding_size = model.embedding_size > 0 ? model.embedding_size : model.hidden_size;
+  o.hidden_size = model.hidden_size;
+  o.layers = model.layers;
+  o.heads = model.heads;
+  o.ffn_size = model.ffn_size;
+  o.dropout = model.dropout;
+  o.attention_dropout = model.attention_dropout;
+  o.layer_norm_eps = model.layer_norm_eps;
+  o.pre_norm = model.norm == "pre";
+  o.init_std = model.init_std;
+  o.relative_bias = model.relative_position.enabled;
+  o.gated = model.relative_position.gated;
+  o.shared_table = model.relative_position.shared_across_layers;
+  o.num_buckets = model.relative_position.num_buckets;
+  o.max_distance = model.relative_position.max_distance;
+  o.embedding_delta = model.embedding_sharing == "gdes";
+  o.attention = model.attention;
+  return o;
+}
+
+EncoderOptions EncoderOptions::generator(const config::ModelConfig& model) {
+  EncoderOptions o = discriminator(model);
+  const auto& g = model.generator;
+  o.layers = g.layers;
+  if (g.hidden_size > 0) o.hidden_size = g.hidden_size;
+  if (g.heads > 0) o.heads = g.heads;
+  if (g.ffn_size > 0) o.ffn_size = g.ffn_size;
+  o.embedding_delta = false;  // the generator trains the shared tables themselves
+  return o;
+}
+
+SharedEmbeddingsImpl::SharedEmbeddingsImpl(const EncoderOptions& options) {
+  XLME_CHECK(options.vocab_size > 0,
+             "the model needs a vocabulary size, got {}; set model.vocab_size or data.tokenizer",
+             options.vocab_size);
+  token =
+      register_module("token", torch::nn::Embedding(options.vocab_size, options.embedding_size));
+  torch::NoGradGuard no_grad;
+  token->weight.normal_(0.0, options.init_std);
+  if (options.absolute_positions) {
+    position = register_module("position",
+                               torch::nn::Embedding(options.max_positions, options.embedding_size));
+    position->weight.normal_(0.0, options.init_std);
+  }
+}
+
+namespace {
+
+torch::nn::Linear normal_linear(int64_t in, int64_t out, double std) {
+  torch::nn::Linear linear(in, out);
+  torch::NoGradGuard no_grad;
+  linear->weight.normal_(0.0, std);
+  linear->bias.zero_();
+  return linear;
+}
+
+torch::nn::LayerNorm layer_norm(int64_t width, double eps) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({width}).eps(eps));
+}
+
+}  // namespace
+
+FeedForwardImpl::FeedForwardImpl(int64_t hidden_size, int64_t ffn_size, double init_std) {
+  intermediate = register_module("intermediate", normal_linear(hidden_size, ffn_size, init_std));
+  output = register_module("output", normal_linear(ffn_size, hidden_size, init_std));
+}
+
+torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
+  return output(torch::gelu(intermediate(x)));
+}
+
+EncoderLayerImpl::EncoderLayerImpl(const EncoderOptions& options)
+    : dropout_(options.dropout), pre_norm_(options.pre_norm) {
+  SelfAttentionOptions a;
+  a.hidden_size = options.hidden_size;
+  a.heads = options.heads;
+  a.attention_dropout = options.attention_dropout;
+  a.relative_bias = options.relative_bias;
+  a.own_table = !options.shared_table;
+  a.gated = options.gated;
+  a.num_buckets = options.num_buckets;
+  a.init_std = options.init_std;
+  a.kernel = options.attention;
+  attention = register_module("attention", SelfAttention(a));
+  attention_norm =
+      register_module("attention_norm", layer_norm(options.hidden_size, options.layer_norm_eps));
+  ffn =
+      register_module("ffn", FeedForward(options.hidden_size, options.ffn_size, options.init_std));
+  ffn_norm = register_module("ffn_norm", layer_norm(options.hidden_size, options.layer_norm_eps));
+}
+
+torch::Tensor EncoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& padding,
+                                        const torch::Tensor& table) {
+  const bool train = is_training();
+  if (pre_norm_) {
+    auto h = x + torch::dropout(attention(attention_norm(x), padding, table), dropout_, train);
+    return h + torch::dropout(ffn(ffn_norm(h)), dropout_, train);
+  }
+  auto h = attention_norm(x + torch::dropout(attention(x, padding, table), dropout_, train));
+  return ffn_norm(h + torch::dropout(ffn(h), dropout_, train));
+}
+
+EncoderImpl::EncoderImpl(const EncoderOptions& options, SharedEmbeddings embeddings,
+                         std::shared_ptr<BucketCache> buckets)
+    : options_(options), embeddings_(std::move(embeddings)), buckets_(std::move(buckets)) {
+  embedding_norm =
+      register_module("embedding_norm", layer_norm(options.embedding_size, options.layer_norm_eps));
+  // Factorized embeddings (embedding_size < hidden_size), or a generator narrower than the
+  // shared tables (ELECTRA's smaller generators).
+  if (options.embedding_size != options.hidden_size) {
+    embedding_projection = register_module(
+        "embedding_projection",
+        normal_linear(options.embedding_size, options.hidden_size, options.init_std));
+  }
+  if (options.embedding_delta) {
+    token_delta = register_parameter("token_delta",
+                                     torch::zeros({options.vocab_size, options.embedding_size}));
+    if (options.absolute_positions) {
+      position_delta = register_parameter(
+          "position_delta", torch::zeros({options.max_positions, options.embedding_size}));
+    }
+  }
+  if (options.relative_bias && options.shared_table) {
+    relative_bias = register_parameter(
+        "relative_bias",
+        torch::empty({options.heads, options.num_buckets}).normal_(0.0, options.init_std));
+  }
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < options.layers; ++i) layers->push_back(EncoderLayer(options));
+  if (options.pre_norm) {
+    final_norm =
+        register_module("final_norm", layer_norm(options.hidden_size, options.layer_norm_eps));
+  }
+}
+
+torch::Tensor EncoderImpl::embed(const torch::Tensor& input_ids, const torch::Tensor& positions) {
+  namespace F = torch::nn::functional;
+  auto lookup = [](const torch::Tensor& shared, const torch::Tensor& delta,
+                   const torch::Tensor& ids) {
+    if (!delta.defined()) return F::embedding(ids, shared);
+    // gdes (DeBERTa-v3): E_D = sg(E_G) + E_delta, gathered row by row.
+    return F::embedding(ids, shared.detach()) + F::embedding(ids, delta);
+  };
+  auto x = lookup(embeddings_->token->weight, token_delta, input_ids);  // [B, T, E]
+  if (options_.absolute_positions) {
+    XLME_CHECK(input_ids.size(1) <= options_.max_positions,
+               "a batch of length {} exceeds model.max_positions ({}); lower data.*.max_len",
+               input_ids.size(1), options_.max_positions);
+    x = x + lookup(embeddings_->position->weight, position_delta, positions);
+  }
+  return x;
+}
+
+torch::Tensor EncoderImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& positions,
+                                   const torch::Tensor& padding) {
+  const int64_t length = input_ids.size(1);
+  auto x =
+      torch::dropout(embedding_norm(embed(input_ids, positions)), options_.dropout, is_training());
+  if (embedding_projection) x = embedding_projection(x);  // [B, T, E] -> [B, T, hidden]
+  torch::Tensor flat_buckets, shared_table;
+  if (options_.relative_bias) {
+    flat_buckets = buckets_->get(length, input_ids.device());
+    if (options_.shared_table) shared_table = toeplitz_bias(relative_bias, flat_buckets, length);
+  }
+  for (const auto& module : *layers) {
+    auto layer = std::dynamic_pointer_cast<EncoderLayerImpl>(module);
+    torch::Tensor table = shared_table;
+    if (options_.relative_bias && !options_.shared_table) {
+      table = toeplitz_bias(layer->attention->relative_bias, flat_buckets, length);
+    }
+    x = layer->forward(x, padding, table);
+  }
+  return final_norm ? final_norm(x) : x;
+}
+
+}  // namespace xlme::model

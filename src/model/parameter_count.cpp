@@ -1,0 +1,107 @@
+#include "xlme/model/parameter_count.h"
+
+#include <fmt/format.h>
+
+#include <sstream>
+
+namespace xlme::model {
+
+std::vector<ModuleParameters> parameter_counts(const torch::nn::Module& model) {
+  std::vector<ModuleParameters> counts;
+  for (const auto& child : model.named_children()) {
+    int64_t n = 0;
+    for (const auto& p : child.value()->parameters()) n += p.numel();
+    counts.push_back({child.key(), n});
+  }
+  return counts;
+}
+
+namespace {
+
+int64_t linear_count(int64_t in, int64_t out) {
+  return in * out + out;
+}
+
+int64_t encoder_count(const EncoderOptions& o) {
+  const int64_t h = o.hidden_size, head_dim = o.hidden_size / o.heads;
+  int64_t layer = 4 * linear_count(h, h)                                       // q, k, v, output
+                  + linear_count(h, o.ffn_size) + linear_count(o.ffn_size, h)  // FFN
+                  + 2 * 2 * h;                                                 // two LayerNorms
+  if (o.relative_bias && !o.shared_table) layer += o.heads * o.num_buckets;    // d
+  if (o.relative_bias && o.gated) layer += 2 * o.heads * head_dim + o.heads;   // u, v, w
+  int64_t n = 2 * o.embedding_size + o.layers * layer;                         // embedding_norm
+  if (o.embedding_size != h) n += linear_count(o.embedding_size, h);
+  if (o.embedding_delta) {
+    n += o.vocab_size * o.embedding_size;
+    if (o.absolute_positions) n += o.max_positions * o.embedding_size;
+  }
+  if (o.relative_bias && o.shared_table) n += o.heads * o.num_buckets;
+  if (o.pre_norm) n += 2 * h;
+  return n;
+}
+
+int64_t generator_head_count(const EncoderOptions& o) {
+  return linear_count(o.hidden_size, o.embedding_size) + 2 * o.embedding_size + o.vocab_size;
+}
+
+}  // namespace
+
+std::vector<ModuleParameters> analytic_parameter_counts(const config::ModelConfig& config,
+                                                        Architecture architecture) {
+  const auto disc = EncoderOptions::discriminator(config);
+  int64_t embeddings = disc.vocab_size * disc.embedding_size;
+  if (disc.absolute_positions) embeddings += disc.max_positions * disc.embedding_size;
+  if (architecture == Architecture::kMaskedLm) {
+    return {{"embeddings", embeddings},
+            {"discriminator", encoder_count(disc)},
+            {"mlm_head", generator_head_count(disc)}};
+  }
+  const auto gen = EncoderOptions::generator(config);
+  return {{"embeddings", embeddings},
+          {"generator", encoder_count(gen)},
+          {"discriminator", encoder_count(disc)},
+          {"generator_head", generator_head_count(gen)},
+          {"discriminator_head",
+           linear_count(disc.hidden_size, disc.hidden_size) + linear_count(disc.hidden_size, 1)}};
+}
+
+int64_t count_of(const std::vector<ModuleParameters>& counts, const std::string& module) {
+  for (const auto& c : counts) {
+    if (c.module == module) return c.count;
+  }
+  return 0;
+}
+
+int64_t total_count(const std::vector<ModuleParameters>& counts) {
+  int64_t n = 0;
+  for (const auto& c : counts) n += c.count;
+  return n;
+}
+
+namespace {
+
+std::string with_thousands(int64_t n) {  // 277473936 -> "277,473,936"
+  std::string digits = std::to_string(n);
+  for (auto i = static_cast<int64_t>(digits.size()) - 3; i > 0; i -= 3) {
+    digits.insert(static_cast<size_t>(i), ",");
+  }
+  return digits;
+}
+
+}  // namespace
+
+std::string format_parameter_table(const std::vector<ModuleParameters>& counts) {
+  std::ostringstream out;
+  auto line = [&](const std::string& name, int64_t n) {
+    out << fmt::format("{:<36} {:>15} {:>9.1f}M\n", name, with_thousands(n),
+                       static_cast<double>(n) / 1e6);
+  };
+  out << fmt::format("{:<36} {:>15} {:>10}\n", "module", "parameters", "");
+  for (const auto& c : counts) line(c.module, c.count);
+  line("total", total_count(counts));
+  line("discriminator + embeddings (kept)",
+       count_of(counts, "embeddings") + count_of(counts, "discriminator"));
+  return out.str();
+}
+
+}  // namespace xlme::model

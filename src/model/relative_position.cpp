@@ -1,0 +1,64 @@
+#include "xlme/model/relative_position.h"
+
+#include "xlme/common/error.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+namespace xlme::model {
+
+int64_t relative_position_bucket(int64_t delta, int64_t num_buckets, int64_t max_distance) {
+  const int64_t half = num_buckets / 2;
+  const int64_t exact = half / 2;
+  XLME_CHECK(num_buckets % 2 == 0 && exact >= 1 && max_distance > exact,
+             "relative position buckets need an even num_buckets >= 4 ({}) and max_distance ({}) "
+             "above the {} exact buckets per direction",
+             num_buckets, max_distance, exact);
+  const int64_t offset = delta > 0 ? half : 0;
+  const int64_t distance = std::abs(delta);
+  if (distance < exact) return offset + distance;
+  const double scaled = std::log(static_cast<double>(distance) / static_cast<double>(exact)) /
+                        std::log(static_cast<double>(max_distance) / static_cast<double>(exact)) *
+                        static_cast<double>(half - exact);
+  const auto log_bucket = exact + static_cast<int64_t>(std::floor(scaled + 1e-9));
+  return offset + std::min(log_bucket, half - 1);
+}
+
+torch::Tensor relative_position_buckets(int64_t length, int64_t num_buckets, int64_t max_distance,
+                                        const torch::Device& device) {
+  // One bucket per distance -(T-1) .. T-1, then the Toeplitz expansion on the host.
+  std::vector<int64_t> per_delta(static_cast<size_t>(2 * length - 1));
+  for (int64_t delta = -(length - 1); delta < length; ++delta) {
+    per_delta[static_cast<size_t>(delta + length - 1)] =
+        relative_position_bucket(delta, num_buckets, max_distance);
+  }
+  auto table = torch::empty({length, length}, torch::kInt64);
+  auto* out = table.data_ptr<int64_t>();
+  for (int64_t i = 0; i < length; ++i) {
+    for (int64_t j = 0; j < length; ++j) {
+      out[i * length + j] = per_delta[static_cast<size_t>(i - j + length - 1)];
+    }
+  }
+  return table.to(device);
+}
+
+const torch::Tensor& BucketCache::get(int64_t length, const torch::Device& device) {
+  auto key = std::make_pair(length, device.str());
+  auto it = cache_.find(key);
+  if (it == cache_.end()) {
+    auto flat = relative_position_buckets(length, num_buckets_, max_distance_, device).view(-1);
+    it = cache_.emplace(std::move(key), std::move(flat)).first;
+  }
+  return it->second;
+}
+
+torch::Tensor toeplitz_bias(const torch::Tensor& d, const torch::Tensor& flat_buckets,
+                            int64_t length) {
+  return d.index_select(1, flat_buckets).view({d.size(0), length, length});
+}
+
+}  // namespace xlme::model

@@ -1,0 +1,110 @@
+#include "xlme/objectives/objectives.h"
+
+#include "xlme/common/error.h"
+
+#include <torch/torch.h>
+
+namespace xlme::objectives {
+
+Term generator_term(const std::string& name, const torch::Tensor& logits,
+                    const torch::Tensor& targets) {
+  namespace F = torch::nn::functional;
+  Term term;
+  term.name = name;
+  term.loss_sum =
+      F::cross_entropy(logits, targets, F::CrossEntropyFuncOptions().reduction(torch::kSum));
+  term.count = torch::full({}, targets.size(0), targets.options().dtype(torch::kInt64));
+  term.statistics["correct"] = (logits.detach().argmax(1) == targets).sum();
+  return term;
+}
+
+Term discriminator_term(const std::string& name, double weight, const torch::Tensor& logits,
+                        const torch::Tensor& replaced, const torch::Tensor& padding) {
+  namespace F = torch::nn::functional;
+  Term term;
+  term.name = name;
+  term.weight = weight;
+  const auto real = padding.logical_not();  // [B, T]
+  // Padding is weighted out rather than indexed away: boolean indexing would sync the host.
+  term.loss_sum = F::binary_cross_entropy_with_logits(logits, replaced.to(logits.scalar_type()),
+                                                      F::BinaryCrossEntropyWithLogitsFuncOptions()
+                                                          .weight(real.to(logits.scalar_type()))
+                                                          .reduction(torch::kSum));
+  term.count = real.sum();
+  const auto predicted = logits.detach() > 0;
+  const auto actual = replaced.logical_and(real);
+  term.statistics["correct"] = predicted.eq(replaced).logical_and(real).sum();
+  term.statistics["true_positive"] = predicted.logical_and(actual).sum();
+  term.statistics["predicted_positive"] = predicted.logical_and(real).sum();
+  term.statistics["replaced"] = actual.sum();
+  return term;
+}
+
+Objectives::Objectives(const config::ObjectivesConfig& config)
+    : set_(config.set), rtd_weight_(config.rtd_weight) {
+  model::architecture_for(set_);  // rejects an unknown set with the list of valid ones
+}
+
+std::vector<std::string> Objectives::term_names(data::Task task) const {
+  const bool mono = task == data::Task::kMono;
+  if (set_ == "xlme")
+    return mono ? std::vector<std::string>{"mlm", "mrtd"} : std::vector<std::string>{"tlm", "trtd"};
+  if (set_ == "xlme-mono")
+    return mono ? std::vector<std::string>{"mlm", "mrtd"} : std::vector<std::string>{};
+  if (set_ == "mlm") return mono ? std::vector<std::string>{"mlm"} : std::vector<std::string>{};
+  return mono ? std::vector<std::string>{"mlm"} : std::vector<std::string>{"tlm"};  // mlm+tlm
+}
+
+std::vector<Term> Objectives::compute(const model::ModelOutput& output, data::Task task) const {
+  std::vector<Term> terms;
+  for (const auto& name : term_names(task)) {
+    if (name == "mlm" || name == "tlm") {
+      terms.push_back(generator_term(name, output.generator_logits, output.generator_targets));
+    } else {
+      XLME_CHECK(output.discriminator_logits.defined(),
+                 "objective term {} needs the discriminator, but the model was built without a "
+                 "generator; build it with the architecture of objectives.set={}",
+                 name, set_);
+      terms.push_back(discriminator_term(name, rtd_weight_, output.discriminator_logits,
+                                         output.replaced, output.padding));
+    }
+  }
+  return terms;
+}
+
+torch::Tensor weighted_loss(const std::vector<Term>& terms,
+                            const std::map<std::string, torch::Tensor>& normalizers) {
+  XLME_CHECK(!terms.empty(), "weighted_loss needs at least one objective term");
+  torch::Tensor loss;
+  for (const auto& term : terms) {
+    const auto it = normalizers.find(term.name);
+    XLME_CHECK(it != normalizers.end(), "no normalizer for objective term {}", term.name);
+    // clamp: a step without a single masked token contributes 0 instead of 0/0.
+    const auto part =
+        term.loss_sum * term.weight / it->second.clamp_min(1).to(term.loss_sum.dtype());
+    loss = loss.defined() ? loss + part : part;
+  }
+  return loss;
+}
+
+std::map<std::string, double> summarize(const Term& reduced) {
+  auto value = [](const torch::Tensor& t) { return t.to(torch::kDouble).item<double>(); };
+  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  std::map<std::string, double> out;
+  const double count = value(reduced.count);
+  out["loss"] = ratio(value(reduced.loss_sum.detach()), count);
+  out["accuracy"] = ratio(value(reduced.statistics.at("correct")), count);
+  if (reduced.statistics.count("true_positive")) {
+    const double tp = value(reduced.statistics.at("true_positive"));
+    const double predicted = value(reduced.statistics.at("predicted_positive"));
+    const double replaced = value(reduced.statistics.at("replaced"));
+    const double precision = ratio(tp, predicted), recall = ratio(tp, replaced);
+    out["precision"] = precision;
+    out["recall"] = recall;
+    out["f1"] = ratio(2 * precision * recall, precision + recall);
+    out["replaced_fraction"] = ratio(replaced, count);
+  }
+  return out;
+}
+
+}  // namespace xlme::objectives

@@ -1,0 +1,379 @@
+// The ELECTRA model: generator head at masked positions, replacement sampling, gradient paths
+// (sampled tokens, gdes), and the ablation switches.
+#include "xlme/model/electra.h"
+
+#include "xlme/model/parameter_count.h"
+#include "xlme/objectives/objectives.h"
+
+#include "test_util.h"
+
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <set>
+#include <string>
+
+namespace xlme::model {
+namespace {
+
+constexpr int64_t kVocab = 40;
+
+config::ModelConfig tiny_config() {
+  config::ModelConfig m;
+  m.vocab_size = kVocab;
+  m.hidden_size = 16;
+  m.layers = 2;
+  m.heads = 2;
+  m.ffn_size = 32;
+  m.max_positions = 32;
+  m.dropout = 0.0;
+  m.attention_dropout = 0.0;
+  m.relative_position.num_buckets = 8;
+  m.relative_position.max_distance = 16;
+  m.generator.layers = 1;
+  return m;
+}
+
+// Two sequences of 10; the second ends in 3 pads; 5 masked positions.
+ModelInputs tiny_inputs() {
+  torch::manual_seed(11);
+  const auto special = data::SpecialIds::for_vocab(kVocab);
+  auto labels = torch::randint(5, kVocab - 1, {2, 10}, torch::kInt64);
+  labels.select(1, 0).fill_(special.bos);
+  auto padding = torch::zeros({2, 10}, torch::kBool);
+  padding[1].narrow(0, 7, 3).fill_(true);
+  labels[1].narrow(0, 7, 3).fill_(special.pad);
+  auto masked = torch::zeros({2, 10}, torch::kBool);
+  for (auto [b, t] : {std::pair{0, 2}, {0, 5}, {0, 9}, {1, 1}, {1, 4}}) masked[b][t] = true;
+  data::Batch batch;
+  batch.labels = labels;
+  batch.input_ids = labels.masked_fill(masked, special.mask);
+  batch.masked = masked;
+  batch.padding = padding;
+  batch.positions = torch::arange(10).repeat({2, 1});
+  batch.real_tokens = 17;
+  return ModelInputs::from(batch);
+}
+
+ElectraModel build(const config::ModelConfig& m, Architecture a = Architecture::kElectra) {
+  torch::manual_seed(5);
+  ElectraModel model(m, a);
+  model->to(torch::kDouble);
+  model->eval();
+  return model;
+}
+
+std::set<std::string> names(const torch::nn::Module& module) {
+  std::set<std::string> out;
+  for (const auto& p : module.named_parameters()) out.insert(p.key());
+  return out;
+}
+
+TEST(ModelInputs, MaskedIndexIsFlatAndAscending) {
+  const auto in = tiny_inputs();
+  EXPECT_TRUE(torch::equal(in.masked_index, torch::tensor({2, 5, 9, 11, 14}, torch::kInt64)));
+}
+
+TEST(ElectraModel, ParameterNamesAreExportKeys) {
+  const auto model = build(tiny_config());
+  const auto all = names(*model);
+  for (const char* key :
+       {"embeddings.token.weight", "embeddings.position.weight",
+        "discriminator.layers.0.attention.query.weight",
+        "discriminator.layers.1.attention.relative_bias", "discriminator.layers.1.attention.gate_u",
+        "discriminator.layers.1.attention.gate_w", "discriminator.layers.1.ffn.intermediate.weight",
+        "discriminator.layers.0.ffn_norm.bias", "discriminator.embedding_norm.weight",
+        "generator.layers.0.attention.output.bias", "generator_head.output_bias",
+        "generator_head.dense.weight", "discriminator_head.output.weight"}) {
+    EXPECT_TRUE(all.count(key)) << key;
+  }
+  EXPECT_FALSE(all.count("generator.layers.1.attention.query.weight"));  // 1 generator layer
+}
+
+TEST(ElectraModel, GeneratorHeadAtMaskedPositionsEqualsFullHeadThenGather) {
+  auto model = build(tiny_config());
+  const auto in = tiny_inputs();
+  const auto out = model->forward(in);
+  ASSERT_EQ(out.generator_logits.sizes(), (std::vector<int64_t>{5, kVocab}));
+  const auto hidden = model->generator->forward(in.input_ids, in.positions, in.padding);
+  const auto full = model->generator_head->forward(hidden.view({20, -1}),
+                                                   model->embeddings->token->weight);  // [20, V]
+  EXPECT_TRUE(
+      torch::allclose(out.generator_logits, full.index_select(0, in.masked_index), 1e-12, 1e-12));
+  EXPECT_TRUE(
+      torch::equal(out.generator_targets, in.labels.view(-1).index_select(0, in.masked_index)));
+}
+
+TEST(ElectraModel, DiscriminatorInputAndLabels) {
+  auto model = build(tiny_config());
+  const auto in = tiny_inputs();
+  const auto out = model->forward(in);
+  const auto unmasked = torch::ones({20}, torch::kBool).index_fill(0, in.masked_index, false);
+  // Outside the masked positions the discriminator sees the originals and nothing is replaced.
+  EXPECT_TRUE(torch::equal(out.discriminator_input.view(-1).masked_select(unmasked),
+                           in.labels.view(-1).masked_select(unmasked)));
+  EXPECT_TRUE(
+      torch::equal(out.discriminator_input.view(-1).index_select(0, in.masked_index), out.sampled));
+  EXPECT_TRUE(torch::equal(out.replaced, out.discriminator_input != in.labels));
+  EXPECT_EQ(out.discriminator_logits.sizes(), (std::vector<int64_t>{2, 10}));
+}
+
+TEST(SampleReplacements, NeverSpecialAndFollowsTheSoftmax) {
+  const auto special = data::SpecialIds::for_vocab(10);
+  // Every special id has by far the highest logit; id 6 is the most likely ordinary id.
+  auto logits = torch::zeros({20000, 10}, torch::kDouble);
+  for (auto id : {special.bos, special.pad, special.eos, special.unk, special.mask}) {
+    logits.select(1, id).fill_(50.0);
+  }
+  logits.select(1, 6).fill_(std::log(4.0));
+  torch::manual_seed(1);
+  const auto sampled = sample_replacements(logits, 1.0, special);
+  for (auto id : {special.bos, special.pad, special.eos, special.unk, special.mask}) {
+    EXPECT_EQ((sampled == id).sum().item<int64_t>(), 0) << "special id " << id;
+  }
+  // Ordinary ids 4..8: softmax over {1, 1, 4, 1, 1} -> P(6) = 0.5.
+  EXPECT_NEAR((sampled == 6).to(torch::kDouble).mean().item<double>(), 0.5, 0.015);
+  // Temperature 0.25 sharpens: P(6) = 4^4 / (4^4 + 4) = 0.985.
+  const auto sharp = sample_replacements(logits, 0.25, special);
+  EXPECT_NEAR((sharp == 6).to(torch::kDouble).mean().item<double>(), 256.0 / 260.0, 0.01);
+}
+
+TEST(ElectraModel, SampleEqualToOriginalIsLabelledOriginal) {
+  auto model = build(tiny_config());
+  const auto in = tiny_inputs();
+  // Make the generator certain of the original token: its output bias dominates.
+  {
+    torch::NoGradGuard no_grad;
+    model->generator_head->output_bias.fill_(-1e3);
+    model->generator_head->output_bias.index_fill_(
+        0, in.labels.view(-1).index_select(0, in.masked_index), 1e3);
+  }
+  // Several masked originals: the bias favours all of them; each position samples one of them.
+  const auto out = model->forward(in);
+  const auto originals = in.labels.view(-1).index_select(0, in.masked_index);
+  const auto hits = out.sampled == originals;
+  EXPECT_GT(hits.sum().item<int64_t>(), 0);
+  EXPECT_TRUE(
+      torch::equal(out.replaced.view(-1).index_select(0, in.masked_index), hits.logical_not()));
+}
+
+// The discriminator's loss reaches neither the generator nor its head: the sampled tokens are
+// integers drawn without gradient. With full sharing it does reach the shared embeddings.
+TEST(ElectraModel, DiscriminatorLossSendsNoGradientIntoTheGenerator) {
+  auto model = build(tiny_config());
+  model->train();
+  const auto out = model->forward(tiny_inputs());
+  out.discriminator_logits.sum().backward();
+  for (const auto& p : model->named_parameters()) {
+    const bool generator_side = p.key().rfind("generator", 0) == 0;
+    const bool has_grad =
+        p.value().grad().defined() && p.value().grad().abs().sum().item<double>() > 0;
+    if (generator_side) {
+      EXPECT_FALSE(has_grad) << p.key();
+    }
+  }
+  EXPECT_GT(model->embeddings->token->weight.grad().abs().sum().item<double>(), 0);
+}
+
+TEST(ElectraModel, GdesKeepsDiscriminatorGradientOffTheSharedEmbeddings) {
+  auto m = tiny_config();
+  m.embedding_sharing = "gdes";
+  auto model = build(m);
+  model->train();
+  const auto in = tiny_inputs();
+  auto out = model->forward(in);
+  out.discriminator_logits.sum().backward();
+  EXPECT_FALSE(model->embeddings->token->weight.grad().defined() &&
+               model->embeddings->token->weight.grad().abs().sum().item<double>() > 0);
+  EXPECT_GT(model->discriminator->token_delta.grad().abs().sum().item<double>(), 0);
+  EXPECT_GT(model->discriminator->position_delta.grad().abs().sum().item<double>(), 0);
+  // The generator's loss still trains the shared tables.
+  model->zero_grad();
+  out = model->forward(in);
+  out.generator_logits.logsumexp(1).sum().backward();
+  EXPECT_GT(model->embeddings->token->weight.grad().abs().sum().item<double>(), 0);
+}
+
+TEST(ElectraModel, MaskedLmBaselineHasNoGenerator) {
+  auto model = build(tiny_config(), Architecture::kMaskedLm);
+  const auto all = names(*model);
+  for (const auto& n : all) {
+    EXPECT_NE(n.rfind("generator", 0), 0u) << n;
+    EXPECT_NE(n.rfind("discriminator_head", 0), 0u) << n;
+  }
+  EXPECT_TRUE(all.count("mlm_head.output_bias"));
+  const auto in = tiny_inputs();
+  const auto out = model->forward(in);
+  EXPECT_EQ(out.generator_logits.sizes(), (std::vector<int64_t>{5, kVocab}));
+  EXPECT_FALSE(out.discriminator_logits.defined());
+  const auto hidden = model->discriminator->forward(in.input_ids, in.positions, in.padding);
+  const auto full =
+      model->mlm_head->forward(hidden.view({20, -1}), model->embeddings->token->weight);
+  EXPECT_TRUE(
+      torch::allclose(out.generator_logits, full.index_select(0, in.masked_index), 1e-12, 1e-12));
+}
+
+TEST(ElectraModel, RejectsUnresolvedVocabulary) {
+  auto m = tiny_config();
+  m.vocab_size = 0;
+  EXPECT_TRUE(testing::contains_all(
+      testing::error_message([&] { ElectraModel model(m, Architecture::kElectra); }),
+      {"model.vocab_size is 0", "data.tokenizer"}));
+  EXPECT_TRUE(testing::contains_all(testing::error_message([] { architecture_for("bert"); }),
+                                    {"'bert'", "xlme, xlme-mono, mlm, mlm+tlm"}));
+}
+
+// --- Ablation switches: each changes the computation, and nothing else ------------------------
+
+// Copies every parameter `to` shares (same name and shape) with `from`.
+void copy_shared(const torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  const auto source = from.named_parameters();
+  for (auto& p : to.named_parameters()) {
+    if (const auto* s = source.find(p.key()); s && s->sizes() == p.value().sizes()) {
+      p.value().copy_(*s);
+    }
+  }
+}
+
+torch::Tensor discriminator_output(ElectraModel& model) {
+  const auto in = tiny_inputs();
+  return model->discriminator->forward(in.input_ids, in.positions, in.padding);
+}
+
+struct Switch {
+  std::string name;
+  std::function<void(config::ModelConfig&)> apply;
+  std::set<std::string> removed, added;  // parameter names (discriminator, layer 0 and shared)
+};
+
+TEST(Ablations, EachSwitchChangesTheOutputAndOnlyItsParameters) {
+  const std::vector<Switch> switches = {
+      {"gate off",
+       [](auto& m) { m.relative_position.gated = false; },
+       {"discriminator.layers.0.attention.gate_u", "discriminator.layers.0.attention.gate_v",
+        "discriminator.layers.0.attention.gate_w"},
+       {}},
+      {"relative bias off",
+       [](auto& m) { m.relative_position.enabled = false; },
+       {"discriminator.layers.0.attention.relative_bias", "discriminator.layers.0.attention.gate_u",
+        "discriminator.layers.0.attention.gate_v", "discriminator.layers.0.attention.gate_w"},
+       {}},
+      {"shared table",
+       [](auto& m) { m.relative_position.shared_across_layers = true; },
+       {"discriminator.layers.0.attention.relative_bias"},
+       {"discriminator.relative_bias"}},
+      {"pre-LN", [](auto& m) { m.norm = "pre"; }, {}, {"discriminator.final_norm.weight"}},
+      {"no absolute positions",
+       [](auto& m) { m.absolute_positions = false; },
+       {"embeddings.position.weight"},
+       {}},
+      {"factorized embeddings",
+       [](auto& m) { m.embedding_size = 8; },
+       {},
+       {"discriminator.embedding_projection.weight"}},
+  };
+  const auto base_config = tiny_config();
+  auto base = build(base_config);
+  const auto base_names = names(*base);
+  const auto base_out = discriminator_output(base);
+  for (const auto& s : switches) {
+    auto m = base_config;
+    s.apply(m);
+    auto model = build(m);
+    copy_shared(*base, *model);
+    const auto switched = names(*model);
+    for (const auto& n : s.removed) {
+      EXPECT_TRUE(base_names.count(n) && !switched.count(n)) << s.name << ": " << n;
+    }
+    for (const auto& n : s.added) {
+      EXPECT_TRUE(!base_names.count(n) && switched.count(n)) << s.name << ": " << n;
+    }
+    // Nothing else: the counts differ exactly by what the switch removes or adds.
+    EXPECT_EQ(total_count(parameter_counts(*model)),
+              total_count(analytic_parameter_counts(m, Architecture::kElectra)))
+        << s.name;
+    EXPECT_FALSE(torch::allclose(discriminator_output(model), base_out, 1e-6, 1e-6)) << s.name;
+  }
+}
+
+// Where a switch has a neutral setting of its parameters, the two models agree exactly: the
+// switch changes that computation and nothing else.
+TEST(Ablations, NeutralParametersReproduceTheSwitchedOffModel) {
+  auto m = tiny_config();
+  auto gated = build(m);
+  const auto gated_out = discriminator_output(gated);
+  m.relative_position.gated = false;
+  auto plain = build(m);
+  copy_shared(*gated, *plain);
+  {
+    // u = v = 0 gives g_update = g_reset = 1/2; w = -2 makes the factor 1 + 1/2 - 1/2 = 1.
+    torch::NoGradGuard no_grad;
+    for (auto& p : gated->named_parameters()) {
+      if (p.key().find("gate_u") != std::string::npos ||
+          p.key().find("gate_v") != std::string::npos)
+        p.value().zero_();
+      if (p.key().find("gate_w") != std::string::npos) p.value().fill_(-2.0);
+    }
+  }
+  EXPECT_FALSE(torch::allclose(gated_out, discriminator_output(plain), 1e-6, 1e-6));
+  EXPECT_TRUE(
+      torch::allclose(discriminator_output(gated), discriminator_output(plain), 1e-12, 1e-12));
+
+  m.relative_position.enabled = false;
+  auto absolute_only = build(m);
+  copy_shared(*plain, *absolute_only);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : plain->named_parameters()) {
+      if (p.key().find("relative_bias") != std::string::npos) p.value().zero_();
+    }
+  }
+  EXPECT_TRUE(torch::allclose(discriminator_output(plain), discriminator_output(absolute_only),
+                              1e-12, 1e-12));
+
+  // A table shared across layers equals per-layer tables that are all the same.
+  auto per_layer_config = tiny_config();
+  auto shared_config = per_layer_config;
+  shared_config.relative_position.shared_across_layers = true;
+  auto per_layer = build(per_layer_config);
+  auto shared = build(shared_config);
+  copy_shared(*per_layer, *shared);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : per_layer->named_parameters()) {
+      if (p.key().rfind("discriminator.layers.", 0) == 0 &&
+          p.key().find("relative_bias") != std::string::npos) {
+        p.value().copy_(shared->discriminator->relative_bias);
+      }
+    }
+  }
+  EXPECT_TRUE(
+      torch::allclose(discriminator_output(per_layer), discriminator_output(shared), 1e-12, 1e-12));
+}
+
+// One training step through the objectives reaches every parameter (gradients finite, non-zero).
+TEST(ElectraModel, FullStepTrainsEveryParameter) {
+  auto m = tiny_config();
+  m.dropout = 0.1;
+  m.attention_dropout = 0.1;
+  auto model = build(m);
+  model->train();
+  config::ObjectivesConfig objectives_config;
+  const objectives::Objectives objectives(objectives_config);
+  const auto out = model->forward(tiny_inputs());
+  const auto terms = objectives.compute(out, data::Task::kMono);
+  std::map<std::string, torch::Tensor> norms;
+  for (const auto& t : terms) norms[t.name] = t.count;
+  objectives::weighted_loss(terms, norms).backward();
+  for (const auto& p : model->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_TRUE(torch::isfinite(p.value().grad()).all().item<bool>()) << p.key();
+    EXPECT_GT(p.value().grad().abs().sum().item<double>(), 0) << p.key();
+  }
+}
+
+}  // namespace
+}  // namespace xlme::model
