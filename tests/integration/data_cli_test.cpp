@@ -1,0 +1,68 @@
+// xlme-data's commands as a user runs them, on tiny data made here.
+#include "test_util.h"
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace xlme {
+namespace {
+
+using xlme::testing::contains_all;
+using xlme::testing::read_file;
+using xlme::testing::TempDir;
+using xlme::testing::write_file;
+
+struct DataResult {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs `xlme-data args...`, capturing both streams.
+DataResult run_data(const std::vector<std::string>& args) {
+  static TempDir scratch;
+  std::string command = std::string(XLME_BINARY_DIR) + "/xlme-data";
+  for (const auto& a : args) command += " '" + a + "'";
+  command += " >" + (scratch / "out") + " 2>" + (scratch / "err");
+  const int status = std::system(command.c_str());
+  DataResult r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_file(scratch / "out");
+  r.err = read_file(scratch / "err");
+  return r;
+}
+
+TEST(DataCli, NeedsACommand) {
+  const DataResult r = run_data({});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains_all(r.err, {"xlme-data needs a command: demo-corpus"}));
+}
+
+TEST(DataCli, DemoCorpusFromMsgfmtCatalogs) {
+  TempDir dir;
+  std::string po = "msgid \"\"\nmsgstr \"Content-Type: text/plain; charset=UTF-8\\n\"\n\n";
+  for (int i = 0; i < 50; ++i) {
+    po += "msgid \"the message number " + std::to_string(i) + "\"\nmsgstr \"сообщение номер " +
+          std::to_string(i) + "\"\n\n";
+  }
+  write_file(dir / "locale/ru/LC_MESSAGES/x.po", po);
+  const std::string msgfmt = "msgfmt -o " + (dir / "locale/ru/LC_MESSAGES/x.mo") + " " +
+                             (dir / "locale/ru/LC_MESSAGES/x.po");
+  ASSERT_EQ(std::system(msgfmt.c_str()), 0);
+  const DataResult r = run_data(
+      {"demo-corpus", "--out", dir / "out", "--locale-dir", dir / "locale", "--man-dir", ""});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"ru ", "1 languages"}));
+  EXPECT_TRUE(std::filesystem::exists(dir / "out/mono/ru.txt"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "out/para/en-ru.ru"));
+
+  const DataResult missing =
+      run_data({"demo-corpus", "--out", dir / "o2", "--locale-dir", dir / "none"});
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_TRUE(contains_all(missing.err, {"locale folder '" + (dir / "none") + "' not found"}));
+}
+
+}  // namespace
+}  // namespace xlme
