@@ -1,8 +1,11 @@
 // xlme-data: build corpora into training data: demo corpus, SentencePiece, memory-mapped shards
 #include "xlme/common/app.h"
 #include "xlme/data/demo_corpus.h"
+#include "xlme/data/spm_trainer.h"
 
 #include <spdlog/spdlog.h>
+
+#include <thread>
 
 namespace {
 
@@ -24,6 +27,24 @@ int demo_corpus(const xlme::data::DemoCorpusOptions& options) {
   return xlme::kExitOk;
 }
 
+int64_t threads_of(const xlme::config::Config& cfg) {
+  return cfg.run.threads > 0 ? cfg.run.threads
+                             : std::max<int64_t>(1, std::thread::hardware_concurrency());
+}
+
+int train_spm(const xlme::config::Config& cfg, xlme::data::SpmTrainingOptions options) {
+  options.languages = cfg.data.mono.languages;
+  options.spm = cfg.data.spm;
+  options.seed = cfg.run.seed;
+  options.threads = threads_of(cfg);
+  const auto report = xlme::data::train_sentencepiece(options);
+  spdlog::info(
+      "wrote {} ({} ids in the XLM-R layout, <mask> = {}); use it with --set "
+      "data.tokenizer={}",
+      options.out_model, report.vocab_size, report.vocab_size - 1, options.out_model);
+  return xlme::kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -33,6 +54,8 @@ int main(int argc, char** argv) {
       /*run_logs=*/false};
   CLI::App* demo = nullptr;
   xlme::data::DemoCorpusOptions demo_options;
+  CLI::App* spm = nullptr;
+  xlme::data::SpmTrainingOptions spm_options;
   auto add_options = [&](CLI::App& cli) {
     // No subcommand is fine with --print-config; otherwise the body asks for one.
     cli.require_subcommand(0, 1);
@@ -53,12 +76,20 @@ int main(int argc, char** argv) {
     demo->add_option("--heldout-per-mille", demo_options.heldout_per_mille,
                      "English messages held out for dev, and as many for test (per mille)")
         ->capture_default_str();
+    spm = cli.add_subcommand("train-spm",
+                             "train a SentencePiece model (data.spm) on language-balanced "
+                             "samples of <input>/mono/<lang>.txt[.gz|.xz] (data.mono.languages)");
+    spm->add_option("--input", spm_options.corpus_dir, "raw corpus folder (with mono/)")
+        ->required();
+    spm->add_option("--out", spm_options.out_model, "model file to write (e.g. data/spm.model)")
+        ->required();
   };
   return xlme::run_app(
       argc, argv, spec,
-      [&](const xlme::config::Config&) {
+      [&](const xlme::config::Config& cfg) {
         if (demo->parsed()) return demo_corpus(demo_options);
-        spdlog::error("xlme-data needs a command: demo-corpus (see xlme-data --help)");
+        if (spm->parsed()) return train_spm(cfg, spm_options);
+        spdlog::error("xlme-data needs a command: demo-corpus, train-spm (see xlme-data --help)");
         return xlme::kExitUsage;
       },
       add_options);

@@ -64,5 +64,34 @@ TEST(DataCli, DemoCorpusFromMsgfmtCatalogs) {
   EXPECT_TRUE(contains_all(missing.err, {"locale folder '" + (dir / "none") + "' not found"}));
 }
 
+TEST(DataCli, TrainSpmWritesAModelInTheXlmrLayout) {
+  TempDir dir;
+  std::string text;
+  unsigned state = 7;
+  for (int i = 0; i < 400; ++i) {
+    for (int w = 0; w < 6; ++w) {
+      for (int c = 0; c < 5; ++c) {
+        state = state * 1103515245u + 12345u;
+        text += static_cast<char>('a' + (state >> 16) % 26);
+      }
+      text += ' ';
+    }
+    text += "\n";
+  }
+  write_file(dir / "corpus/mono/de.txt", text);
+  write_file(dir / "corpus/mono/ru.txt", "маленький дом у реки\nи зелёная вода\n");
+  const DataResult r =
+      run_data({"train-spm", "--input", dir / "corpus", "--out", dir / "m.model", "--set",
+                "data.spm.vocab_size=100", "--set", "data.spm.character_coverage=1.0"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"de ", "ru ", "100 ids in the XLM-R layout, <mask> = 99"}));
+  EXPECT_TRUE(contains_all(read_file(dir / "m.vocab"), {"0\t<s>\n", "99\t<mask>\n"}));
+
+  const DataResult bad = run_data({"train-spm", "--input", dir / "corpus", "--out", dir / "n.model",
+                                   "--set", "data.mono.languages=[de,fr]"});
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_TRUE(contains_all(bad.err, {"language 'fr' has no data"}));
+}
+
 }  // namespace
 }  // namespace xlme
