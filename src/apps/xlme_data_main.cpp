@@ -1,10 +1,13 @@
 // xlme-data: build corpora into training data: demo corpus, SentencePiece, memory-mapped shards
 #include "xlme/common/app.h"
+#include "xlme/common/error.h"
+#include "xlme/data/binarize.h"
 #include "xlme/data/demo_corpus.h"
 #include "xlme/data/spm_trainer.h"
 
 #include <spdlog/spdlog.h>
 
+#include <memory>
 #include <thread>
 
 namespace {
@@ -45,6 +48,71 @@ int train_spm(const xlme::config::Config& cfg, xlme::data::SpmTrainingOptions op
   return xlme::kExitOk;
 }
 
+xlme::data::Tokenizer load_tokenizer(const xlme::config::Config& cfg) {
+  XLME_CHECK(!cfg.data.tokenizer.empty(),
+             "data.tokenizer is not set; train one with xlme-data train-spm and pass --set "
+             "data.tokenizer=FILE");
+  return xlme::data::Tokenizer(cfg.data.tokenizer,
+                               xlme::data::parse_vocab_layout(cfg.data.vocab_layout));
+}
+
+int binarize(const xlme::config::Config& cfg, xlme::data::BinarizeOptions options) {
+  const auto tokenizer = load_tokenizer(cfg);
+  if (options.out_dir.empty()) options.out_dir = cfg.data.shards;
+  options.mono_languages = cfg.data.mono.languages;
+  options.para_pairs = cfg.data.para.languages;
+  options.threads = threads_of(cfg);
+  spdlog::info("binarizing {} into {} with {} ({} ids), {} threads", options.input_dir,
+               options.out_dir, cfg.data.tokenizer, tokenizer.vocab_size(), options.threads);
+  bool finished = true;
+  int64_t tokens = 0, bytes = 0;
+  double seconds = 0;
+  for (const auto& r : xlme::data::binarize(options, tokenizer)) {
+    finished = finished && r.finished;
+    if (r.up_to_date) {
+      spdlog::info("{:<12} up to date", r.name);
+      continue;
+    }
+    tokens += r.tokens;
+    bytes += r.source_bytes;
+    seconds += r.seconds;
+    spdlog::info(
+        "{:<12} {} {} lines -> {} {} / {} tokens; skipped {} invalid UTF-8, {} empty; "
+        "{:.2f} MB/s{}{}",
+        r.name, r.kind == xlme::data::ShardKind::kMono ? "mono" : "para", r.source_lines,
+        r.sequences, r.kind == xlme::data::ShardKind::kMono ? "sentences" : "pairs", r.tokens,
+        r.invalid_utf8_lines, r.empty_lines, r.source_bytes / std::max(1e-9, r.seconds) / 1e6,
+        r.resumed ? " (resumed)" : "",
+        r.finished ? "" : " (stopped at --max-chunks; run again to continue)");
+  }
+  spdlog::info("binarized {} tokens from {:.1f} MB in {:.2f} s: {:.2f} MB/s, {:.2f}M tokens/s",
+               tokens, bytes / 1e6, seconds, bytes / std::max(1e-9, seconds) / 1e6,
+               tokens / std::max(1e-9, seconds) / 1e6);
+  return finished ? xlme::kExitOk : xlme::kExitError;
+}
+
+int inspect(const xlme::config::Config& cfg, std::string dir, int64_t samples) {
+  if (dir.empty()) dir = cfg.data.shards;
+  std::unique_ptr<xlme::data::Tokenizer> tokenizer;
+  if (!cfg.data.tokenizer.empty()) {
+    tokenizer = std::make_unique<xlme::data::Tokenizer>(load_tokenizer(cfg));
+  }
+  const auto summaries = xlme::data::inspect_shards(dir, tokenizer.get(), samples);
+  for (const auto& s : summaries) {
+    const auto& h = s.header;
+    spdlog::info(
+        "{:<12} {} {:>10} {} {:>12} tokens {:>8} docs, {} skipped invalid UTF-8, {} "
+        "empty, uint{}, vocab {}, checksums ok{}",
+        h.name, h.kind == 0 ? "mono" : "para", h.sequences, h.kind == 0 ? "sentences" : "pairs    ",
+        h.tokens, h.documents, h.invalid_utf8_lines, h.empty_lines, h.dtype_bytes == 2 ? 16 : 32,
+        h.vocab_size,
+        tokenizer ? fmt::format(", {} decoded == SentencePiece", s.checked_segments)
+                  : std::string(""));
+  }
+  spdlog::info("{}: {} shards verified", dir, summaries.size());
+  return xlme::kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -56,6 +124,11 @@ int main(int argc, char** argv) {
   xlme::data::DemoCorpusOptions demo_options;
   CLI::App* spm = nullptr;
   xlme::data::SpmTrainingOptions spm_options;
+  CLI::App* bin = nullptr;
+  xlme::data::BinarizeOptions bin_options;
+  CLI::App* insp = nullptr;
+  std::string inspect_dir;
+  int64_t inspect_samples = 100;
   auto add_options = [&](CLI::App& cli) {
     // No subcommand is fine with --print-config; otherwise the body asks for one.
     cli.require_subcommand(0, 1);
@@ -83,13 +156,34 @@ int main(int argc, char** argv) {
         ->required();
     spm->add_option("--out", spm_options.out_model, "model file to write (e.g. data/spm.model)")
         ->required();
+    bin = cli.add_subcommand("binarize",
+                             "encode <input>/mono/<lang>.txt[.gz|.xz] and para/<a>-<b>.<a|b> "
+                             "with data.tokenizer into memory-mapped shards (resumable)");
+    bin->add_option("--input", bin_options.input_dir, "raw corpus folder (mono/, para/)")
+        ->required();
+    bin->add_option("--out", bin_options.out_dir, "shard folder (default: data.shards)");
+    bin->add_option("--chunk-lines", bin_options.chunk_lines, "lines per work item")
+        ->capture_default_str();
+    bin->add_option("--max-chunks", bin_options.max_chunks,
+                    "stop after this many chunks per file, resumable (0: no limit)")
+        ->capture_default_str();
+    insp = cli.add_subcommand("inspect",
+                              "print per-language counts of the shards, verify their checksums "
+                              "and (with data.tokenizer) decode them against SentencePiece");
+    insp->add_option("--shards", inspect_dir, "shard folder (default: data.shards)");
+    insp->add_option("--samples", inspect_samples, "segments decoded per shard")
+        ->capture_default_str();
   };
   return xlme::run_app(
       argc, argv, spec,
       [&](const xlme::config::Config& cfg) {
         if (demo->parsed()) return demo_corpus(demo_options);
         if (spm->parsed()) return train_spm(cfg, spm_options);
-        spdlog::error("xlme-data needs a command: demo-corpus, train-spm (see xlme-data --help)");
+        if (bin->parsed()) return binarize(cfg, bin_options);
+        if (insp->parsed()) return inspect(cfg, inspect_dir, inspect_samples);
+        spdlog::error(
+            "xlme-data needs a command: demo-corpus, train-spm, binarize, inspect (see "
+            "xlme-data --help)");
         return xlme::kExitUsage;
       },
       add_options);

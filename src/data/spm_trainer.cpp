@@ -168,9 +168,10 @@ SpmTrainingReport train_sentencepiece(const SpmTrainingOptions& options) {
     model = SentencePiece::train(flags, static_cast<unsigned>(options.seed));
   } catch (const Error& e) {
     fs::remove(sample_path);
-    XLME_FAIL("{} (data.spm.vocab_size = {} counts <mask> too: the trainer was asked for {} "
-              "pieces; lower data.spm.vocab_size or give it more text)",
-              e.what(), options.spm.vocab_size, options.spm.vocab_size - 1);
+    XLME_FAIL(
+        "{} (data.spm.vocab_size = {} counts <mask> too: the trainer was asked for {} "
+        "pieces; lower data.spm.vocab_size or give it more text)",
+        e.what(), options.spm.vocab_size, options.spm.vocab_size - 1);
   }
   fs::remove(sample_path);
   write_file_atomic(options.out_model, model);

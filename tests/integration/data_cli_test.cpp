@@ -93,5 +93,46 @@ TEST(DataCli, TrainSpmWritesAModelInTheXlmrLayout) {
   EXPECT_TRUE(contains_all(bad.err, {"language 'fr' has no data"}));
 }
 
+TEST(DataCli, BinarizeThenInspect) {
+  TempDir dir;
+  std::string text;
+  unsigned state = 3;
+  for (int i = 0; i < 300; ++i) {
+    for (int w = 0; w < 5; ++w) {
+      for (int c = 0; c < 4; ++c) {
+        state = state * 1103515245u + 12345u;
+        text += static_cast<char>('a' + (state >> 16) % 12);
+      }
+      text += ' ';
+    }
+    text += i % 10 == 9 ? "\n\n" : "\n";
+  }
+  write_file(dir / "raw/mono/xx.txt", text);
+  const std::string train = "spm_train --input=" + (dir / "raw/mono/xx.txt") +
+                            " --model_prefix=" + (dir / "m") +
+                            " --vocab_size=60 --bos_id=0 --pad_id=1 --eos_id=2 --unk_id=3 "
+                            "--minloglevel=2 >/dev/null 2>&1";
+  ASSERT_EQ(std::system(train.c_str()), 0);
+  const std::string tokenizer = "data.tokenizer=" + (dir / "m.model");
+  DataResult r =
+      run_data({"binarize", "--input", dir / "raw", "--out", dir / "shards", "--set", tokenizer});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"xx           mono 330 lines -> 300 sentences", "tokens/s"}));
+  r = run_data({"inspect", "--shards", dir / "shards", "--set", tokenizer});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(
+      contains_all(r.err, {"xx           mono        300 sentences", "30 docs", "checksums ok",
+                           "decoded == SentencePiece", "1 shards verified"}));
+  std::string bin = read_file(dir / "shards/mono/xx.bin");
+  bin[10] ^= 0x40;
+  write_file(dir / "shards/mono/xx.bin", bin);
+  r = run_data({"inspect", "--shards", dir / "shards"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains_all(r.err, {"xx.bin' is corrupt: CRC32"}));
+  r = run_data({"binarize", "--input", dir / "raw"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains_all(r.err, {"data.tokenizer is not set"}));
+}
+
 }  // namespace
 }  // namespace xlme
