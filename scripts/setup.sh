@@ -28,11 +28,15 @@ done
 # libopenblas0-pthread: without it LibTorch falls back to the reference BLAS (~15x slower matmuls).
 # python3-torch, python3-numpy: the PyTorch reference loader and its parity test;
 # python3-matplotlib: scripts/plot_metrics.py.
+# zlib1g-dev, liblzma-dev: .gz/.xz corpora (and checkpoint CRC32s); gettext: msgfmt for the
+# .mo tests; sentencepiece: spm_encode/spm_train, the references of the tokenizer tests and
+# benchmark.
 packages=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev libgloo-dev libopenblas0-pthread
   libsentencepiece-dev sentencepiece
-  libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev zlib1g-dev
+  zlib1g-dev liblzma-dev gettext
+  libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
   python3-torch python3-numpy python3-matplotlib
 )
 

@@ -100,6 +100,14 @@ std::string SentencePiece::id_to_piece(int id) const {
   return piece;
 }
 
+std::string SentencePiece::train(const std::vector<std::pair<std::string, std::string>>& flags,
+                                 unsigned seed) {
+  std::string model;
+  const std::string error = spm_plugin().train(flags, seed, &model);
+  XLME_CHECK(error.empty(), "SentencePiece training failed: {}", error);
+  return model;
+}
+
 int SentencePiece::piece_to_id(const std::string& piece) const {
   return api_->piece_to_id(processor_.get(), piece);
 }

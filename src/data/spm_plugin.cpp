@@ -3,9 +3,16 @@
 #include "xlme/data/spm_plugin_abi.h"
 
 #include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
 
 #include <exception>
 #include <memory>
+#include <unordered_map>
+
+// Declared in SentencePiece's internal common.h, exported by libsentencepiece.so.
+namespace sentencepiece::logging {
+void SetMinLogLevel(int v);
+}  // namespace sentencepiece::logging
 
 namespace {
 
@@ -64,6 +71,22 @@ int piece_to_id(const void* processor, const std::string& piece) {
   return processor_of(processor).PieceToId(piece);
 }
 
+std::string train(const std::vector<std::pair<std::string, std::string>>& flags, unsigned seed,
+                  std::string* model) {
+  try {
+    // The trainer logs through std::cerr; under RTLD_DEEPBIND that is libstdc++'s own,
+    // uninitialized copy of the object (the executable holds the live one), and writing to it
+    // crashes. Only fatal messages stay on; errors come back in the status.
+    sentencepiece::logging::SetMinLogLevel(3);
+    sentencepiece::SetRandomGeneratorSeed(seed);
+    const std::unordered_map<std::string, std::string> kwargs(flags.begin(), flags.end());
+    const auto status = sentencepiece::SentencePieceTrainer::Train(kwargs, nullptr, model);
+    return status.ok() ? "" : status.ToString();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
 }  // namespace
 
 extern "C" const xlme::data::SpmPluginApi* xlme_spm_plugin_api() {
@@ -74,6 +97,7 @@ extern "C" const xlme::data::SpmPluginApi* xlme_spm_plugin_api() {
                                             encode,
                                             decode,
                                             id_to_piece,
-                                            piece_to_id};
+                                            piece_to_id,
+                                            train};
   return &api;
 }

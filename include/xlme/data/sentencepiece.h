@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace xlme::data {
@@ -20,6 +21,11 @@ class SentencePiece {
   std::string id_to_piece(int id) const;
   int piece_to_id(const std::string& piece) const;  // the unknown piece's id when absent
   const std::string& path() const { return path_; }
+
+  // Trains a model with SentencePieceTrainer's flags (name, value) after seeding its random
+  // generator; returns the serialized model. Throws xlme::Error with the trainer's message.
+  static std::string train(const std::vector<std::pair<std::string, std::string>>& flags,
+                           unsigned seed);
 
  private:
   std::string path_;

@@ -11,11 +11,12 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace xlme::data {
 
-constexpr int kSpmPluginAbiVersion = 1;
+constexpr int kSpmPluginAbiVersion = 2;
 
 struct SpmPluginApi {
   int abi_version;
@@ -26,6 +27,10 @@ struct SpmPluginApi {
   std::string (*decode)(const void* processor, const std::vector<int>& ids, std::string* text);
   std::string (*id_to_piece)(const void* processor, int id, std::string* piece);
   int (*piece_to_id)(const void* processor, const std::string& piece);
+  // Trains a model with SentencePieceTrainer's flags (name -> value, e.g. {"input", "a.txt"},
+  // {"vocab_size", "8000"}) after seeding its random generator; the model's bytes go to *model.
+  std::string (*train)(const std::vector<std::pair<std::string, std::string>>& flags, unsigned seed,
+                       std::string* model);
 };
 
 }  // namespace xlme::data

@@ -1,0 +1,89 @@
+// Binarized shards: one per language (mono) or language pair (para), memory-mapped.
+//
+//   <name>.bin  token ids, dtype uint16 (vocabulary <= 65536 ids) or int32, no header, so that
+//               binarization can append to it and resume;
+//   <name>.idx  a 256-byte ShardHeader, then uint64 offsets[segments + 1] into .bin (mono: a
+//               segment is a sentence; para: segments alternate e, f, two per pair), then
+//               (mono) uint64 document_starts[documents + 1], sentence indices.
+// The header carries a magic number, the format version, the tokenizer's hash, counts and CRC32
+// checksums of both files' payloads. Readers map the files and never copy a shard into memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace xlme::data {
+
+constexpr char kShardMagic[8] = {'X', 'L', 'M', 'E', 'S', 'H', 'R', 'D'};
+constexpr uint32_t kShardVersion = 1;
+
+enum class ShardKind : uint32_t { kMono = 0, kPara = 1 };
+
+struct ShardHeader {
+  char magic[8];
+  uint32_t version = kShardVersion;
+  uint32_t kind = 0;         // ShardKind
+  uint32_t dtype_bytes = 0;  // 2 = uint16, 4 = int32
+  uint32_t bin_crc32 = 0;    // CRC32 of the whole .bin
+  uint64_t vocab_size = 0;
+  uint64_t tokenizer_hash = 0;    // Tokenizer::hash()
+  uint64_t source_signature = 0;  // hash of the source files' paths, sizes and mtimes
+  uint64_t sequences = 0;         // sentences (mono) or pairs (para)
+  uint64_t segments = 0;          // sentences, or 2 x pairs
+  uint64_t tokens = 0;
+  uint64_t documents = 0;           // mono only
+  uint64_t source_lines = 0;        // lines read (para: per side)
+  uint64_t invalid_utf8_lines = 0;  // skipped
+  uint64_t empty_lines = 0;         // skipped (para: pairs with an empty side; mono: not blank
+                                    // separators but lines with no pieces)
+  uint32_t index_crc32 = 0;         // CRC32 of the .idx payload after the header
+  uint32_t reserved0 = 0;
+  char name[64] = {};  // "de" or "en-de"
+  char reserved[256 - 8 - 4 * 4 - 8 * 10 - 4 * 2 - 64] = {};
+};
+static_assert(sizeof(ShardHeader) == 256, "the shard header is 256 bytes on disk");
+
+// A read-only, memory-mapped shard.
+class Shard {
+ public:
+  // Maps <stem>.bin and <stem>.idx and checks the header and sizes (cheap); with
+  // `verify_checksums`, also the CRC32 of both payloads (reads every byte). Throws xlme::Error
+  // naming the file and what to do (re-run xlme-data binarize) on any mismatch.
+  explicit Shard(const std::string& stem, bool verify_checksums = false);
+  ~Shard();
+  Shard(const Shard&) = delete;
+  Shard& operator=(const Shard&) = delete;
+
+  const ShardHeader& header() const { return header_; }
+  ShardKind kind() const { return static_cast<ShardKind>(header_.kind); }
+  const std::string& stem() const { return stem_; }
+  int64_t sequences() const { return static_cast<int64_t>(header_.sequences); }
+  int64_t segments() const { return static_cast<int64_t>(header_.segments); }
+
+  // Tokens of segment `i` (mono: sentence i; para: pair i / 2, side i % 2) appended to `out`.
+  void append_segment(int64_t i, std::vector<int32_t>& out) const;
+  int64_t segment_length(int64_t i) const { return offsets_[i + 1] - offsets_[i]; }
+  // Sentence index where document `d` starts (mono); document_start(documents) = sentences.
+  int64_t document_start(int64_t d) const { return static_cast<int64_t>(documents_[d]); }
+
+  // Throws xlme::Error when the shard was made with another tokenizer than `hash`, naming both.
+  void check_tokenizer(uint64_t hash, const std::string& tokenizer_path) const;
+
+ private:
+  struct Mapping;
+  std::string stem_;
+  ShardHeader header_;
+  std::unique_ptr<Mapping> bin_, idx_;
+  const uint64_t* offsets_ = nullptr;
+  const uint64_t* documents_ = nullptr;
+};
+
+// The shard stems (path without .idx) under `dir`/mono and `dir`/para, sorted.
+std::vector<std::string> list_shards(const std::string& dir);
+
+// CRC32 (zlib) of `size` bytes at `data`, continuing from `crc`.
+uint32_t crc32_update(uint32_t crc, const void* data, size_t size);
+
+}  // namespace xlme::data
