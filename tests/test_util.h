@@ -4,12 +4,21 @@
 #include "xlme/common/error.h"
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <string>
+#include <vector>
+
+extern char** environ;
 
 namespace xlme::testing {
 
@@ -67,6 +76,43 @@ inline ::testing::AssertionResult contains_all(const std::string& text,
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+// A TCP port that was free a moment ago on the loopback interface.
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Starts this test binary again running only the disabled test `test` (e.g. a distributed
+// worker), with `vars` added to the environment. Returns the child's pid.
+inline pid_t spawn_self(const std::string& test, const std::map<std::string, std::string>& vars) {
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  for (const auto& [name, value] : vars) env_strings.push_back(name + "=" + value);
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string exe = "/proc/self/exe", filter = "--gtest_filter=" + test,
+              disabled = "--gtest_also_run_disabled_tests";
+  char* argv[] = {exe.data(), filter.data(), disabled.data(), nullptr};
+  pid_t pid = -1;
+  EXPECT_EQ(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+  return pid;
+}
+
+inline int wait_exit_code(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 }  // namespace xlme::testing

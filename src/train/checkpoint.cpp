@@ -63,12 +63,12 @@ CheckpointManager::CheckpointManager(std::string dir, int64_t keep_last, int64_t
   XLME_CHECK(keep_every >= 0, "keep_every must be 0 or positive, got {}", keep_every);
 }
 
-std::string CheckpointManager::folder(int64_t step) const {
+std::string CheckpointManager::path_for(int64_t step) const {
   return (fs::path(dir_) / fmt::format("step_{:08d}", step)).string();
 }
 
 std::string CheckpointManager::begin(int64_t step) const {
-  const std::string tmp = folder(step) + ".tmp";
+  const std::string tmp = temporary_path_for(step);
   std::error_code ec;
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
@@ -77,8 +77,8 @@ std::string CheckpointManager::begin(int64_t step) const {
 }
 
 std::string CheckpointManager::commit(int64_t step) const {
-  const std::string tmp = folder(step) + ".tmp";
-  const std::string final_path = folder(step);
+  const std::string tmp = temporary_path_for(step);
+  const std::string final_path = path_for(step);
   XLME_CHECK(fs::is_directory(tmp), "checkpoint of step {}: '{}' does not exist; call begin()",
              step, tmp);
   YAML::Emitter out;

@@ -5,58 +5,21 @@
 
 #include "test_util.h"
 
-#include <netinet/in.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstdlib>
 #include <fstream>
-
-extern char** environ;
 
 namespace xlme::dist {
 namespace {
 
 using xlme::testing::contains_all;
+using xlme::testing::free_port;
 using xlme::testing::read_file;
+using xlme::testing::spawn_self;
 using xlme::testing::TempDir;
+using xlme::testing::wait_exit_code;
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// Starts this test binary again, running only the worker below, with `vars` added to the
-// environment. Returns the child's pid.
 pid_t spawn_worker(const std::map<std::string, std::string>& vars) {
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-  for (const auto& [name, value] : vars) env_strings.push_back(name + "=" + value);
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::string exe = "/proc/self/exe", filter = "--gtest_filter=DistGloo.DISABLED_Worker",
-              disabled = "--gtest_also_run_disabled_tests";
-  char* argv[] = {exe.data(), filter.data(), disabled.data(), nullptr};
-  pid_t pid = -1;
-  EXPECT_EQ(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()), 0);
-  return pid;
-}
-
-int wait_exit_code(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return spawn_self("DistGloo.DISABLED_Worker", vars);
 }
 
 // Runs inside the spawned processes only (disabled for a normal test run).

@@ -48,9 +48,11 @@ class CheckpointManager {
   static void verify(const std::string& path);
 
   const std::string& dir() const { return dir_; }
+  // Where the checkpoint of `step` lives once committed, and while it is written.
+  std::string path_for(int64_t step) const;
+  std::string temporary_path_for(int64_t step) const { return path_for(step) + ".tmp"; }
 
  private:
-  std::string folder(int64_t step) const;
   void prune() const;
 
   std::string dir_;

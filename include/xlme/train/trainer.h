@@ -1,0 +1,97 @@
+// One optimizer step of XLM-E, read top to bottom (DESIGN section 6):
+//   fetch every micro-batch of the step -> all-reduce the term counts (the normalizers) ->
+//   forward + backward each micro-batch -> all-reduce gradients in buckets -> grad norm (skip the
+//   update if non-finite) -> clip -> AdamW with the scheduled lr -> one record of statistics.
+// Losses are normalized by counts summed over every micro-batch and rank, so k micro-batches give
+// the gradient of one batch k times larger, and R ranks the gradient of the combined batch.
+#pragma once
+
+#include "xlme/config/config.h"
+#include "xlme/data/batch.h"
+#include "xlme/dist/communicator.h"
+#include "xlme/model/electra.h"
+#include "xlme/objectives/objectives.h"
+#include "xlme/train/checkpoint.h"
+#include "xlme/train/schedule.h"
+
+#include <torch/optim/adamw.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace xlme::train {
+
+// Random tokens at a fixed shape, each sequence a function of (seed, task, its index in the
+// stream), for --benchmark and tests. Rank r of R takes sequences [c + rB, c + rB + B) of the
+// stream at cursor c, then all advance by RB: one process with batch RB reads what R ranks with
+// batch B read together, and a batch of 2B equals two consecutive batches of B.
+class SyntheticBatches : public data::BatchSource {
+ public:
+  SyntheticBatches(const data::SpecialIds& special, int64_t batch_size, int64_t length,
+                   double mask_ratio, uint64_t seed, int rank = 0, int world_size = 1);
+
+  data::Batch next(data::Task task) override;
+  std::string state() const override;  // "<mono index> <para index>"
+  // The cursors are global, equal on every rank: any saved rank's state will do.
+  void restore(const std::vector<std::string>& saved) override;
+
+ private:
+  data::SpecialIds special_;
+  int64_t batch_size_;
+  int64_t length_;
+  double mask_ratio_;
+  uint64_t seed_;
+  int rank_;
+  int world_size_;
+  int64_t cursor_[2] = {0, 0};  // per task: the stream position of the next micro-batch
+};
+
+struct StepRecord {
+  int64_t step = 0;  // updates done, this one included
+  double lr = 0;
+  double loss = 0;       // L of the step, as optimized
+  double grad_norm = 0;  // before clipping
+  bool skipped = false;  // non-finite loss or gradient: no update
+  int64_t tokens = 0;    // real tokens in the step, all ranks
+  std::map<std::string, std::map<std::string, double>> terms;  // "mlm" -> {loss, accuracy, ...}
+};
+
+class Trainer {
+ public:
+  Trainer(const config::Config& config, model::ElectraModel model, data::BatchSource& source,
+          std::shared_ptr<dist::Communicator> comm);
+
+  StepRecord train_step();
+
+  // Every rank calls these. The checkpoint holds the model (generator, discriminator, shared
+  // embeddings, heads), the optimizer, the step, the tokens seen, each rank's reader and RNG
+  // state, the resolved config and the tokenizer model (when data.tokenizer names one).
+  std::string save_checkpoint(const CheckpointManager& manager);
+  void load_checkpoint(const std::string& path);
+
+  int64_t step() const { return step_; }
+  int64_t tokens_seen() const { return tokens_seen_; }
+  int64_t skipped_steps() const { return skipped_steps_; }
+  int64_t micro_batches_per_task() const { return micro_batches_; }
+  model::ElectraModel& model() { return model_; }
+
+ private:
+  config::Config config_;
+  model::ElectraModel model_;
+  data::BatchSource& source_;
+  std::shared_ptr<dist::Communicator> comm_;
+  objectives::Objectives objectives_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  LinearSchedule schedule_;
+  std::vector<torch::Tensor> parameters_;
+  torch::Device device_;
+  int64_t micro_batches_ = 1;
+  int64_t step_ = 0;
+  int64_t tokens_seen_ = 0;
+  int64_t skipped_steps_ = 0;
+  int64_t bad_in_a_row_ = 0;
+};
+
+}  // namespace xlme::train

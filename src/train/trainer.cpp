@@ -1,0 +1,331 @@
+#include "xlme/train/trainer.h"
+
+#include "xlme/common/error.h"
+#include "xlme/common/io.h"
+#include "xlme/train/optimizer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <spdlog/spdlog.h>
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <mutex>
+#include <sstream>
+
+namespace xlme::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr data::Task kTasks[] = {data::Task::kMono, data::Task::kPara};
+
+int task_index(data::Task task) {
+  return task == data::Task::kMono ? 0 : 1;
+}
+
+// The count a term is normalized by, known from the batch before any forward pass: masked
+// positions for the generator terms, real tokens for the discriminator terms (the same counts
+// objectives::generator_term and discriminator_term report).
+int64_t term_count(const std::string& name, const data::Batch& batch) {
+  const bool generator = name == "mlm" || name == "tlm";
+  return generator ? batch.masked.sum().item<int64_t>() : (~batch.padding).sum().item<int64_t>();
+}
+
+torch::Device choose_device(const std::string& device) {
+  if (device == "cpu") return torch::kCPU;
+  const bool cuda = torch::cuda::is_available();
+  XLME_CHECK(cuda || device == "auto",
+             "run.device is cuda but no CUDA device is available to this build; use run.device=cpu "
+             "or auto");
+  return cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+}
+
+// A term's sums accumulated over the micro-batches of a step.
+struct TermSums {
+  double weight = 1;
+  torch::Tensor loss_sum, count;
+  std::map<std::string, torch::Tensor> statistics;
+};
+
+torch::Tensor cpu_generator_state() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_cpu_generator_state(const torch::Tensor& state) {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+std::string rank_file(const std::string& folder, int rank) {
+  return (fs::path(folder) / fmt::format("rank{}.pt", rank)).string();
+}
+
+}  // namespace
+
+// --- SyntheticBatches ---------------------------------------------------------------------------
+
+SyntheticBatches::SyntheticBatches(const data::SpecialIds& special, int64_t batch_size,
+                                   int64_t length, double mask_ratio, uint64_t seed, int rank,
+                                   int world_size)
+    : special_(special),
+      batch_size_(batch_size),
+      length_(length),
+      mask_ratio_(mask_ratio),
+      seed_(seed),
+      rank_(rank),
+      world_size_(world_size) {
+  XLME_CHECK(length >= 6 && special.vocab_size > 5,
+             "synthetic batches need sequences of >= 6 tokens and a vocabulary of > 5 ids");
+}
+
+data::Batch SyntheticBatches::next(data::Task task) {
+  const int t = task_index(task);
+  const int64_t first = cursor_[t] + rank_ * batch_size_;
+  cursor_[t] += world_size_ * batch_size_;
+  auto labels = torch::empty({batch_size_, length_}, torch::kLong);  // [B, T]
+  auto masked = torch::empty({batch_size_, length_}, torch::kBool);  // [B, T]
+  for (int64_t i = 0; i < batch_size_; ++i) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(
+        seed_ * 1000003u + static_cast<uint64_t>(first + i) * 2 + static_cast<uint64_t>(t));
+    // Pieces only: ids 0-3 are <s> <pad> </s> <unk>, the last id is <mask>.
+    auto row = torch::randint(4, special_.vocab_size - 1, {length_}, generator, torch::kLong);
+    row[0] = special_.bos;
+    row[length_ - 1] = special_.eos;
+    if (task == data::Task::kPara) row[length_ / 2] = special_.eos;  // <s> e </s> f </s>
+    auto selected = torch::rand({length_}, generator) < mask_ratio_;
+    selected.masked_fill_(row == special_.bos, false).masked_fill_(row == special_.eos, false);
+    labels[i] = row;
+    masked[i] = selected;
+  }
+  data::Batch batch;
+  batch.task = task;
+  batch.labels = labels;
+  batch.masked = masked;
+  batch.input_ids = labels.masked_fill(masked, special_.mask);
+  batch.padding = torch::zeros({batch_size_, length_}, torch::kBool);
+  batch.positions = torch::arange(length_, torch::kLong).expand({batch_size_, length_}).clone();
+  batch.real_tokens = batch_size_ * length_;
+  return batch;
+}
+
+std::string SyntheticBatches::state() const {
+  return fmt::format("{} {}", cursor_[0], cursor_[1]);
+}
+
+void SyntheticBatches::restore(const std::vector<std::string>& saved) {
+  XLME_CHECK(!saved.empty(), "synthetic batches: no saved state to restore");
+  std::istringstream in(saved.front());
+  XLME_CHECK(static_cast<bool>(in >> cursor_[0] >> cursor_[1]),
+             "synthetic batches: malformed saved state '{}'", saved.front());
+}
+
+// --- Trainer ------------------------------------------------------------------------------------
+
+Trainer::Trainer(const config::Config& config, model::ElectraModel model, data::BatchSource& source,
+                 std::shared_ptr<dist::Communicator> comm)
+    : config_(config),
+      model_(std::move(model)),
+      source_(source),
+      comm_(std::move(comm)),
+      objectives_(config.objectives),
+      schedule_(config.train.lr, config.train.warmup_steps, config.train.steps),
+      device_(choose_device(config.run.device)) {
+  model_->to(device_);
+  parameters_ = model_->parameters();
+  // Every rank starts from rank 0's weights (and buffers), whatever its own initialization.
+  std::vector<torch::Tensor> state = parameters_;
+  for (const auto& buffer : model_->buffers()) state.push_back(buffer);
+  dist::broadcast_tensors(*comm_, state, 0);
+  optimizer_ = make_adamw(parameters_, config.train);
+  // Enough micro-batches per task for train.tokens_per_task tokens over all ranks.
+  const int64_t per_round = comm_->world_size() * config.train.micro_batch_tokens;
+  micro_batches_ = (config.train.tokens_per_task + per_round - 1) / per_round;
+}
+
+StepRecord Trainer::train_step() {
+  model_->train();
+  StepRecord record;
+
+  // 1. Every micro-batch of the step, and from them the counts each term is normalized by.
+  std::vector<data::Batch> batches;
+  std::vector<std::string> names;  // every term of the step, in order
+  for (const data::Task task : kTasks) {
+    const auto task_terms = objectives_.term_names(task);
+    if (task_terms.empty()) continue;
+    names.insert(names.end(), task_terms.begin(), task_terms.end());
+    for (int64_t i = 0; i < micro_batches_; ++i) batches.push_back(source_.next(task));
+  }
+  std::vector<double> counts(names.size() + 1, 0.0);  // + real tokens
+  for (const auto& batch : batches) {
+    const auto task_terms = objectives_.term_names(batch.task);
+    for (std::size_t n = 0; n < names.size(); ++n) {
+      if (std::find(task_terms.begin(), task_terms.end(), names[n]) != task_terms.end()) {
+        counts[n] += static_cast<double>(term_count(names[n], batch));
+      }
+    }
+    counts.back() += static_cast<double>(batch.real_tokens);
+  }
+  std::vector<torch::Tensor> reduced_counts{torch::tensor(counts, torch::kFloat64).to(device_)};
+  comm_->all_reduce_sum(reduced_counts);
+  std::map<std::string, torch::Tensor> normalizers;
+  for (std::size_t n = 0; n < names.size(); ++n) {
+    // A term with no tokens anywhere (e.g. nothing masked) contributes 0, not 0 / 0.
+    normalizers[names[n]] = reduced_counts[0][n].clamp_min(1.0).to(torch::kFloat32);
+  }
+
+  // 2. Forward and backward, one micro-batch at a time; the sums stay on the device.
+  std::map<std::string, TermSums> sums;
+  for (const auto& batch : batches) {
+    const auto inputs = model::ModelInputs::from(batch).to(device_);
+    const auto output = model_->forward(inputs);
+    const auto terms = objectives_.compute(output, batch.task);
+    objectives::weighted_loss(terms, normalizers).backward();
+    for (const auto& term : terms) {
+      TermSums& acc = sums[term.name];
+      acc.weight = term.weight;
+      acc.loss_sum =
+          acc.loss_sum.defined() ? acc.loss_sum + term.loss_sum.detach() : term.loss_sum.detach();
+      acc.count = acc.count.defined() ? acc.count + term.count : term.count;
+      for (const auto& [key, value] : term.statistics) {
+        auto& s = acc.statistics[key];
+        s = s.defined() ? s + value : value;
+      }
+    }
+  }
+
+  // 3. Gradients and statistics summed over ranks: losses were divided by global counts, so the
+  // sum of the ranks' gradients is the gradient of the step's L.
+  dist::all_reduce_gradients(*comm_, parameters_, config_.dist.bucket_mb << 20, /*average=*/false);
+  std::vector<torch::Tensor> flat;
+  for (const auto& [name, acc] : sums) {
+    flat.push_back(acc.loss_sum.to(torch::kFloat64).reshape({1}));
+    flat.push_back(acc.count.to(torch::kFloat64).reshape({1}));
+    for (const auto& [key, value] : acc.statistics)
+      flat.push_back(value.to(torch::kFloat64).reshape({1}));
+  }
+  std::vector<torch::Tensor> stats{torch::cat(flat)};
+  comm_->all_reduce_sum(stats);
+  const auto host = stats[0].cpu();
+  int64_t at = 0;
+  for (const auto& [name, acc] : sums) {
+    objectives::Term reduced;
+    reduced.name = name;
+    reduced.weight = acc.weight;
+    reduced.loss_sum = host[at++];
+    reduced.count = host[at++].to(torch::kInt64);
+    for (const auto& [key, value] : acc.statistics)
+      reduced.statistics[key] = host[at++].to(torch::kInt64);
+    record.terms[name] = objectives::summarize(reduced);
+    record.loss += acc.weight * record.terms[name]["loss"];
+  }
+  record.tokens = static_cast<int64_t>(reduced_counts[0][names.size()].item<double>());
+
+  // 4. Global gradient norm over both models (one host synchronization per step), then either
+  // skip a non-finite update or clip and step.
+  std::vector<torch::Tensor> squares;
+  for (const auto& p : parameters_) {
+    if (p.grad().defined()) squares.push_back(p.grad().to(torch::kFloat64).pow(2).sum());
+  }
+  record.grad_norm = torch::stack(squares).sum().sqrt().item<double>();
+  record.lr = schedule_.lr(step_);
+  ++step_;
+  record.step = step_;
+  tokens_seen_ += record.tokens;
+  if (!std::isfinite(record.grad_norm) || !std::isfinite(record.loss)) {
+    optimizer_->zero_grad();
+    record.skipped = true;
+    ++skipped_steps_;
+    ++bad_in_a_row_;
+    spdlog::warn(
+        "step {}: non-finite loss ({}) or gradient norm ({}); update skipped ({} in a row)", step_,
+        record.loss, record.grad_norm, bad_in_a_row_);
+    XLME_CHECK(bad_in_a_row_ < config_.train.max_bad_steps,
+               "{} optimizer steps in a row had a non-finite loss or gradient norm "
+               "(train.max_bad_steps); stopping with the last good checkpoint intact. Lower "
+               "train.lr, raise train.warmup_steps, or inspect the data of the last steps",
+               bad_in_a_row_);
+    return record;
+  }
+  bad_in_a_row_ = 0;
+  if (config_.train.clip_norm > 0 && record.grad_norm > config_.train.clip_norm) {
+    const double scale = config_.train.clip_norm / (record.grad_norm + 1e-6);
+    for (const auto& p : parameters_) {
+      if (p.grad().defined()) p.grad().mul_(scale);
+    }
+  }
+  set_learning_rate(*optimizer_, record.lr);
+  optimizer_->step();
+  optimizer_->zero_grad();
+  return record;
+}
+
+std::string Trainer::save_checkpoint(const CheckpointManager& manager) {
+  const int rank = comm_->rank();
+  const std::string folder = manager.temporary_path_for(step_);
+  if (rank == 0) manager.begin(step_);
+  comm_->barrier();
+  {
+    torch::serialize::OutputArchive archive;
+    archive.write("reader", c10::IValue(source_.state()));
+    archive.write("rng_cpu", cpu_generator_state());
+    archive.save_to(rank_file(folder, rank));
+  }
+  comm_->barrier();
+  if (rank == 0) {
+    torch::save(model_, (fs::path(folder) / "model.pt").string());
+    torch::save(*optimizer_, (fs::path(folder) / "optimizer.pt").string());
+    YAML::Emitter out;
+    out << YAML::BeginMap << YAML::Key << "step" << YAML::Value << step_ << YAML::Key
+        << "tokens_seen" << YAML::Value << tokens_seen_ << YAML::Key << "skipped_steps"
+        << YAML::Value << skipped_steps_ << YAML::Key << "world_size" << YAML::Value
+        << comm_->world_size() << YAML::EndMap;
+    write_file_atomic((fs::path(folder) / "trainer.yaml").string(),
+                      std::string(out.c_str()) + "\n");
+    config::save_config(config_, (fs::path(folder) / "config.yaml").string());
+    if (!config_.data.tokenizer.empty() && fs::is_regular_file(config_.data.tokenizer)) {
+      fs::copy_file(config_.data.tokenizer, fs::path(folder) / "tokenizer.model");
+    }
+    manager.commit(step_);
+  }
+  comm_->barrier();
+  return manager.path_for(step_);
+}
+
+void Trainer::load_checkpoint(const std::string& path) {
+  const YAML::Node state = YAML::LoadFile((fs::path(path) / "trainer.yaml").string());
+  const int saved_world = state["world_size"].as<int>();
+  torch::load(model_, (fs::path(path) / "model.pt").string(), device_);
+  torch::load(*optimizer_, (fs::path(path) / "optimizer.pt").string(), device_);
+  step_ = state["step"].as<int64_t>();
+  tokens_seen_ = state["tokens_seen"].as<int64_t>();
+  skipped_steps_ = state["skipped_steps"].as<int64_t>();
+  bad_in_a_row_ = 0;
+  std::vector<std::string> readers;
+  torch::Tensor my_rng;
+  for (int r = 0; r < saved_world; ++r) {
+    torch::serialize::InputArchive archive;
+    archive.load_from(rank_file(path, r));
+    c10::IValue reader;
+    archive.read("reader", reader);
+    readers.push_back(reader.toStringRef());
+    if (r == comm_->rank()) archive.read("rng_cpu", my_rng);
+  }
+  source_.restore(readers);
+  if (saved_world == comm_->world_size()) {
+    set_cpu_generator_state(my_rng);
+  } else {
+    // Other ranks than when saved: the data streams are re-split by the source; dropout and
+    // sampling noise starts from a fresh seed per rank.
+    torch::manual_seed(config_.run.seed * 7919 + static_cast<uint64_t>(step_) * 31 + comm_->rank());
+  }
+  spdlog::info("resumed from {} at step {} ({} tokens seen, saved by {} rank(s))", path, step_,
+               tokens_seen_, saved_world);
+}
+
+}  // namespace xlme::train
