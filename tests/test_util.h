@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -76,6 +77,36 @@ inline ::testing::AssertionResult contains_all(const std::string& text,
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+// The shell's single-quoted form of `s`.
+inline std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+struct ToolRun {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs the built binary `tool` with `args` in the source tree, through the shell with `env`
+// prepended (e.g. "RANK=2" or "env -u X"), and returns its exit code and output.
+inline ToolRun run_tool(const std::string& tool, const std::vector<std::string>& args,
+                        const std::string& env = "") {
+  const TempDir scratch;
+  std::string command = "cd " + quote(XLME_SOURCE_DIR) + " && " + env + " " +
+                        quote(std::string(XLME_BINARY_DIR) + "/" + tool);
+  for (const auto& a : args) command += " " + quote(a);
+  command += " >" + quote(scratch / "out") + " 2>" + quote(scratch / "err");
+  const int status = std::system(command.c_str());
+  ToolRun r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_file(scratch / "out");
+  r.err = read_file(scratch / "err");
+  return r;
 }
 
 // A TCP port that was free a moment ago on the loopback interface.

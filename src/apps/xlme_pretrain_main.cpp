@@ -3,6 +3,7 @@
 #include "xlme/common/error.h"
 #include "xlme/model/electra.h"
 #include "xlme/model/parameter_count.h"
+#include "xlme/train/benchmark.h"
 
 #include <spdlog/spdlog.h>
 
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
       "pre-train XLM-E: generator + discriminator, MLM + TLM + MRTD + TRTD, DDP over c10d",
       /*run_logs=*/true};
   bool print_model = false;
+  int64_t benchmark_steps = 0;
   return xlme::run_app(
       argc, argv, spec,
       [&](const xlme::config::Config& config) {
@@ -26,6 +28,10 @@ int main(int argc, char** argv) {
           std::cout << xlme::model::format_parameter_table(xlme::model::parameter_counts(*model));
           return xlme::kExitOk;
         }
+        if (benchmark_steps > 0) {
+          std::cout << xlme::train::run_benchmark(config, benchmark_steps) << std::endl;
+          return xlme::kExitOk;
+        }
         spdlog::error(
             "xlme-pretrain resolved its config, but pre-training is not implemented yet "
             "(issue #5)");
@@ -35,5 +41,10 @@ int main(int argc, char** argv) {
         cli.add_flag("--print-model", print_model,
                      "build the model from the config on the CPU, print its parameter count per "
                      "module, and exit");
+        cli.add_option("--benchmark", benchmark_steps,
+                       "run N optimizer steps on synthetic batches of the configured shapes and "
+                       "print tokens/s and the time split as one JSON line")
+            ->type_name("N")
+            ->check(CLI::PositiveNumber);
       });
 }

@@ -10,6 +10,7 @@
 #include <torch/serialize.h>
 #include <yaml-cpp/yaml.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <mutex>
@@ -151,6 +152,14 @@ Trainer::Trainer(const config::Config& config, model::ElectraModel model, data::
 StepRecord Trainer::train_step() {
   model_->train();
   StepRecord record;
+  auto mark = std::chrono::steady_clock::now();
+  // Adds the time since the last call to `phase`.
+  auto lap = [&](const char* phase) {
+    if (phase_timing_ && device_.is_cuda()) torch::cuda::synchronize();
+    const auto now = std::chrono::steady_clock::now();
+    record.seconds[phase] += std::chrono::duration<double>(now - mark).count();
+    mark = now;
+  };
 
   // 1. Every micro-batch of the step, and from them the counts each term is normalized by.
   std::vector<data::Batch> batches;
@@ -161,6 +170,7 @@ StepRecord Trainer::train_step() {
     names.insert(names.end(), task_terms.begin(), task_terms.end());
     for (int64_t i = 0; i < micro_batches_; ++i) batches.push_back(source_.next(task));
   }
+  lap("data");
   std::vector<double> counts(names.size() + 1, 0.0);  // + real tokens
   for (const auto& batch : batches) {
     const auto task_terms = objectives_.term_names(batch.task);
@@ -173,6 +183,7 @@ StepRecord Trainer::train_step() {
   }
   std::vector<torch::Tensor> reduced_counts{torch::tensor(counts, torch::kFloat64).to(device_)};
   comm_->all_reduce_sum(reduced_counts);
+  lap("communication");
   std::map<std::string, torch::Tensor> normalizers;
   for (std::size_t n = 0; n < names.size(); ++n) {
     // A term with no tokens anywhere (e.g. nothing masked) contributes 0, not 0 / 0.
@@ -185,7 +196,10 @@ StepRecord Trainer::train_step() {
     const auto inputs = model::ModelInputs::from(batch).to(device_);
     const auto output = model_->forward(inputs);
     const auto terms = objectives_.compute(output, batch.task);
-    objectives::weighted_loss(terms, normalizers).backward();
+    const auto loss = objectives::weighted_loss(terms, normalizers);
+    lap("forward");
+    loss.backward();
+    lap("backward");
     for (const auto& term : terms) {
       TermSums& acc = sums[term.name];
       acc.weight = term.weight;
@@ -212,6 +226,7 @@ StepRecord Trainer::train_step() {
   std::vector<torch::Tensor> stats{torch::cat(flat)};
   comm_->all_reduce_sum(stats);
   const auto host = stats[0].cpu();
+  lap("communication");
   int64_t at = 0;
   for (const auto& [name, acc] : sums) {
     objectives::Term reduced;
@@ -262,6 +277,7 @@ StepRecord Trainer::train_step() {
   set_learning_rate(*optimizer_, record.lr);
   optimizer_->step();
   optimizer_->zero_grad();
+  lap("optimizer");
   return record;
 }
 

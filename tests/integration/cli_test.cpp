@@ -20,32 +20,12 @@ using xlme::testing::write_file;
 
 const char* const kTools[] = {"xlme-data", "xlme-pretrain", "xlme-finetune", "xlme-export"};
 
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
+using Result = xlme::testing::ToolRun;
+using xlme::testing::quote;
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-// Runs `tool args...` through the shell with `env` prepended (e.g. "RANK=2"), in `cwd`.
 Result run(const std::string& tool, const std::vector<std::string>& args,
-           const std::string& env = "", const std::string& cwd = XLME_SOURCE_DIR) {
-  static TempDir scratch;
-  std::string command =
-      "cd " + quote(cwd) + " && " + env + " " + quote(std::string(XLME_BINARY_DIR) + "/" + tool);
-  for (const auto& a : args) command += " " + quote(a);
-  command += " >" + quote(scratch / "out") + " 2>" + quote(scratch / "err");
-  const int status = std::system(command.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = read_file(scratch / "out");
-  r.err = read_file(scratch / "err");
-  return r;
+           const std::string& env = "") {
+  return xlme::testing::run_tool(tool, args, env);
 }
 
 TEST(Cli, EveryBinaryAnswersHelp) {

@@ -2,31 +2,19 @@
 // resolved vocabulary.
 #include "test_util.h"
 
-#include <sys/wait.h>
-
-#include <cstdlib>
+#include <sstream>
 #include <string>
 
 namespace xlme {
 namespace {
 
-struct PrintModelRun {
-  int code = -1;
-  std::string out, err;
-};
-
-PrintModelRun print_model(const std::string& args) {
-  testing::TempDir scratch;
-  const std::string command = "cd '" + std::string(XLME_SOURCE_DIR) + "' && '" +
-                              std::string(XLME_BINARY_DIR) + "/xlme-pretrain' --print-model " +
-                              args + " --set run.out_dir='" + (scratch / "run") + "' >'" +
-                              (scratch / "out") + "' 2>'" + (scratch / "err") + "'";
-  const int status = std::system(command.c_str());
-  PrintModelRun r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = testing::read_file(scratch / "out");
-  r.err = testing::read_file(scratch / "err");
-  return r;
+// xlme-pretrain --print-model ARGS (split at spaces).
+testing::ToolRun print_model(const std::string& args) {
+  const testing::TempDir run;  // keeps the run's log folder out of the source tree
+  std::vector<std::string> argv{"--print-model", "--set", "run.out_dir=" + (run / "run")};
+  std::istringstream words(args);
+  for (std::string w; words >> w;) argv.push_back(w);
+  return testing::run_tool("xlme-pretrain", argv);
 }
 
 TEST(PrintModel, PrintsParametersPerModule) {

@@ -56,6 +56,9 @@ struct StepRecord {
   bool skipped = false;  // non-finite loss or gradient: no update
   int64_t tokens = 0;    // real tokens in the step, all ranks
   std::map<std::string, std::map<std::string, double>> terms;  // "mlm" -> {loss, accuracy, ...}
+  // Wall-clock seconds per phase: data, forward, backward, communication, optimizer. On CUDA
+  // they are exact only with set_phase_timing(true), which synchronizes at each boundary.
+  std::map<std::string, double> seconds;
 };
 
 class Trainer {
@@ -75,6 +78,8 @@ class Trainer {
   int64_t tokens_seen() const { return tokens_seen_; }
   int64_t skipped_steps() const { return skipped_steps_; }
   int64_t micro_batches_per_task() const { return micro_batches_; }
+  // Synchronize the device at phase boundaries so that StepRecord::seconds is exact (benchmarks).
+  void set_phase_timing(bool on) { phase_timing_ = on; }
   model::ElectraModel& model() { return model_; }
 
  private:
@@ -92,6 +97,7 @@ class Trainer {
   int64_t tokens_seen_ = 0;
   int64_t skipped_steps_ = 0;
   int64_t bad_in_a_row_ = 0;
+  bool phase_timing_ = false;
 };
 
 }  // namespace xlme::train

@@ -1,0 +1,17 @@
+// xlme-pretrain --benchmark N: the speed of the training step alone, on synthetic batches.
+#pragma once
+
+#include "xlme/config/config.h"
+
+#include <cstdint>
+#include <string>
+
+namespace xlme::train {
+
+// Runs 2 warm-up steps and then `steps` optimizer steps of the configured model and objectives on
+// synthetic batches of data.mono.max_len-token sequences filling train.micro_batch_tokens, and
+// returns one JSON line: tokens/s, ms per step and its split into data / forward / backward /
+// communication / optimizer, the shapes, the parameter count and the peak resident memory.
+std::string run_benchmark(const config::Config& config, int64_t steps);
+
+}  // namespace xlme::train

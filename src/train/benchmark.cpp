@@ -1,0 +1,73 @@
+#include "xlme/train/benchmark.h"
+
+#include "xlme/common/error.h"
+#include "xlme/dist/communicator.h"
+#include "xlme/train/metrics.h"
+#include "xlme/train/trainer.h"
+
+#include <spdlog/spdlog.h>
+#include <fstream>
+
+namespace xlme::train {
+namespace {
+
+// Peak resident set size of this process in MiB (VmHWM), or -1 where /proc does not tell.
+double peak_memory_mib() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::string run_benchmark(const config::Config& config, int64_t steps) {
+  XLME_CHECK(steps >= 1, "--benchmark needs at least 1 step, got {}", steps);
+  XLME_CHECK(config.model.vocab_size > 0,
+             "--benchmark needs model.vocab_size (0 = the tokenizer's size); add e.g. --set "
+             "model.vocab_size=8000");
+  const int64_t length = config.data.mono.max_len;
+  const int64_t batch = config.train.micro_batch_tokens / length;
+  model::ElectraModel model(config.model, model::architecture_for(config.objectives.set));
+  int64_t parameters = 0;
+  for (const auto& p : model->parameters()) parameters += p.numel();
+  SyntheticBatches source(data::SpecialIds::for_vocab(config.model.vocab_size), batch, length,
+                          config.objectives.mask_ratio, config.run.seed);
+  auto comm = dist::Communicator::create(dist::launch_info_from_env(), config.dist.backend,
+                                         std::chrono::seconds(config.dist.timeout_s));
+  Trainer trainer(config, model, source, comm);
+  trainer.set_phase_timing(true);
+  spdlog::info("benchmark: {} parameters, micro-batches of {} x {} tokens, {} per task and step",
+               parameters, batch, length, trainer.micro_batches_per_task());
+  for (int i = 0; i < 2; ++i) trainer.train_step();
+
+  std::map<std::string, double> seconds;
+  int64_t tokens = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < steps; ++i) {
+    const StepRecord record = trainer.train_step();
+    tokens += record.tokens;
+    for (const auto& [phase, s] : record.seconds) seconds[phase] += s;
+  }
+  const double total =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  MetricsRecord out;
+  out.add("benchmark", std::string("xlme-pretrain"))
+      .add("steps", steps)
+      .add("tokens_per_s", tokens / total)
+      .add("step_ms", 1000 * total / steps);
+  for (const auto& [phase, s] : seconds) out.add(phase + "_ms", 1000 * s / steps);
+  out.add("objectives", config.objectives.set)
+      .add("sequences_per_micro_batch", batch)
+      .add("sequence_length", length)
+      .add("micro_batches_per_task", trainer.micro_batches_per_task())
+      .add("ranks", static_cast<int64_t>(comm->world_size()))
+      .add("parameters", parameters)
+      .add("peak_memory_mib", peak_memory_mib())
+      .add("device", config.run.device);
+  return out.to_json();
+}
+
+}  // namespace xlme::train

@@ -1,0 +1,34 @@
+// xlme-pretrain --benchmark: one JSON line with the throughput and the time split, from the
+// configs that reproduce the reference shapes.
+#include "test_util.h"
+
+namespace xlme {
+namespace {
+
+TEST(PretrainBenchmark, PrintsOneJsonLineWithTheTimeSplit) {
+  const testing::TempDir run;
+  const auto r = testing::run_tool(
+      "xlme-pretrain",
+      {"--config", "configs/pretrain/benchmark/cpu_tiny.yaml", "--benchmark", "1", "--set",
+       "model.vocab_size=500", "--set", "run.out_dir=" + (run / "run"), "--log-level", "warn"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.front(), '{');
+  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << r.out;  // exactly one line
+  EXPECT_TRUE(testing::contains_all(
+      r.out, {"\"benchmark\": \"xlme-pretrain\"", "\"steps\": 1", "\"tokens_per_s\": ",
+              "\"data_ms\": ", "\"forward_ms\": ", "\"backward_ms\": ", "\"communication_ms\": ",
+              "\"optimizer_ms\": ", "\"sequences_per_micro_batch\": 16", "\"sequence_length\": 64",
+              "\"objectives\": \"xlme-mono\"", "\"peak_memory_mib\": "}));
+}
+
+TEST(PretrainBenchmark, NeedsAVocabularySize) {
+  const testing::TempDir run;
+  const auto r = testing::run_tool(
+      "xlme-pretrain",
+      {"--benchmark", "1", "--set", "model.vocab_size=0", "--set", "run.out_dir=" + (run / "run")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(testing::contains_all(r.err, {"--benchmark needs model.vocab_size"}));
+}
+
+}  // namespace
+}  // namespace xlme
