@@ -1,12 +1,16 @@
 // xlme-data: build corpora into training data: demo corpus, SentencePiece, memory-mapped shards
 #include "xlme/common/app.h"
 #include "xlme/common/error.h"
+#include "xlme/data/batch_bench.h"
 #include "xlme/data/binarize.h"
 #include "xlme/data/demo_corpus.h"
 #include "xlme/data/spm_trainer.h"
 
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <memory>
 #include <thread>
 
@@ -113,6 +117,57 @@ int inspect(const xlme::config::Config& cfg, std::string dir, int64_t samples) {
   return xlme::kExitOk;
 }
 
+struct BenchArgs {
+  std::string shards;
+  double seconds = 3.0;
+  int64_t synthetic_tokens = 20000000;
+};
+
+int bench(const xlme::config::Config& cfg, const BenchArgs& args) {
+  namespace fs = std::filesystem;
+  std::unique_ptr<xlme::data::Tokenizer> tokenizer;
+  if (!args.shards.empty() && !cfg.data.tokenizer.empty()) {
+    tokenizer = std::make_unique<xlme::data::Tokenizer>(load_tokenizer(cfg));
+  }
+  auto options = xlme::data::BatchOptions::from_config(cfg, tokenizer.get(), 0, 1);
+  options.para.enabled = true;  // both tasks, whatever objectives.set trains
+  options.shards = args.shards;
+  std::string synthetic;
+  if (args.shards.empty()) {
+    synthetic = (fs::temp_directory_path() / fmt::format("xlme-bench-{}", ::getpid())).string();
+    spdlog::info("no --shards: writing synthetic shards ({} tokens, vocab 32000) to {}",
+                 args.synthetic_tokens, synthetic);
+    xlme::data::write_synthetic_shards(synthetic, 32000, args.synthetic_tokens,
+                                       args.synthetic_tokens / 2, options.seed);
+    options.shards = synthetic;
+  }
+  std::vector<xlme::data::BatchBenchReport> reports;
+  try {
+    reports = xlme::data::bench_batches(options, args.seconds);
+  } catch (...) {
+    if (!synthetic.empty()) fs::remove_all(synthetic);
+    throw;
+  }
+  if (!synthetic.empty()) fs::remove_all(synthetic);
+  for (const auto& r : reports) {
+    const bool mono = r.task == xlme::data::Task::kMono;
+    spdlog::info(
+        "{}: {} micro-batches, {} sequences, {} tokens ({:.2f}% padding, {:.2f}% masked) in "
+        "{:.2f} s on one core: {:.2f}M tokens/s assembled + masked ({:.2f}M with padding)",
+        mono ? "MRTD" : "TRTD", r.micro_batches, r.sequences, r.real_tokens,
+        100 * r.padding_fraction(), 100.0 * r.masked / std::max<int64_t>(1, r.real_tokens),
+        r.seconds, r.tokens_per_second() / 1e6, r.padded_tokens / std::max(1e-9, r.seconds) / 1e6);
+    for (const auto& c : r.languages) {
+      spdlog::info(
+          "  {:<8} m_j {:>11} tokens  p_j {:.4f}  read {:>6} micro-batches {:>11} "
+          "tokens ({:.4f} of all)",
+          c.name, c.shard_tokens, c.probability, c.micro_batches, c.tokens,
+          static_cast<double>(c.tokens) / std::max<int64_t>(1, r.real_tokens));
+    }
+  }
+  return xlme::kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -129,6 +184,8 @@ int main(int argc, char** argv) {
   CLI::App* insp = nullptr;
   std::string inspect_dir;
   int64_t inspect_samples = 100;
+  CLI::App* bench_cmd = nullptr;
+  BenchArgs bench_args;
   auto add_options = [&](CLI::App& cli) {
     // No subcommand is fine with --print-config; otherwise the body asks for one.
     cli.require_subcommand(0, 1);
@@ -173,6 +230,18 @@ int main(int argc, char** argv) {
     insp->add_option("--shards", inspect_dir, "shard folder (default: data.shards)");
     insp->add_option("--samples", inspect_samples, "segments decoded per shard")
         ->capture_default_str();
+    bench_cmd = cli.add_subcommand(
+        "bench",
+        "assembled + masked tokens/s of MRTD and TRTD micro-batches on one core (data.*, "
+        "train.micro_batch_tokens, objectives.mask_*), on --shards or on synthetic shards");
+    bench_cmd->add_option("--shards", bench_args.shards,
+                          "shard folder (default: synthetic shards in a temporary folder)");
+    bench_cmd->add_option("--seconds", bench_args.seconds, "seconds per task")
+        ->capture_default_str();
+    bench_cmd
+        ->add_option("--synthetic-tokens", bench_args.synthetic_tokens,
+                     "mono tokens of the synthetic shards (para: half as many)")
+        ->capture_default_str();
   };
   return xlme::run_app(
       argc, argv, spec,
@@ -181,8 +250,9 @@ int main(int argc, char** argv) {
         if (spm->parsed()) return train_spm(cfg, spm_options);
         if (bin->parsed()) return binarize(cfg, bin_options);
         if (insp->parsed()) return inspect(cfg, inspect_dir, inspect_samples);
+        if (bench_cmd->parsed()) return bench(cfg, bench_args);
         spdlog::error(
-            "xlme-data needs a command: demo-corpus, train-spm, binarize, inspect (see "
+            "xlme-data needs a command: demo-corpus, train-spm, binarize, inspect, bench (see "
             "xlme-data --help)");
         return xlme::kExitUsage;
       },

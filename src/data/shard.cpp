@@ -1,6 +1,7 @@
 #include "xlme/data/shard.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/io.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -137,6 +139,61 @@ std::vector<std::string> list_shards(const std::string& dir) {
   }
   std::sort(stems.begin(), stems.end());
   return stems;
+}
+
+void write_shard(const std::string& stem, ShardKind kind, const std::string& name,
+                 const std::vector<std::vector<int32_t>>& segments,
+                 const std::vector<int64_t>& document_starts, int64_t vocab_size,
+                 uint64_t tokenizer_hash) {
+  XLME_CHECK(kind == ShardKind::kMono || segments.size() % 2 == 0,
+             "para shard '{}' needs an even number of segments (e, f per pair), got {}", stem,
+             segments.size());
+  ShardHeader header;
+  std::memcpy(header.magic, kShardMagic, sizeof(kShardMagic));
+  header.kind = static_cast<uint32_t>(kind);
+  header.dtype_bytes = vocab_size <= 65536 ? 2 : 4;
+  std::string bin, payload;
+  uint64_t tokens = 0;
+  for (const auto& segment : segments) {
+    payload.append(reinterpret_cast<const char*>(&tokens), 8);
+    for (const int32_t id : segment) {
+      XLME_CHECK(id >= 0 && id < vocab_size, "token id {} of shard '{}' is outside [0, {})", id,
+                 stem, vocab_size);
+      if (header.dtype_bytes == 2) {
+        const auto narrow = static_cast<uint16_t>(id);
+        bin.append(reinterpret_cast<const char*>(&narrow), 2);
+      } else {
+        bin.append(reinterpret_cast<const char*>(&id), 4);
+      }
+    }
+    tokens += segment.size();
+  }
+  payload.append(reinterpret_cast<const char*>(&tokens), 8);
+  uint64_t documents = 0;
+  if (kind == ShardKind::kMono) {
+    std::vector<int64_t> starts = document_starts;
+    if (starts.empty()) starts.push_back(0);
+    for (const int64_t d : starts) {
+      const auto start = static_cast<uint64_t>(d);
+      payload.append(reinterpret_cast<const char*>(&start), 8);
+    }
+    const auto sentences = static_cast<uint64_t>(segments.size());
+    payload.append(reinterpret_cast<const char*>(&sentences), 8);
+    documents = starts.size();
+  }
+  header.bin_crc32 = crc32_update(0, bin.data(), bin.size());
+  header.vocab_size = static_cast<uint64_t>(vocab_size);
+  header.tokenizer_hash = tokenizer_hash;
+  header.segments = segments.size();
+  header.sequences = kind == ShardKind::kMono ? header.segments : header.segments / 2;
+  header.tokens = tokens;
+  header.documents = documents;
+  header.source_lines = header.sequences;
+  header.index_crc32 = crc32_update(0, payload.data(), payload.size());
+  std::snprintf(header.name, sizeof(header.name), "%s", name.c_str());
+  write_file_atomic(stem + ".bin", bin);
+  write_file_atomic(stem + ".idx",
+                    std::string(reinterpret_cast<const char*>(&header), sizeof(header)) + payload);
 }
 
 }  // namespace xlme::data

@@ -134,5 +134,19 @@ TEST(DataCli, BinarizeThenInspect) {
   EXPECT_TRUE(contains_all(r.err, {"data.tokenizer is not set"}));
 }
 
+TEST(DataCli, BenchReportsBothTasksOnSyntheticShardsAndNamesAMissingFolder) {
+  DataResult r = run_data({"bench", "--seconds", "0.2", "--synthetic-tokens", "200000", "--set",
+                           "data.mono.max_len=128", "--set", "data.para.max_len=128", "--set",
+                           "train.micro_batch_tokens=4096"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"writing synthetic shards", "MRTD: ", "TRTD: ",
+                                   "M tokens/s assembled + masked", "% padding", "en-de", "p_j"}));
+  TempDir dir;
+  r = run_data({"bench", "--shards", dir / "none"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(
+      contains_all(r.err, {"shard folder '" + (dir / "none") + "' (data.shards) not found"}));
+}
+
 }  // namespace
 }  // namespace xlme

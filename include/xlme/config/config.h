@@ -208,6 +208,8 @@ struct DataConfig {
   TaskDataConfig mono;
   TaskDataConfig para;
   std::string too_long = "drop";
+  bool reset_positions = false;
+  int64_t bucket_pool = 8192;
   int64_t loader_threads = 2;
   int64_t prefetch = 8;
   TokenizerTrainingConfig spm;
@@ -224,6 +226,12 @@ struct DataConfig {
     v.section("para", para, "TRTD batches: <s> e </s> f </s>, bucketed by length");
     v.field("too_long", too_long, Choices{"drop", "truncate"},
             "what happens to a translation pair longer than para.max_len");
+    v.field("reset_positions", reset_positions,
+            "TRTD: position ids restart at f (f's first token gets e's first position); off: "
+            "continuous");
+    v.field("bucket_pool", bucket_pool, IntRange{1, 1073741824},
+            "sentences (mono) or pairs (para) per bucketing pool: sequences are sorted by length "
+            "and cut into micro-batches within a pool, whose micro-batches are then shuffled");
     v.field("loader_threads", loader_threads, IntRange{1, 256},
             "background threads that build batches");
     v.field("prefetch", prefetch, IntRange{1, 4096}, "batches built ahead of the training step");

@@ -83,6 +83,14 @@ class Shard {
 // The shard stems (path without .idx) under `dir`/mono and `dir`/para, sorted.
 std::vector<std::string> list_shards(const std::string& dir);
 
+// Writes a shard held in memory (synthetic shards for xlme-data bench and tests; real corpora go
+// through binarize, which streams): `segments` are sentences (mono) or alternating e, f (para),
+// `document_starts` the sentence index of each document (mono; empty: one document).
+void write_shard(const std::string& stem, ShardKind kind, const std::string& name,
+                 const std::vector<std::vector<int32_t>>& segments,
+                 const std::vector<int64_t>& document_starts, int64_t vocab_size,
+                 uint64_t tokenizer_hash);
+
 // CRC32 (zlib) of `size` bytes at `data`, continuing from `crc`.
 uint32_t crc32_update(uint32_t crc, const void* data, size_t size);
 
