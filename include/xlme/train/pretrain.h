@@ -1,0 +1,28 @@
+// A whole pre-training run on one rank: resume, the step loop with its log lines and metrics,
+// periodic and final checkpoints, and preemption (DESIGN section 6). The trainer (trainer.h) does
+// the steps; this decides when to log, save and stop, like Marian's Scheduler.
+#pragma once
+
+#include "xlme/config/config.h"
+#include "xlme/data/batch.h"
+#include "xlme/dist/communicator.h"
+
+#include <memory>
+#include <string>
+
+namespace xlme::train {
+
+struct PretrainOptions {
+  // "auto": the newest valid checkpoint under <run.out_dir>/checkpoints, if any (damaged ones are
+  // skipped with a warning); "none": start fresh; otherwise a checkpoint folder.
+  std::string resume = "auto";
+};
+
+// Trains until train.steps and returns kExitOk, or, after SIGTERM / SIGINT / SIGUSR1 on any rank,
+// saves a checkpoint at the end of the current step on every rank and returns kExitPreempted.
+// Throws xlme::Error on bad input and after train.max_bad_steps non-finite steps in a row (the
+// last good checkpoint is kept).
+int pretrain(const config::Config& config, const PretrainOptions& options,
+             data::BatchSource& source, std::shared_ptr<dist::Communicator> comm);
+
+}  // namespace xlme::train

@@ -1,0 +1,102 @@
+// The run loop: a run stopped by SIGTERM and resumed ends exactly where an uninterrupted run ends,
+// also when its newest checkpoint is damaged; metrics lines are written.
+#include "xlme/train/pretrain.h"
+
+#include "xlme/common/app.h"
+#include "xlme/train/signals.h"
+#include "xlme/train/trainer.h"
+
+#include "test_util.h"
+#include "train_fixtures.h"
+
+#include <torch/serialize.h>
+
+#include <csignal>
+#include <filesystem>
+
+namespace xlme::train {
+namespace {
+
+namespace fs = std::filesystem;
+using xlme::testing::contains_all;
+using xlme::testing::read_file;
+using xlme::testing::TempDir;
+
+config::Config run_config(const std::string& out_dir, int64_t save_every) {
+  auto c = xlme::testing::tiny_train_config(4, 1, /*dropout=*/0.1);
+  c.train.steps = 6;
+  c.train.log_every = 1;
+  c.train.save_every = save_every;
+  c.train.keep_last = 5;
+  c.run.out_dir = out_dir;
+  return c;
+}
+
+// Synthetic batches that raise SIGTERM while the `stop_at`-th micro-batch is read.
+class SignallingBatches : public SyntheticBatches {
+ public:
+  SignallingBatches(const config::Config& c, int stop_at)
+      : SyntheticBatches(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 3),
+        stop_at_(stop_at) {}
+  data::Batch next(data::Task task) override {
+    if (++calls_ == stop_at_) std::raise(SIGTERM);
+    return SyntheticBatches::next(task);
+  }
+
+ private:
+  int stop_at_;
+  int calls_ = 0;
+};
+
+model::ElectraModel final_model(const config::Config& c) {
+  auto model = xlme::testing::make_tiny_model(c, 0);
+  torch::load(model, (fs::path(c.run.out_dir) / "checkpoints/step_00000006/model.pt").string());
+  return model;
+}
+
+TEST(Pretrain, StoppedAndResumedRunEndsLikeTheUninterruptedOne) {
+  TempDir dir;
+  const auto straight = run_config(dir / "straight", 0);
+  SignallingBatches never(straight, -1);
+  ASSERT_EQ(pretrain(straight, {"auto"}, never, xlme::testing::single_process()), kExitOk);
+  EXPECT_TRUE(contains_all(
+      read_file(dir / "straight/metrics.jsonl"),
+      {"{\"step\": 1, \"kind\": \"train\"", "\"loss/mlm\": ", "\"f1/mrtd\": ", "{\"step\": 6, "}));
+
+  const auto stopped = run_config(dir / "stopped", 2);
+  // 2 micro-batches (mono + para) per step: the 5th read is in step 3.
+  SignallingBatches signalled(stopped, 5);
+  ASSERT_EQ(pretrain(stopped, {"auto"}, signalled, xlme::testing::single_process()),
+            kExitPreempted);
+  EXPECT_TRUE(fs::exists(dir / "stopped/checkpoints/step_00000002"));
+  EXPECT_TRUE(fs::exists(dir / "stopped/checkpoints/step_00000003"));
+  EXPECT_FALSE(fs::exists(dir / "stopped/checkpoints/step_00000004"));
+
+  torch::manual_seed(12345);  // a new process: other random state
+  SignallingBatches resumed(stopped, -1);
+  ASSERT_EQ(pretrain(stopped, {"auto"}, resumed, xlme::testing::single_process()), kExitOk);
+  auto a = final_model(straight);
+  auto b = final_model(stopped);
+  xlme::testing::expect_same_parameters(a, b, /*atol=*/0);
+}
+
+TEST(Pretrain, DamagedNewestCheckpointFallsBackToThePreviousOne) {
+  TempDir dir;
+  const auto straight = run_config(dir / "straight", 0);
+  SignallingBatches never(straight, -1);
+  ASSERT_EQ(pretrain(straight, {"auto"}, never, xlme::testing::single_process()), kExitOk);
+
+  const auto stopped = run_config(dir / "stopped", 2);
+  SignallingBatches signalled(stopped, 7);  // stops after step 4, which is also a periodic save
+  ASSERT_EQ(pretrain(stopped, {"auto"}, signalled, xlme::testing::single_process()),
+            kExitPreempted);
+  fs::resize_file(dir / "stopped/checkpoints/step_00000004/model.pt", 100);  // truncated
+  SignallingBatches resumed(stopped, -1);
+  ASSERT_EQ(pretrain(stopped, {"auto"}, resumed, xlme::testing::single_process()), kExitOk);
+  auto a = final_model(straight);
+  auto b = final_model(stopped);
+  xlme::testing::expect_same_parameters(a, b, /*atol=*/0);
+}
+
+}  // namespace
+}  // namespace xlme::train
