@@ -4,6 +4,7 @@
 #include "xlme/model/electra.h"
 #include "xlme/model/parameter_count.h"
 #include "xlme/train/benchmark.h"
+#include "xlme/train/pretrain.h"
 
 #include <spdlog/spdlog.h>
 
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
       /*run_logs=*/true};
   bool print_model = false;
   int64_t benchmark_steps = 0;
+  xlme::train::PretrainOptions run_options;
   return xlme::run_app(
       argc, argv, spec,
       [&](const xlme::config::Config& config) {
@@ -32,10 +34,7 @@ int main(int argc, char** argv) {
           std::cout << xlme::train::run_benchmark(config, benchmark_steps) << std::endl;
           return xlme::kExitOk;
         }
-        spdlog::error(
-            "xlme-pretrain resolved its config, but pre-training is not implemented yet "
-            "(issue #5)");
-        return xlme::kExitNotImplemented;
+        return xlme::train::run_pretraining(config, run_options);
       },
       [&](CLI::App& cli) {
         cli.add_flag("--print-model", print_model,
@@ -46,5 +45,9 @@ int main(int argc, char** argv) {
                        "print tokens/s and the time split as one JSON line")
             ->type_name("N")
             ->check(CLI::PositiveNumber);
+        cli.add_option("--resume", run_options.resume,
+                       "auto: continue from the newest valid checkpoint in run.out_dir (default); "
+                       "none: start fresh; or a checkpoint folder")
+            ->type_name("auto|none|DIR");
       });
 }

@@ -2,6 +2,8 @@
 
 #include "xlme/common/app.h"
 #include "xlme/common/error.h"
+#include "xlme/data/batches.h"
+#include "xlme/data/tokenizer.h"
 #include "xlme/train/checkpoint.h"
 #include "xlme/train/metrics.h"
 #include "xlme/train/signals.h"
@@ -123,6 +125,32 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
   spdlog::info("done: {} steps, {} tokens, {} skipped", trainer.step(), trainer.tokens_seen(),
                trainer.skipped_steps());
   return kExitOk;
+}
+
+int run_pretraining(const config::Config& config, const PretrainOptions& options) {
+  const dist::LaunchInfo launch = dist::launch_info_from_env();
+  auto comm = dist::Communicator::create(launch, config.dist.backend,
+                                         std::chrono::seconds(config.dist.timeout_s));
+  config::Config resolved = config;
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  if (!config.data.tokenizer.empty()) {
+    tokenizer = std::make_unique<data::Tokenizer>(
+        config.data.tokenizer, data::parse_vocab_layout(config.data.vocab_layout));
+  }
+  if (resolved.model.vocab_size == 0) {
+    XLME_CHECK(tokenizer != nullptr,
+               "model.vocab_size is 0 (= the tokenizer's size) but data.tokenizer is empty; set "
+               "data.tokenizer to the SentencePiece model the shards were made with");
+    resolved.model.vocab_size = tokenizer->vocab_size();
+  } else if (tokenizer != nullptr) {
+    XLME_CHECK(resolved.model.vocab_size == tokenizer->vocab_size(),
+               "model.vocab_size is {} but the tokenizer {} has {} ids (<mask> included); set "
+               "model.vocab_size=0 to take the tokenizer's",
+               resolved.model.vocab_size, config.data.tokenizer, tokenizer->vocab_size());
+  }
+  data::ShardBatchSource source(
+      data::BatchOptions::from_config(resolved, tokenizer.get(), launch.rank, launch.world_size));
+  return pretrain(resolved, options, source, comm);
 }
 
 }  // namespace xlme::train

@@ -94,13 +94,13 @@ TEST(Cli, VersionNamesLibTorch) {
 
 TEST(Cli, UnbuiltJobsSayIssueAndExitWithThree) {
   TempDir dir;
-  const Result r = run("xlme-pretrain", {"--config", "configs/pretrain/demo.yaml", "--set",
+  const Result r = run("xlme-finetune", {"--config", "configs/pretrain/demo.yaml", "--set",
                                          "run.out_dir=" + (dir / "run")});
   EXPECT_EQ(r.code, 3);
-  EXPECT_TRUE(contains_all(r.err, {"pre-training is not implemented yet (issue #5)"}));
+  EXPECT_TRUE(contains_all(r.err, {"fine-tuning is not implemented yet (issue #6)"}));
   // The run folder holds rank 0's log, with the start-up lines.
   EXPECT_TRUE(contains_all(read_file(dir / "run/logs/rank0.log"),
-                           {"xlme-pretrain - xlme", "threads: ", "not implemented yet"}));
+                           {"xlme-finetune - xlme", "threads: ", "not implemented yet"}));
 }
 
 TEST(Cli, OtherRanksLogToTheirFileAndKeepTheConsoleForErrors) {

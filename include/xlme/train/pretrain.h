@@ -25,4 +25,9 @@ struct PretrainOptions {
 int pretrain(const config::Config& config, const PretrainOptions& options,
              data::BatchSource& source, std::shared_ptr<dist::Communicator> comm);
 
+// xlme-pretrain's job: joins the launcher's process group (dist.backend, dist.timeout_s), loads
+// the tokenizer (data.tokenizer, which also resolves model.vocab_size 0), reads batches from the
+// shards (data.shards) for this rank, and runs pretrain().
+int run_pretraining(const config::Config& config, const PretrainOptions& options);
+
 }  // namespace xlme::train
