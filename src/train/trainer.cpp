@@ -35,13 +35,17 @@ int64_t term_count(const std::string& name, const data::Batch& batch) {
   return generator ? batch.masked.sum().item<int64_t>() : (~batch.padding).sum().item<int64_t>();
 }
 
-torch::Device choose_device(const std::string& device) {
+// CPU, or the GPU of this process's local rank (one process per GPU, as torchrun and SLURM
+// launch them).
+torch::Device choose_device(const std::string& device, int local_rank) {
   if (device == "cpu") return torch::kCPU;
   const bool cuda = torch::cuda::is_available();
   XLME_CHECK(cuda || device == "auto",
              "run.device is cuda but no CUDA device is available to this build; use run.device=cpu "
              "or auto");
-  return cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  if (!cuda) return torch::kCPU;
+  const auto gpus = static_cast<int>(torch::cuda::device_count());
+  return torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(local_rank % gpus));
 }
 
 // A term's sums accumulated over the micro-batches of a step.
@@ -136,7 +140,7 @@ Trainer::Trainer(const config::Config& config, model::ElectraModel model, data::
       comm_(std::move(comm)),
       objectives_(config.objectives),
       schedule_(config.train.lr, config.train.warmup_steps, config.train.steps),
-      device_(choose_device(config.run.device)) {
+      device_(choose_device(config.run.device, comm_->local_rank())) {
   model_->to(device_);
   parameters_ = model_->parameters();
   // Every rank starts from rank 0's weights (and buffers), whatever its own initialization.
