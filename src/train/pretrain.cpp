@@ -35,7 +35,7 @@ std::string log_line(const StepRecord& r, int64_t total_steps, double tokens_per
 
 MetricsRecord metrics_of(const StepRecord& r, double tokens_per_second, int64_t tokens_seen) {
   MetricsRecord m;
-  m.add("step", r.step).add("kind", std::string("train")).add("lr", r.lr).add("loss/total", r.loss);
+  m.add("step", r.step).add("kind", std::string("train")).add("lr", r.lr).add("total_loss", r.loss);
   for (const auto& [name, s] : r.terms) {
     m.add("loss/" + name, s.at("loss")).add("accuracy/" + name, s.at("accuracy"));
     if (s.count("f1")) m.add("f1/" + name, s.at("f1"));
