@@ -19,12 +19,43 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using Summaries = std::map<std::string, std::map<std::string, double>>;
+
+// Term sums added over the steps of a log interval, so that its accuracies and F1 are those of
+// all the interval's tokens rather than of its last step.
+class IntervalSums {
+ public:
+  void add(const StepRecord& r) {
+    for (const auto& [name, term] : r.sums) {
+      auto [it, fresh] = sums_.try_emplace(name, term);
+      if (fresh) continue;
+      objectives::Term& acc = it->second;
+      acc.loss_sum = acc.loss_sum + term.loss_sum;
+      acc.count = acc.count + term.count;
+      for (const auto& [key, value] : term.statistics) {
+        acc.statistics[key] = acc.statistics[key] + value;
+      }
+    }
+  }
+  Summaries summarize_and_reset() {
+    Summaries out;
+    for (const auto& [name, term] : sums_) out[name] = objectives::summarize(term);
+    sums_.clear();
+    return out;
+  }
+
+ private:
+  std::map<std::string, objectives::Term> sums_;
+};
+
 // "step 100/1000 | lr 5.0e-04 | loss 12.31 | mlm 7.12 acc 0.051 | mrtd 0.421 acc 0.80 f1 0.12
 //  | gnorm 1.23 | 12.4k tok/s"
-std::string log_line(const StepRecord& r, int64_t total_steps, double tokens_per_second) {
+// Losses, accuracies and F1 are the interval's (`terms`); lr, loss and gnorm the step's.
+std::string log_line(const StepRecord& r, const Summaries& terms, int64_t total_steps,
+                     double tokens_per_second) {
   std::string line =
       fmt::format("step {}/{} | lr {:.2e} | loss {:.4g}", r.step, total_steps, r.lr, r.loss);
-  for (const auto& [name, s] : r.terms) {
+  for (const auto& [name, s] : terms) {
     line += fmt::format(" | {} {:.4g} acc {:.3f}", name, s.at("loss"), s.at("accuracy"));
     if (s.count("f1")) line += fmt::format(" f1 {:.3f}", s.at("f1"));
   }
@@ -33,10 +64,11 @@ std::string log_line(const StepRecord& r, int64_t total_steps, double tokens_per
   return line;
 }
 
-MetricsRecord metrics_of(const StepRecord& r, double tokens_per_second, int64_t tokens_seen) {
+MetricsRecord metrics_of(const StepRecord& r, const Summaries& terms, double tokens_per_second,
+                         int64_t tokens_seen) {
   MetricsRecord m;
   m.add("step", r.step).add("kind", std::string("train")).add("lr", r.lr).add("total_loss", r.loss);
-  for (const auto& [name, s] : r.terms) {
+  for (const auto& [name, s] : terms) {
     m.add("loss/" + name, s.at("loss")).add("accuracy/" + name, s.at("accuracy"));
     if (s.count("f1")) m.add("f1/" + name, s.at("f1"));
   }
@@ -93,15 +125,18 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
 
   auto window_start = std::chrono::steady_clock::now();
   int64_t window_tokens = 0;
+  IntervalSums interval;
   while (trainer.step() < config.train.steps) {
     const StepRecord record = trainer.train_step();
     window_tokens += record.tokens;
+    interval.add(record);
     const bool last = record.step == config.train.steps;
     if (record.step % config.train.log_every == 0 || record.step == 1 || last) {
       const auto now = std::chrono::steady_clock::now();
       const double rate = window_tokens / std::chrono::duration<double>(now - window_start).count();
-      spdlog::info("{}", log_line(record, config.train.steps, rate));
-      if (metrics) metrics->write(metrics_of(record, rate, trainer.tokens_seen()));
+      const Summaries terms = interval.summarize_and_reset();
+      spdlog::info("{}", log_line(record, terms, config.train.steps, rate));
+      if (metrics) metrics->write(metrics_of(record, terms, rate, trainer.tokens_seen()));
       window_start = now;
       window_tokens = 0;
     }

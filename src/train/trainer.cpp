@@ -242,6 +242,7 @@ StepRecord Trainer::train_step() {
       reduced.statistics[key] = host[at++].to(torch::kInt64);
     record.terms[name] = objectives::summarize(reduced);
     record.loss += acc.weight * record.terms[name]["loss"];
+    record.sums[name] = reduced;
   }
   record.tokens = static_cast<int64_t>(reduced_counts[0][names.size()].item<double>());
 

@@ -13,6 +13,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <sstream>
 
 namespace xlme::train {
 namespace {
@@ -96,6 +97,39 @@ TEST(Pretrain, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   auto a = final_model(straight);
   auto b = final_model(stopped);
   xlme::testing::expect_same_parameters(a, b, /*atol=*/0);
+}
+
+// The value of `key` in the metrics line of `step`.
+double logged(const std::string& metrics_file, int64_t step, const std::string& key) {
+  std::istringstream lines(read_file(metrics_file));
+  const std::string prefix = "{\"step\": " + std::to_string(step) + ",";
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(prefix, 0) != 0) continue;
+    const auto at = line.find("\"" + key + "\": ");
+    if (at == std::string::npos) break;
+    return std::stod(line.substr(at + key.size() + 4));
+  }
+  ADD_FAILURE() << key << " of step " << step << " not in " << metrics_file;
+  return 0;
+}
+
+TEST(Pretrain, LoggedStatisticsPoolTheWholeInterval) {
+  TempDir dir;
+  auto every_step = run_config(dir / "every", 0);
+  auto every_other = run_config(dir / "other", 0);
+  every_other.train.log_every = 2;
+  SignallingBatches a(every_step, -1), b(every_other, -1);
+  ASSERT_EQ(pretrain(every_step, {"auto"}, a, xlme::testing::single_process()), kExitOk);
+  ASSERT_EQ(pretrain(every_other, {"auto"}, b, xlme::testing::single_process()), kExitOk);
+  for (const char* key : {"loss/mlm", "loss/mrtd", "accuracy/mrtd"}) {
+    const double step3 = logged(dir / "every/metrics.jsonl", 3, key);
+    const double step4 = logged(dir / "every/metrics.jsonl", 4, key);
+    const double pooled = logged(dir / "other/metrics.jsonl", 4, key);
+    // Steps 3 and 4 pooled: between the two, and not simply step 4's value.
+    EXPECT_GE(pooled, std::min(step3, step4) - 1e-12) << key;
+    EXPECT_LE(pooled, std::max(step3, step4) + 1e-12) << key;
+    EXPECT_NE(pooled, step4) << key;
+  }
 }
 
 }  // namespace

@@ -56,6 +56,9 @@ struct StepRecord {
   bool skipped = false;  // non-finite loss or gradient: no update
   int64_t tokens = 0;    // real tokens in the step, all ranks
   std::map<std::string, std::map<std::string, double>> terms;  // "mlm" -> {loss, accuracy, ...}
+  // The sums behind `terms`, over all micro-batches and ranks (host tensors): add several steps'
+  // sums and summarize them to report an interval.
+  std::map<std::string, objectives::Term> sums;
   // Wall-clock seconds per phase: data, forward, backward, communication, optimizer. On CUDA
   // they are exact only with set_phase_timing(true), which synchronizes at each boundary.
   std::map<std::string, double> seconds;
