@@ -22,20 +22,7 @@ packages=(
   manpages-nl manpages-pt-br manpages-uk
 )
 
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null || { echo "prepare_demo_corpus.sh: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
-    sudo=sudo
-  fi
-  echo "==> installing ${#missing[@]} Debian packages: ${missing[*]}"
-  $sudo apt-get update -q
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
-fi
+"$root/scripts/install_packages.sh" "${packages[@]}"
 if grep -rqs "path-exclude.*/usr/share/\(locale\|man\)" /etc/dpkg/dpkg.cfg.d/; then
   echo "prepare_demo_corpus.sh: dpkg is configured to drop /usr/share/locale or /usr/share/man" >&2
   echo "  (a 'minimized' image: see /etc/dpkg/dpkg.cfg.d/); remove those path-exclude lines and" >&2

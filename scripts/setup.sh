@@ -40,22 +40,7 @@ packages=(
   python3-torch python3-numpy python3-matplotlib
 )
 
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null || { echo "setup.sh: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
-    sudo=sudo
-  fi
-  echo "==> installing ${#missing[@]} Debian packages: ${missing[*]}"
-  $sudo apt-get update -q
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
-else
-  echo "==> Debian packages: all ${#packages[@]} present"
-fi
+"$root/scripts/install_packages.sh" "${packages[@]}"
 
 [ "$build" -eq 1 ] || exit 0
 

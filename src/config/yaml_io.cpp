@@ -1,6 +1,7 @@
 #include "yaml_io.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/json.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -140,30 +141,7 @@ std::string format_scalar(const std::string& value) {
                            });
   double ignored = 0;
   if (plain_chars && !is_reserved_word(value) && !parse_real(value, ignored)) return value;
-  std::string out = "\"";
-  for (const char c : value) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\x{:02x}", static_cast<unsigned>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
+  return json_quote(value);  // JSON escapes are YAML double-quoted escapes
 }
 
 std::string format_scalar(double value) {

@@ -1,6 +1,7 @@
 #include "xlme/train/metrics.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/json.h"
 
 #include <fmt/format.h>
 
@@ -8,36 +9,6 @@
 #include <filesystem>
 
 namespace xlme::train {
-
-std::string json_quote(const std::string& text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
 
 MetricsRecord& MetricsRecord::add(const std::string& key, int64_t value) {
   fields_.emplace_back(key, value);

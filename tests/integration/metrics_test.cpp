@@ -1,6 +1,7 @@
 // Metrics JSON lines, read back by Python's json module through scripts/plot_metrics.py, which
 // must turn them into PNG files.
 #include "xlme/train/metrics.h"
+#include "xlme/common/json.h"
 
 #include "test_util.h"
 
@@ -29,7 +30,7 @@ TEST(Metrics, RecordsAreOrderedJsonWithNullForNonFinite) {
       record.to_json(),
       "{\"step\": 10, \"kind\": \"train\", \"loss/mlm\": 7.25, \"lr\": 0.0005, \"bad\": null, "
       "\"note\": \"a \\\"quoted\\\"\\tline\\n\"}");
-  EXPECT_EQ(json_quote(std::string("\x01", 1)), "\"\\u0001\"");
+  EXPECT_EQ(xlme::json_quote(std::string("\x01", 1)), "\"\\u0001\"");
 }
 
 int run_shell(const std::string& command) {

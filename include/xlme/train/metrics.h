@@ -39,7 +39,4 @@ class MetricsWriter {
   std::ofstream out_;
 };
 
-// JSON string literal of `text` (quotes, backslashes and control characters escaped).
-std::string json_quote(const std::string& text);
-
 }  // namespace xlme::train
