@@ -10,7 +10,6 @@
 #include <filesystem>
 
 namespace xlme {
-namespace {
 
 namespace fs = std::filesystem;
 
@@ -22,8 +21,6 @@ void fsync_path(const std::string& path, int flags) {
   ::close(fd);
   XLME_CHECK(rc == 0, "cannot sync '{}' to disk: {}", path, std::strerror(err));
 }
-
-}  // namespace
 
 void write_file_atomic(const std::string& path, const std::string& content) {
   const fs::path target(path);

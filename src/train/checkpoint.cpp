@@ -5,7 +5,6 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 #include <zlib.h>
 
@@ -24,15 +23,6 @@ namespace fs = std::filesystem;
 constexpr const char* kManifest = "manifest.yaml";
 constexpr const char* kFormat = "xlme-checkpoint";
 constexpr int kFormatVersion = 1;
-
-void fsync_or_throw(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags);
-  XLME_CHECK(fd >= 0, "cannot open '{}' to sync it: {}", path, std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  XLME_CHECK(rc == 0, "cannot sync '{}' to disk: {}", path, std::strerror(err));
-}
 
 // "step_00001200" -> 1200; -1 for other names (temporaries included).
 int64_t step_of(const std::string& name) {
@@ -94,7 +84,7 @@ std::string CheckpointManager::commit(int64_t step) const {
   std::sort(names.begin(), names.end());
   for (const auto& name : names) {
     const std::string path = (fs::path(tmp) / name).string();
-    fsync_or_throw(path, O_RDONLY);
+    fsync_path(path, O_RDONLY);
     out << YAML::Key << name << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "bytes"
         << YAML::Value << static_cast<uint64_t>(fs::file_size(path)) << YAML::Key << "crc32"
         << YAML::Value << fmt::format("{:08x}", file_crc32(path)) << YAML::EndMap;
@@ -105,7 +95,7 @@ std::string CheckpointManager::commit(int64_t step) const {
   fs::remove_all(final_path, ec);  // a checkpoint of the same step from an earlier attempt
   fs::rename(tmp, final_path, ec);
   XLME_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp, final_path, ec.message());
-  fsync_or_throw(dir_, O_RDONLY | O_DIRECTORY);
+  fsync_path(dir_, O_RDONLY | O_DIRECTORY);
   prune();
   return final_path;
 }

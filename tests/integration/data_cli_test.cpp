@@ -1,8 +1,6 @@
 // xlme-data's commands as a user runs them, on tiny data made here.
 #include "test_util.h"
 
-#include <sys/wait.h>
-
 #include <cstdlib>
 #include <filesystem>
 
@@ -14,24 +12,10 @@ using xlme::testing::read_file;
 using xlme::testing::TempDir;
 using xlme::testing::write_file;
 
-struct DataResult {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
+using DataResult = xlme::testing::ToolRun;
 
-// Runs `xlme-data args...`, capturing both streams.
 DataResult run_data(const std::vector<std::string>& args) {
-  static TempDir scratch;
-  std::string command = std::string(XLME_BINARY_DIR) + "/xlme-data";
-  for (const auto& a : args) command += " '" + a + "'";
-  command += " >" + (scratch / "out") + " 2>" + (scratch / "err");
-  const int status = std::system(command.c_str());
-  DataResult r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = read_file(scratch / "out");
-  r.err = read_file(scratch / "err");
-  return r;
+  return xlme::testing::run_tool("xlme-data", args);
 }
 
 TEST(DataCli, NeedsACommand) {

@@ -10,4 +10,8 @@ namespace xlme {
 // one, never a truncated mix. Creates missing parent folders.
 void write_file_atomic(const std::string& path, const std::string& content);
 
+// fsync()s a file (flags O_RDONLY) or a folder (O_RDONLY | O_DIRECTORY); throws xlme::Error
+// naming the path.
+void fsync_path(const std::string& path, int flags);
+
 }  // namespace xlme
