@@ -166,24 +166,48 @@ torch::Tensor EncoderImpl::embed(const torch::Tensor& input_ids, const torch::Te
 
 torch::Tensor EncoderImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& positions,
                                    const torch::Tensor& padding) {
+  return run(input_ids, positions, padding, options_.layers, nullptr);
+}
+
+std::vector<torch::Tensor> EncoderImpl::hidden_states(const torch::Tensor& input_ids,
+                                                      const torch::Tensor& positions,
+                                                      const torch::Tensor& padding,
+                                                      int64_t up_to_layer) {
+  if (up_to_layer < 0) up_to_layer = options_.layers;
+  XLME_CHECK(up_to_layer <= options_.layers,
+             "layer {} requested, but the encoder has {} layers (0 = embeddings, 1..{} = layers)",
+             up_to_layer, options_.layers, options_.layers);
+  std::vector<torch::Tensor> states;
+  states.reserve(static_cast<size_t>(up_to_layer) + 1);
+  auto last = run(input_ids, positions, padding, up_to_layer, &states);
+  states.back() = last;
+  return states;
+}
+
+torch::Tensor EncoderImpl::run(const torch::Tensor& input_ids, const torch::Tensor& positions,
+                               const torch::Tensor& padding, int64_t up_to_layer,
+                               std::vector<torch::Tensor>* states) {
   const int64_t length = input_ids.size(1);
   auto x =
       torch::dropout(embedding_norm(embed(input_ids, positions)), options_.dropout, is_training());
   if (embedding_projection) x = embedding_projection(x);  // [B, T, E] -> [B, T, hidden]
+  if (states) states->push_back(x);
   torch::Tensor flat_buckets, shared_table;
-  if (options_.relative_bias) {
+  if (options_.relative_bias && up_to_layer > 0) {
     flat_buckets = buckets_->get(length, input_ids.device());
     if (options_.shared_table) shared_table = toeplitz_bias(relative_bias, flat_buckets, length);
   }
-  for (const auto& module : *layers) {
-    auto layer = std::dynamic_pointer_cast<EncoderLayerImpl>(module);
+  for (int64_t i = 0; i < up_to_layer; ++i) {
+    auto layer = layers->ptr<EncoderLayerImpl>(static_cast<size_t>(i));
     torch::Tensor table = shared_table;
     if (options_.relative_bias && !options_.shared_table) {
       table = toeplitz_bias(layer->attention->relative_bias, flat_buckets, length);
     }
     x = layer->forward(x, padding, table);
+    if (states) states->push_back(x);
   }
-  return final_norm ? final_norm(x) : x;
+  // The final LayerNorm of pre-LN belongs to the last layer's output only.
+  return final_norm && up_to_layer == options_.layers ? final_norm(x) : x;
 }
 
 }  // namespace xlme::model

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace xlme::model {
 
@@ -105,6 +106,13 @@ class EncoderImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& positions,
                         const torch::Tensor& padding);
 
+  // Hidden states after the embeddings (index 0, after the projection of factorized embeddings)
+  // and after each layer 1..up_to_layer (-1: all); layers above up_to_layer are not run. The
+  // last entry of a full pre-LN run includes the final LayerNorm, as forward() returns it.
+  std::vector<torch::Tensor> hidden_states(const torch::Tensor& input_ids,
+                                           const torch::Tensor& positions,
+                                           const torch::Tensor& padding, int64_t up_to_layer = -1);
+
   // [B, T, E]: token (+ position) embeddings; with gdes the shared tables are detached and this
   // encoder's delta is added, so its loss reaches only the delta.
   torch::Tensor embed(const torch::Tensor& input_ids, const torch::Tensor& positions);
@@ -120,6 +128,10 @@ class EncoderImpl : public torch::nn::Module {
   torch::nn::LayerNorm final_norm{nullptr};  // pre-LN only
 
  private:
+  torch::Tensor run(const torch::Tensor& input_ids, const torch::Tensor& positions,
+                    const torch::Tensor& padding, int64_t up_to_layer,
+                    std::vector<torch::Tensor>* states);
+
   EncoderOptions options_;
   SharedEmbeddings embeddings_;  // not registered here: the ELECTRA model owns it
   std::shared_ptr<BucketCache> buckets_;
