@@ -29,14 +29,15 @@ done
 # python3-torch, python3-numpy: the PyTorch reference loader and its parity test;
 # python3-matplotlib: scripts/plot_metrics.py.
 # zlib1g-dev, liblzma-dev: .gz/.xz corpora (and checkpoint CRC32s); gettext: msgfmt for the
-# .mo tests; sentencepiece: spm_encode/spm_train, the references of the tokenizer tests and
-# benchmark.
+# .mo tests; nlohmann-json3-dev: reading JSON (XTREME's SQuAD files, safetensors headers,
+# export config.json); sentencepiece: spm_encode/spm_train, the references of the tokenizer
+# tests and benchmark.
 packages=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev libgloo-dev libopenblas0-pthread
   libsentencepiece-dev sentencepiece
   zlib1g-dev liblzma-dev gettext
-  libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
+  libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev nlohmann-json3-dev
   python3-torch python3-numpy python3-matplotlib
 )
 

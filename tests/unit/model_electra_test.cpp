@@ -230,22 +230,20 @@ TEST(Encoder, HiddenStatesAreEachLayersOutputAndStopEarly) {
     // Layer 1 by hand from the embedding output; a run that stops at layer 1 agrees.
     auto first = model->discriminator->layers->ptr<EncoderLayerImpl>(0);
     BucketCache buckets(8, 16);
-    auto table =
-        toeplitz_bias(first->attention->relative_bias, buckets.get(10, torch::kCPU), 10);
+    auto table = toeplitz_bias(first->attention->relative_bias, buckets.get(10, torch::kCPU), 10);
     auto layer1 = first->forward(states[0], in.padding, table);
     EXPECT_TRUE(torch::allclose(states[1], layer1, 1e-6, 1e-6));
-    auto partial =
-        model->discriminator->hidden_states(in.input_ids, in.positions, in.padding, 1);
+    auto partial = model->discriminator->hidden_states(in.input_ids, in.positions, in.padding, 1);
     ASSERT_EQ(partial.size(), 2u);
     EXPECT_TRUE(torch::equal(partial[1], states[1]));
   }
   auto model = build(tiny_config());
   const auto in = tiny_inputs();
   EXPECT_TRUE(contains_all(error_message([&] {
-                            model->discriminator->hidden_states(in.input_ids, in.positions,
-                                                                in.padding, 3);
-                          }),
-                          {"layer 3 requested", "the encoder has 2 layers"}));
+                             model->discriminator->hidden_states(in.input_ids, in.positions,
+                                                                 in.padding, 3);
+                           }),
+                           {"layer 3 requested", "the encoder has 2 layers"}));
 }
 
 TEST(ElectraModel, RejectsUnresolvedVocabulary) {
