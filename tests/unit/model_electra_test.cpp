@@ -239,11 +239,11 @@ TEST(Encoder, HiddenStatesAreEachLayersOutputAndStopEarly) {
   }
   auto model = build(tiny_config());
   const auto in = tiny_inputs();
-  EXPECT_TRUE(contains_all(error_message([&] {
-                             model->discriminator->hidden_states(in.input_ids, in.positions,
-                                                                 in.padding, 3);
-                           }),
-                           {"layer 3 requested", "the encoder has 2 layers"}));
+  EXPECT_TRUE(testing::contains_all(testing::error_message([&] {
+                                      model->discriminator->hidden_states(
+                                          in.input_ids, in.positions, in.padding, 3);
+                                    }),
+                                    {"layer 3 requested", "the encoder has 2 layers"}));
 }
 
 TEST(ElectraModel, RejectsUnresolvedVocabulary) {

@@ -312,44 +312,106 @@ struct FinetuneConfig {
   std::string task = "xnli";
   std::string data_dir = "download";
   std::string init;
+  bool untrained = false;
   std::string train_language = "en";
   std::vector<std::string> languages;
+  std::string tsv_quotes = "keep";
   int64_t max_len = 128;
   int64_t batch_size = 32;
+  int64_t eval_batch_size = 64;
   double lr = 2e-5;
   int64_t epochs = 2;
+  int64_t max_steps = 0;
   double warmup_ratio = 0.1;
+  int64_t warmup_steps = 0;
   double weight_decay = 0.0;
   double layer_lr_decay = 1.0;
+  double clip_norm = 1.0;
+  double dropout = 0.1;
   int64_t eval_every = 0;
+  std::string select = "best_dev";
   std::vector<int64_t> seeds = {1};
+  int64_t max_train_examples = 0;
+  int64_t max_eval_examples = 0;
+  int64_t doc_stride = 128;
+  int64_t max_query_len = 64;
+  int64_t n_best = 20;
+  int64_t max_answer_len = 30;
+  int64_t layer = 8;
+  bool sweep_layers = false;
+  int64_t retrieval_max_len = 512;
+  std::string alignment_method = "argmax";
+  std::vector<std::string> pairs;
+  bool compare_untrained = false;
 
   template <class V>
   void visit(V& v) {
     v.field("task", task,
-            Choices{"xnli", "pawsx", "udpos", "panx", "xquad", "mlqa", "tydiqa", "tatoeba", "bucc"},
-            "XTREME task");
-    v.field("data_dir", data_dir, "XTREME's download/ folder (download/<task>/...)");
+            Choices{"xnli", "pawsx", "udpos", "panx", "xquad", "mlqa", "tydiqa", "tatoeba", "bucc",
+                    "retrieval", "alignment"},
+            "XTREME task; retrieval = line-aligned held-out pairs (the demo corpus), alignment = "
+            "word-alignment probe (AER)");
+    v.field("data_dir", data_dir,
+            "XTREME's download/ folder (download/<task>/...); for retrieval a folder of "
+            "<src>-<tgt>.<src>/.<tgt> files; for alignment the folder of the pairs' files");
     v.field("init", init, "pre-training checkpoint or export folder to start from");
+    v.field("untrained", untrained,
+            "use init's architecture and tokenizer with freshly initialized weights (baseline)");
     v.field("train_language", train_language,
             "language trained on and used for model selection (zero-shot: en)");
     v.field("languages", languages, "languages evaluated; empty = the task's XTREME list");
+    v.field("tsv_quotes", tsv_quotes, Choices{"keep", "unquote"},
+            "keep = XTREME's reader (doubled quotes stay in the text, as published results); "
+            "unquote = proper CSV unquoting");
     v.field("max_len", max_len, IntRange{8, 1048576}, "longest input in tokens");
     v.field("batch_size", batch_size, IntRange{1, kNoLimit}, "training batch size in examples");
+    v.field("eval_batch_size", eval_batch_size, IntRange{1, kNoLimit},
+            "evaluation batch size in examples");
     v.field("lr", lr, RealRange{0.0, 1.0, true, false}, "peak learning rate");
     v.field("epochs", epochs, IntRange{1, 100000}, "training epochs");
+    v.field("max_steps", max_steps, IntRange{0, kNoLimit},
+            "stop after this many updates; 0 = the epochs decide");
     v.field("warmup_ratio", warmup_ratio, RealRange{0.0, 1.0, false, true},
-            "fraction of steps spent in linear warm-up");
-    v.field("weight_decay", weight_decay, RealRange{0.0, 1.0}, "decoupled weight decay");
+            "fraction of steps spent in linear warm-up (unless warmup_steps is set)");
+    v.field("warmup_steps", warmup_steps, IntRange{0, kNoLimit},
+            "linear warm-up steps; 0 = use warmup_ratio");
+    v.field("weight_decay", weight_decay, RealRange{0.0, 1.0},
+            "decoupled weight decay (not on biases and LayerNorm)");
     v.field("layer_lr_decay", layer_lr_decay, RealRange{0.0, 1.0, true, false},
             "learning rate multiplied by this per layer below the top; 1 = off");
+    v.field("clip_norm", clip_norm, RealRange{0.0, 1e6}, "gradient-norm clipping; 0 = off");
+    v.field("dropout", dropout, RealRange{0.0, 1.0, false, true},
+            "dropout of the encoder and the task head while fine-tuning");
     v.field("eval_every", eval_every, IntRange{0, kNoLimit},
             "steps between dev evaluations; 0 = once per epoch");
+    v.field("select", select, Choices{"best_dev", "last"},
+            "best_dev = keep the weights with the best train-language dev score; last = the final "
+            "weights (XTREME's QA recipe)");
     v.field("seeds", seeds, IntRange{0, 2147483647}, "one run per seed; results as mean and std");
+    v.field("max_train_examples", max_train_examples, IntRange{0, kNoLimit},
+            "use only the first N training examples; 0 = all");
+    v.field("max_eval_examples", max_eval_examples, IntRange{0, kNoLimit},
+            "evaluate only the first N examples per language; 0 = all");
+    v.field("doc_stride", doc_stride, IntRange{1, kNoLimit}, "QA: step between window starts");
+    v.field("max_query_len", max_query_len, IntRange{1, kNoLimit},
+            "QA: questions are truncated to this many tokens");
+    v.field("n_best", n_best, IntRange{1, kNoLimit}, "QA: start/end candidates per window");
+    v.field("max_answer_len", max_answer_len, IntRange{1, kNoLimit},
+            "QA: longest answer in tokens");
+    v.field("layer", layer, IntRange{0, 1024},
+            "retrieval/alignment: hidden states after this layer (0 = embeddings; XTREME uses "
+            "block 8)");
+    v.field("sweep_layers", sweep_layers, "retrieval: report every layer (the paper's Figure 3)");
+    v.field("retrieval_max_len", retrieval_max_len, IntRange{3, 1048576},
+            "retrieval/alignment: sentences are truncated to this many tokens with <s> and </s>");
+    v.field("alignment_method", alignment_method, Choices{"argmax", "ot"},
+            "alignment: argmax in both directions intersected, or optimal transport");
+    v.field("pairs", pairs,
+            "retrieval/alignment: language pairs like en-de; empty = every pair found in data_dir");
+    v.field("compare_untrained", compare_untrained,
+            "retrieval/alignment: also evaluate init's architecture untrained, side by side");
   }
 };
-
-// The portable model folder (xlme-export).
 struct ExportConfig {
   std::string checkpoint;
   std::string out_dir = "export";

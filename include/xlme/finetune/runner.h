@@ -1,0 +1,85 @@
+// Fine-tuning as XTREME does it (../shared/XTREME.md section 8): train on one language, keep the
+// weights with the best dev score of that language (or the last ones), evaluate every language,
+// once per seed; then mean and standard deviation over seeds.
+#pragma once
+
+#include "xlme/config/config.h"
+#include "xlme/finetune/model.h"
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace xlme::finetune {
+
+enum class Split { kDev, kTest };
+const char* split_name(Split split);
+
+// Named scores of one evaluation (x100 where the official script reports x100) and the name of
+// the one that selects checkpoints and averages into the task score.
+struct Scores {
+  std::map<std::string, double> values;
+  std::string main;
+
+  double main_value() const;
+};
+
+// A task that trains a head: its data, its loss and its evaluation. Implementations hold the
+// featurized training set and read evaluation sets on demand.
+class TrainableTask {
+ public:
+  virtual ~TrainableTask() = default;
+
+  virtual HeadKind head_kind() const = 0;
+  virtual int64_t classes() const = 0;
+  virtual int64_t train_size() const = 0;  // training features
+
+  // Mean loss of the training features `indices` (the model is in training mode).
+  virtual torch::Tensor loss(FinetuneModel& model, const std::vector<int64_t>& indices,
+                             const torch::Device& device) = 0;
+
+  // Scores on `language`'s `split` (the model is in eval mode, without gradients). With
+  // `predictions`, also the prediction file's content in XTREME's submission layout.
+  virtual Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
+                          const torch::Device& device, std::string* predictions) = 0;
+
+  // The languages whose `split` has gold labels to score.
+  virtual std::vector<std::string> languages(Split split) const = 0;
+
+  // File name of a language's predictions under predictions/<task>/ ("test-de.tsv").
+  virtual std::string prediction_file(const std::string& language, Split split) const = 0;
+};
+
+// Builds the model to fine-tune for one seed: the pre-trained encoder (fresh copy) plus the head.
+using ModelFactory = std::function<FinetuneModel(HeadKind kind, int64_t classes)>;
+
+// What one seed produced.
+struct SeedResult {
+  int64_t seed = 0;
+  int64_t steps = 0;
+  int64_t best_step = 0;                                    // step of the kept weights
+  double best_dev = 0.0;                                    // its train-language dev score
+  std::map<std::string, std::map<std::string, Scores>> by;  // split -> language -> scores
+};
+
+// One seed: trains `task` (finetune.* settings), selects, evaluates every language of both
+// splits, and writes predictions under `predictions_dir` (empty = none).
+SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableTask& task,
+                              const ModelFactory& factory, int64_t seed,
+                              const torch::Device& device, const std::string& predictions_dir);
+
+// results.json: per split, language and score the mean and std over seeds, each seed's values,
+// the task average of the main score, and the resolved config.
+std::string results_json(const config::Config& config, const std::vector<SeedResult>& seeds);
+
+// One table row per language: "de  81.20 ± 0.35" of the main score of `split`.
+std::string results_table(const std::vector<SeedResult>& seeds, Split split);
+
+// Mean and sample standard deviation (0 for a single value).
+std::pair<double, double> mean_std(const std::vector<double>& values);
+
+}  // namespace xlme::finetune

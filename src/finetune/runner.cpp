@@ -1,0 +1,266 @@
+#include "xlme/finetune/runner.h"
+
+#include "xlme/common/error.h"
+#include "xlme/common/io.h"
+#include "xlme/train/optimizer.h"
+#include "xlme/train/schedule.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <set>
+
+namespace xlme::finetune {
+
+namespace {
+
+// Parameters and buffers by name, copied to the host: the weights kept by model selection.
+std::map<std::string, torch::Tensor> snapshot_weights(const torch::nn::Module& model) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : model.named_parameters()) {
+    out[item.key()] = item.value().detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+  }
+  for (const auto& item : model.named_buffers()) {
+    out[item.key()] = item.value().detach().to(torch::kCPU, false, true);
+  }
+  return out;
+}
+
+void restore_weights(torch::nn::Module& model, const std::map<std::string, torch::Tensor>& saved) {
+  torch::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters()) item.value().copy_(saved.at(item.key()));
+  for (auto& item : model.named_buffers()) item.value().copy_(saved.at(item.key()));
+}
+
+Scores evaluate_without_grad(TrainableTask& task, FinetuneModel& model, const std::string& language,
+                             Split split, const torch::Device& device, std::string* predictions) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  auto scores = task.evaluate(model, language, split, device, predictions);
+  model->train();
+  return scores;
+}
+
+}  // namespace
+
+const char* split_name(Split split) {
+  return split == Split::kDev ? "dev" : "test";
+}
+
+double Scores::main_value() const {
+  auto it = values.find(main);
+  XLME_CHECK(it != values.end(), "scores have no '{}' (the task's main score)", main);
+  return it->second;
+}
+
+std::pair<double, double> mean_std(const std::vector<double>& values) {
+  if (values.empty()) return {0.0, 0.0};
+  const double n = static_cast<double>(values.size());
+  const double mean = std::accumulate(values.begin(), values.end(), 0.0) / n;
+  if (values.size() == 1) return {mean, 0.0};
+  double squares = 0.0;
+  for (double v : values) squares += (v - mean) * (v - mean);
+  return {mean, std::sqrt(squares / (n - 1.0))};
+}
+
+SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableTask& task,
+                              const ModelFactory& factory, int64_t seed,
+                              const torch::Device& device, const std::string& predictions_dir) {
+  torch::manual_seed(static_cast<uint64_t>(seed));
+  std::mt19937_64 shuffle_rng(static_cast<uint64_t>(seed));
+  SeedResult result;
+  result.seed = seed;
+
+  auto model = factory(task.head_kind(), task.classes());
+  model->to(device);
+  model->train();
+  std::vector<double> scales;
+  auto optimizer = make_finetune_adamw(*model, model->layers(), settings.lr,
+                                       settings.layer_lr_decay, settings.weight_decay, scales);
+
+  const int64_t examples = task.train_size();
+  XLME_CHECK(examples > 0, "finetune.task {}: no training features for {}", settings.task,
+             settings.train_language);
+  const int64_t per_epoch = (examples + settings.batch_size - 1) / settings.batch_size;
+  int64_t total = per_epoch * settings.epochs;
+  if (settings.max_steps > 0) total = std::min(total, settings.max_steps);
+  const int64_t warmup =
+      settings.warmup_steps > 0
+          ? std::min(settings.warmup_steps, total)
+          : static_cast<int64_t>(std::llround(settings.warmup_ratio * static_cast<double>(total)));
+  const train::LinearSchedule schedule(settings.lr, warmup, total);
+  const int64_t eval_every = settings.eval_every > 0 ? settings.eval_every : per_epoch;
+  const bool select_best = settings.select == "best_dev";
+  const auto dev_languages = task.languages(Split::kDev);
+  const bool can_select = std::find(dev_languages.begin(), dev_languages.end(),
+                                    settings.train_language) != dev_languages.end();
+  XLME_CHECK(!select_best || can_select,
+             "finetune.select best_dev needs a {} dev set for {}; add it under "
+             "finetune.data_dir or set finetune.select: last",
+             settings.train_language, settings.task);
+  spdlog::info("seed {}: {} training features, {} steps ({} per epoch), warm-up {}, dev every {}",
+               seed, examples, total, per_epoch, warmup, eval_every);
+
+  std::map<std::string, torch::Tensor> best;
+  double best_dev = -std::numeric_limits<double>::infinity();
+  double loss_sum = 0.0;
+  int64_t loss_count = 0;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<int64_t> order(static_cast<size_t>(examples));
+  for (int64_t step = 0; step < total;) {
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), shuffle_rng);
+    for (int64_t first = 0; first < examples && step < total; first += settings.batch_size) {
+      const int64_t last = std::min(first + settings.batch_size, examples);
+      std::vector<int64_t> indices(order.begin() + first, order.begin() + last);
+      set_group_learning_rates(*optimizer, schedule.lr(step), scales);
+      optimizer->zero_grad();
+      auto loss = task.loss(model, indices, device);
+      loss.backward();
+      if (settings.clip_norm > 0) {
+        torch::nn::utils::clip_grad_norm_(model->parameters(), settings.clip_norm);
+      }
+      optimizer->step();
+      ++step;
+      // One host read per step: fine-tuning batches are small and the log needs the value.
+      loss_sum += loss.item<double>();
+      ++loss_count;
+      if (step % 50 == 0 || step == total) {
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        spdlog::info("seed {} step {}/{} lr {:.3g} loss {:.4f} ({:.1f} s)", seed, step, total,
+                     schedule.lr(step - 1), loss_sum / static_cast<double>(loss_count), seconds);
+        loss_sum = 0.0;
+        loss_count = 0;
+      }
+      if (can_select && (step % eval_every == 0 || step == total)) {
+        const auto dev = evaluate_without_grad(task, model, settings.train_language, Split::kDev,
+                                               device, nullptr);
+        spdlog::info("seed {} step {}: {} dev {} {:.2f}", seed, step, settings.train_language,
+                     dev.main, dev.main_value());
+        if (select_best && dev.main_value() > best_dev) {
+          best_dev = dev.main_value();
+          result.best_step = step;
+          best = snapshot_weights(*model);
+        }
+      }
+    }
+  }
+  result.steps = total;
+  if (select_best) {
+    restore_weights(*model, best);
+    result.best_dev = best_dev;
+    spdlog::info("seed {}: kept step {} ({} dev {:.2f})", seed, result.best_step,
+                 settings.train_language, best_dev);
+  } else {
+    result.best_step = total;
+  }
+
+  for (Split split : {Split::kDev, Split::kTest}) {
+    for (const auto& language : task.languages(split)) {
+      std::string predictions;
+      auto scores = evaluate_without_grad(task, model, language, split, device,
+                                          predictions_dir.empty() ? nullptr : &predictions);
+      if (!predictions_dir.empty()) {
+        write_file_atomic(
+            (std::filesystem::path(predictions_dir) / task.prediction_file(language, split))
+                .string(),
+            predictions);
+      }
+      if (split == Split::kDev && language == settings.train_language && !select_best) {
+        result.best_dev = scores.main_value();
+      }
+      result.by[split_name(split)][language] = std::move(scores);
+    }
+  }
+  return result;
+}
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+Json summary(const std::vector<double>& values) {
+  auto [mean, std] = mean_std(values);
+  return Json{{"mean", mean}, {"std", std}, {"values", values}};
+}
+
+}  // namespace
+
+std::string results_json(const config::Config& config, const std::vector<SeedResult>& seeds) {
+  XLME_CHECK(!seeds.empty(), "no fine-tuning results to write");
+  Json out;
+  out["task"] = config.finetune.task;
+  out["init"] = config.finetune.init;
+  out["train_language"] = config.finetune.train_language;
+  std::vector<int64_t> seed_ids;
+  Json selection = Json::array();
+  for (const auto& s : seeds) {
+    seed_ids.push_back(s.seed);
+    selection.push_back(
+        {{"seed", s.seed}, {"steps", s.steps}, {"kept_step", s.best_step}, {"dev", s.best_dev}});
+  }
+  out["seeds"] = seed_ids;
+  out["selection"] = selection;
+  for (Split split : {Split::kDev, Split::kTest}) {
+    const std::string name = split_name(split);
+    const auto& first = seeds.front().by;
+    if (!first.count(name) || first.at(name).empty()) continue;
+    Json block;
+    Json languages = Json::object();
+    std::string main;
+    std::vector<double> averages(seeds.size(), 0.0);
+    for (const auto& [language, scores] : first.at(name)) {
+      main = scores.main;
+      Json per_score = Json::object();
+      for (const auto& [key, unused] : scores.values) {
+        std::vector<double> values;
+        for (const auto& s : seeds) values.push_back(s.by.at(name).at(language).values.at(key));
+        per_score[key] = summary(values);
+      }
+      languages[language] = per_score;
+      for (size_t i = 0; i < seeds.size(); ++i) {
+        averages[i] += seeds[i].by.at(name).at(language).main_value() /
+                       static_cast<double>(first.at(name).size());
+      }
+    }
+    block["main"] = main;
+    block["average"] = summary(averages);
+    block["languages"] = languages;
+    out[name] = block;
+  }
+  out["config"] = to_yaml(config, /*docs=*/false);
+  return out.dump(2) + "\n";
+}
+
+std::string results_table(const std::vector<SeedResult>& seeds, Split split) {
+  if (seeds.empty() || !seeds.front().by.count(split_name(split))) return "";
+  const auto& first = seeds.front().by.at(split_name(split));
+  std::string out;
+  std::vector<double> averages(seeds.size(), 0.0);
+  std::string main;
+  for (const auto& [language, scores] : first) {
+    main = scores.main;
+    std::vector<double> values;
+    for (size_t i = 0; i < seeds.size(); ++i) {
+      const double v = seeds[i].by.at(split_name(split)).at(language).main_value();
+      values.push_back(v);
+      averages[i] += v / static_cast<double>(first.size());
+    }
+    auto [mean, std] = mean_std(values);
+    out += fmt::format("  {:<8} {:>7.2f} ± {:.2f}\n", language, mean, std);
+  }
+  auto [mean, std] = mean_std(averages);
+  return fmt::format("{} {} per language:\n", split_name(split), main) + out +
+         fmt::format("  {:<8} {:>7.2f} ± {:.2f}\n", "average", mean, std);
+}
+
+}  // namespace xlme::finetune
