@@ -144,6 +144,8 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
       if (can_select && (step % eval_every == 0 || step == total)) {
         const auto dev = evaluate_without_grad(task, model, settings.train_language, Split::kDev,
                                                device, nullptr);
+        XLME_CHECK(!dev.values.empty(), "the {} dev set of {} has no labels to select with",
+                   settings.train_language, settings.task);
         spdlog::info("seed {} step {}: {} dev {} {:.2f}", seed, step, settings.train_language,
                      dev.main, dev.main_value());
         if (select_best && dev.main_value() > best_dev) {
@@ -175,6 +177,7 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
                 .string(),
             predictions);
       }
+      if (scores.values.empty()) continue;  // predicted, but the set has no gold to score
       if (split == Split::kDev && language == settings.train_language && !select_best) {
         result.best_dev = scores.main_value();
       }

@@ -311,11 +311,12 @@ struct DistConfig {
 struct FinetuneConfig {
   std::string task = "xnli";
   std::string data_dir = "download";
+  std::string gold_dir;
   std::string init;
   bool untrained = false;
   std::string train_language = "en";
   std::vector<std::string> languages;
-  std::string tsv_quotes = "keep";
+  std::string tsv_quotes = "faithful";
   int64_t max_len = 128;
   int64_t batch_size = 32;
   int64_t eval_batch_size = 64;
@@ -354,15 +355,19 @@ struct FinetuneConfig {
     v.field("data_dir", data_dir,
             "XTREME's download/ folder (download/<task>/...); for retrieval a folder of "
             "<src>-<tgt>.<src>/.<tgt> files; for alignment the folder of the pairs' files");
-    v.field("init", init, "pre-training checkpoint or export folder to start from");
+    v.field("gold_dir", gold_dir,
+            "upstream files with the test gold XTREME removed (see configs/finetune/README.md); "
+            "empty = score only test files that carry labels");
+    v.field("init", init,
+            "pre-training run folder (its newest valid checkpoint), checkpoint or export folder");
     v.field("untrained", untrained,
             "use init's architecture and tokenizer with freshly initialized weights (baseline)");
     v.field("train_language", train_language,
             "language trained on and used for model selection (zero-shot: en)");
     v.field("languages", languages, "languages evaluated; empty = the task's XTREME list");
-    v.field("tsv_quotes", tsv_quotes, Choices{"keep", "unquote"},
-            "keep = XTREME's reader (doubled quotes stay in the text, as published results); "
-            "unquote = proper CSV unquoting");
+    v.field("tsv_quotes", tsv_quotes, Choices{"faithful", "unquoted"},
+            "faithful = XTREME's reader (doubled quotes stay in the text, as published results); "
+            "unquoted = proper CSV unquoting");
     v.field("max_len", max_len, IntRange{8, 1048576}, "longest input in tokens");
     v.field("batch_size", batch_size, IntRange{1, kNoLimit}, "training batch size in examples");
     v.field("eval_batch_size", eval_batch_size, IntRange{1, kNoLimit},

@@ -42,12 +42,13 @@ class TrainableTask {
   virtual torch::Tensor loss(FinetuneModel& model, const std::vector<int64_t>& indices,
                              const torch::Device& device) = 0;
 
-  // Scores on `language`'s `split` (the model is in eval mode, without gradients). With
-  // `predictions`, also the prediction file's content in XTREME's submission layout.
+  // Scores on `language`'s `split` (the model is in eval mode, without gradients); no values when
+  // the set has no gold. With `predictions`, also the prediction file's content in XTREME's
+  // submission layout.
   virtual Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
                           const torch::Device& device, std::string* predictions) = 0;
 
-  // The languages whose `split` has gold labels to score.
+  // The languages that have a `split` set to evaluate.
   virtual std::vector<std::string> languages(Split split) const = 0;
 
   // File name of a language's predictions under predictions/<task>/ ("test-de.tsv").

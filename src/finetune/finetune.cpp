@@ -1,0 +1,134 @@
+#include "xlme/finetune/finetune.h"
+
+#include "xlme/common/error.h"
+#include "xlme/common/io.h"
+#include "xlme/data/tokenizer.h"
+#include "xlme/export/pretrained.h"
+#include "xlme/finetune/probes.h"
+#include "xlme/finetune/runner.h"
+#include "xlme/finetune/tasks.h"
+#include "xlme/model/discriminator.h"
+#include "xlme/train/checkpoint.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+namespace xlme::finetune {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+torch::Device finetune_device(const std::string& device) {
+  if (device == "cpu") return torch::kCPU;
+  const bool cuda = torch::cuda::is_available();
+  XLME_CHECK(cuda || device == "auto",
+             "run.device is cuda but no CUDA device is available to this build; use run.device=cpu "
+             "or auto");
+  return cuda ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+}
+
+// A fresh copy of the pre-trained discriminator (or, untrained, the same architecture with new
+// weights), with fine-tuning's dropout.
+model::DiscriminatorModel fresh_discriminator(const export_::Pretrained& pretrained, double dropout,
+                                              bool untrained) {
+  auto config = pretrained.model;
+  config.dropout = dropout;
+  model::DiscriminatorModel copy(config, /*with_head=*/false);
+  if (untrained) return copy;
+  torch::NoGradGuard no_grad;
+  const auto source = pretrained.discriminator->named_parameters();
+  for (auto& item : copy->named_parameters()) {
+    const auto* from = source.find(item.key());
+    XLME_CHECK(from != nullptr, "pre-trained weights lack {} ({})", item.key(), pretrained.path);
+    item.value().copy_(*from);
+  }
+  return copy;
+}
+
+std::string seed_folder(const std::string& out_dir, size_t seeds, int64_t seed) {
+  return seeds == 1 ? (fs::path(out_dir) / "predictions").string()
+                    : (fs::path(out_dir) / fmt::format("seed{}", seed) / "predictions").string();
+}
+
+}  // namespace
+
+std::string resolve_init(const std::string& init) {
+  XLME_CHECK(!init.empty(),
+             "finetune.init is empty: set it to a pre-training run folder (e.g. runs/demo), a "
+             "checkpoint folder or an xlme-export folder");
+  XLME_CHECK(fs::exists(init), "finetune.init {} does not exist", init);
+  const auto checkpoints = fs::path(init) / "checkpoints";
+  if (!fs::is_directory(checkpoints)) return init;
+  const auto latest = train::CheckpointManager(checkpoints.string(), 0, 0).latest_valid();
+  XLME_CHECK(latest.has_value(), "run folder {} has no valid checkpoint under {}", init,
+             checkpoints.string());
+  return latest->path;
+}
+
+int run_finetune(const config::Config& config) {
+  const auto& settings = config.finetune;
+  const auto init = resolve_init(settings.init);
+  auto pretrained = export_::load_pretrained(init);
+  XLME_CHECK(!pretrained.tokenizer_path.empty(),
+             "{} holds no SentencePiece model; fine-tuning needs the tokenizer of pre-training",
+             init);
+  const data::Tokenizer tokenizer(pretrained.tokenizer_path,
+                                  data::parse_vocab_layout(pretrained.vocab_layout));
+  const auto device = finetune_device(config.run.device);
+  spdlog::info("{}: {} (step {}, {} tokens seen){}, on {}", settings.task, init, pretrained.step,
+               pretrained.tokens_seen, settings.untrained ? ", untrained weights" : "",
+               device.str());
+  nlohmann::ordered_json results;
+  std::string table;
+
+  if (is_probe_task(settings.task)) {
+    torch::manual_seed(static_cast<uint64_t>(config.run.seed));
+    auto model = fresh_discriminator(pretrained, 0.0, settings.untrained);
+    model->to(device);
+    const auto predictions = (fs::path(config.run.out_dir) / "predictions").string();
+    auto report = run_probe(settings, model->discriminator, tokenizer, device, predictions);
+    results = {{"task", settings.task}, {"init", init}, {"step", pretrained.step}};
+    results[settings.untrained ? "untrained" : "trained"] = report.results;
+    table = fmt::format("{} ({}):\n{}", settings.untrained ? "untrained" : "pre-trained",
+                        init, report.table);
+    if (settings.compare_untrained && !settings.untrained) {
+      torch::manual_seed(static_cast<uint64_t>(config.run.seed));
+      auto fresh = fresh_discriminator(pretrained, 0.0, /*untrained=*/true);
+      fresh->to(device);
+      auto baseline = run_probe(settings, fresh->discriminator, tokenizer, device, "");
+      results["untrained"] = baseline.results;
+      table += fmt::format("\nthe same architecture untrained (seed {}):\n{}", config.run.seed,
+                           baseline.table);
+    }
+    results["config"] = config::to_yaml(config, /*docs=*/false);
+    write_file_atomic((fs::path(config.run.out_dir) / "results.json").string(),
+                      results.dump(2) + "\n");
+  } else {
+    auto task = make_task(settings, tokenizer);
+    const ModelFactory factory = [&](HeadKind kind, int64_t classes) {
+      auto backbone = fresh_discriminator(pretrained, settings.dropout, settings.untrained);
+      return FinetuneModel(backbone->embeddings, backbone->discriminator, kind, classes,
+                           settings.dropout);
+    };
+    std::vector<SeedResult> seeds;
+    for (int64_t seed : settings.seeds) {
+      seeds.push_back(train_and_evaluate(
+          settings, *task, factory, seed, device,
+          seed_folder(config.run.out_dir, settings.seeds.size(), seed)));
+    }
+    write_file_atomic((fs::path(config.run.out_dir) / "results.json").string(),
+                      results_json(config, seeds));
+    table = results_table(seeds, Split::kTest) + results_table(seeds, Split::kDev);
+    if (table.empty()) table = "no evaluation set had gold labels; predictions were written\n";
+  }
+  spdlog::info("{} results ({}):\n{}", settings.task,
+               (fs::path(config.run.out_dir) / "results.json").string(), table);
+  return 0;
+}
+
+}  // namespace xlme::finetune

@@ -1,0 +1,451 @@
+#include "xlme/finetune/tasks.h"
+
+#include "xlme/common/error.h"
+#include "xlme/finetune/features.h"
+#include "xlme/finetune/metrics.h"
+#include "xlme/finetune/xtreme_io.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <utility>
+
+namespace xlme::finetune {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_qa_task(const std::string& task) {
+  return task == "xquad" || task == "mlqa" || task == "tydiqa";
+}
+
+template <class T>
+void keep_first(std::vector<T>& items, int64_t limit) {
+  if (limit > 0 && static_cast<int64_t>(items.size()) > limit) {
+    items.resize(static_cast<size_t>(limit));
+  }
+}
+
+// The row-by-row evaluation batches of `count` features.
+std::vector<std::vector<int64_t>> eval_batches(int64_t count, int64_t batch_size) {
+  std::vector<std::vector<int64_t>> batches;
+  for (int64_t first = 0; first < count; first += batch_size) {
+    std::vector<int64_t> batch;
+    for (int64_t i = first; i < std::min(count, first + batch_size); ++i) batch.push_back(i);
+    batches.push_back(std::move(batch));
+  }
+  return batches;
+}
+
+torch::Tensor run_model(FinetuneModel& model, const PaddedBatch& batch,
+                        const torch::Device& device) {
+  return model->forward(batch.input_ids.to(device), batch.positions.to(device),
+                        batch.padding.to(device));
+}
+
+// Shared by the tasks: where each language's evaluation data is and whether it exists.
+class EvalSets {
+ public:
+  explicit EvalSets(const config::FinetuneConfig& settings) : settings_(settings) {}
+
+  // Languages of `split` for which `exists(language, missing)` holds. A test set of a language
+  // named in finetune.languages must exist (the error says which file is missing); other missing
+  // sets are skipped (XTREME has no dev set for some tasks and languages).
+  template <class Exists>
+  std::vector<std::string> available(Split split, const Exists& exists) const {
+    std::vector<std::string> out;
+    for (const auto& language : evaluated_languages(settings_)) {
+      std::string missing;
+      if (exists(language, missing)) {
+        out.push_back(language);
+      } else if (!settings_.languages.empty() && split == Split::kTest) {
+        XLME_FAIL("finetune.languages names {} but its {} data is missing: {}", language,
+                  split_name(split), missing);
+      } else {
+        spdlog::debug("{} {} {}: no data ({}), skipped", settings_.task, split_name(split),
+                      language, missing);
+      }
+    }
+    return out;
+  }
+
+ private:
+  const config::FinetuneConfig& settings_;
+};
+
+bool file_exists(const std::string& path) { return fs::is_regular_file(path); }
+
+// ---- Sentence pairs --------------------------------------------------------------------------
+
+class PairTask : public TrainableTask {
+ public:
+  PairTask(const config::FinetuneConfig& settings, const data::Tokenizer& tokenizer)
+      : settings_(settings),
+        tokenizer_(tokenizer),
+        labels_(task_labels(settings.task)),
+        quoting_(parse_tsv_quoting(settings.tsv_quotes)) {
+    auto examples = read_pair_split(settings.data_dir, settings.task, "train",
+                                    settings.train_language, quoting_);
+    keep_first(examples, settings.max_train_examples);
+    train_ = featurize_pairs(examples, labels_, tokenizer_, settings.max_len);
+  }
+
+  HeadKind head_kind() const override { return HeadKind::kSequence; }
+  int64_t classes() const override { return static_cast<int64_t>(labels_.size()); }
+  int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
+
+  torch::Tensor loss(FinetuneModel& model, const std::vector<int64_t>& indices,
+                     const torch::Device& device) override {
+    auto batch = collate(train_, indices, tokenizer_.special_ids().pad);
+    return torch::cross_entropy(run_model(model, batch, device), batch.labels.to(device));
+  }
+
+  Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
+                  const torch::Device& device, std::string* predictions) override {
+    const auto& examples = load(language, split);
+    auto features = featurize_pairs(examples, labels_, tokenizer_, settings_.max_len);
+    std::vector<std::string> predicted, gold;
+    for (const auto& indices : eval_batches(static_cast<int64_t>(features.size()),
+                                            settings_.eval_batch_size)) {
+      auto batch = collate(features, indices, tokenizer_.special_ids().pad);
+      auto best = run_model(model, batch, device).argmax(1).cpu();
+      for (size_t i = 0; i < indices.size(); ++i) {
+        predicted.push_back(labels_.at(static_cast<size_t>(best[static_cast<int64_t>(i)].item<int64_t>())));
+      }
+    }
+    if (predictions) {
+      for (const auto& label : predicted) *predictions += label + "\n";
+    }
+    for (const auto& e : examples) gold.push_back(e.label);
+    if (!has_gold(examples)) return {};
+    return {{{"accuracy", accuracy(gold, predicted)}}, "accuracy"};
+  }
+
+  std::vector<std::string> languages(Split split) const override {
+    return EvalSets(settings_).available(split, [&](const std::string& language,
+                                                    std::string& missing) {
+      try {
+        if (split == Split::kTest && !settings_.gold_dir.empty()) {
+          const auto path = gold_path(language);
+          missing = path;
+          return file_exists(path);
+        }
+        missing = pair_file(settings_.data_dir, settings_.task, split_name(split), language);
+        return true;
+      } catch (const Error& e) {
+        missing = e.what();
+        return false;
+      }
+    });
+  }
+
+  std::string prediction_file(const std::string& language, Split split) const override {
+    return fmt::format("{}/{}-{}.tsv", settings_.task, split_name(split), language);
+  }
+
+ private:
+  static bool has_gold(const std::vector<PairExample>& examples) {
+    return !examples.empty() && std::all_of(examples.begin(), examples.end(),
+                                            [](const PairExample& e) { return !e.label.empty(); });
+  }
+
+  std::string gold_path(const std::string& language) const {
+    return settings_.task == "xnli"
+               ? (fs::path(settings_.gold_dir) / "XNLI-1.0" / "xnli.test.tsv").string()
+               : (fs::path(settings_.gold_dir) / "x-final" / language / "test_2k.tsv").string();
+  }
+
+  const std::vector<PairExample>& load(const std::string& language, Split split) {
+    auto key = std::make_pair(language, split);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    std::vector<PairExample> examples;
+    if (split == Split::kTest && !settings_.gold_dir.empty()) {
+      examples = settings_.task == "xnli" ? read_xnli_gold(gold_path(language), language)
+                                          : read_pawsx_gold(gold_path(language));
+    } else {
+      examples = read_pair_split(settings_.data_dir, settings_.task, split_name(split), language,
+                                 quoting_);
+    }
+    keep_first(examples, settings_.max_eval_examples);
+    return cache_[key] = std::move(examples);
+  }
+
+  const config::FinetuneConfig& settings_;
+  const data::Tokenizer& tokenizer_;
+  std::vector<std::string> labels_;
+  TsvQuoting quoting_;
+  std::vector<ClassificationFeature> train_;
+  std::map<std::pair<std::string, Split>, std::vector<PairExample>> cache_;
+};
+
+// ---- Tagging ---------------------------------------------------------------------------------
+
+class TaggingTask : public TrainableTask {
+ public:
+  TaggingTask(const config::FinetuneConfig& settings, const data::Tokenizer& tokenizer)
+      : settings_(settings), tokenizer_(tokenizer), labels_(task_labels(settings.task)) {
+    options_.max_len = settings.max_len;
+    auto sentences = read_conll_tsv(
+        tagging_file(settings.data_dir, settings.task, "train", settings.train_language),
+        settings.task);
+    keep_first(sentences, settings.max_train_examples);
+    train_ = featurize_tagging(sentences, labels_, tokenizer_, options_);
+  }
+
+  HeadKind head_kind() const override { return HeadKind::kToken; }
+  int64_t classes() const override { return static_cast<int64_t>(labels_.size()); }
+  int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
+
+  torch::Tensor loss(FinetuneModel& model, const std::vector<int64_t>& indices,
+                     const torch::Device& device) override {
+    auto batch = collate(train_, indices, tokenizer_.special_ids().pad);
+    auto logits = run_model(model, batch, device);  // [B, T, C]
+    return torch::nn::functional::cross_entropy(
+        logits.flatten(0, 1), batch.labels.to(device).flatten(),
+        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreLabel));
+  }
+
+  Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
+                  const torch::Device& device, std::string* predictions) override {
+    const auto& sentences = load(language, split);
+    auto features = featurize_tagging(sentences, labels_, tokenizer_, options_);
+    std::vector<std::vector<int64_t>> per_token(features.size());
+    for (const auto& indices : eval_batches(static_cast<int64_t>(features.size()),
+                                            settings_.eval_batch_size)) {
+      auto batch = collate(features, indices, tokenizer_.special_ids().pad);
+      auto best = run_model(model, batch, device).argmax(2).cpu().contiguous();  // [B, T]
+      for (size_t i = 0; i < indices.size(); ++i) {
+        auto row = best[static_cast<int64_t>(i)];
+        per_token[static_cast<size_t>(indices[i])] =
+            std::vector<int64_t>(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.size(0));
+      }
+    }
+    const auto ids = stitch_tags(features, per_token, sentences);
+    std::vector<std::vector<std::string>> predicted, gold;
+    bool tagged = !sentences.empty();
+    for (size_t s = 0; s < sentences.size(); ++s) {
+      std::vector<std::string> tags;
+      for (int64_t id : ids[s]) tags.push_back(labels_.at(static_cast<size_t>(id)));
+      if (predictions) {
+        for (const auto& tag : tags) *predictions += tag + "\n";
+        if (s + 1 < sentences.size()) *predictions += "\n";
+      }
+      predicted.push_back(std::move(tags));
+      gold.push_back(sentences[s].tags);
+      tagged = tagged && !sentences[s].tags.empty();
+    }
+    if (!tagged) return {};
+    const auto scores = seqeval_scores(gold, predicted);
+    return {{{"f1", scores.f1},
+             {"precision", scores.precision},
+             {"recall", scores.recall},
+             {"token_accuracy", scores.accuracy}},
+            "f1"};
+  }
+
+  std::vector<std::string> languages(Split split) const override {
+    return EvalSets(settings_).available(split, [&](const std::string& language,
+                                                    std::string& missing) {
+      try {
+        if (split == Split::kTest && !settings_.gold_dir.empty()) {
+          if (settings_.task == "panx") {
+            missing = (fs::path(settings_.gold_dir) / language / "test").string();
+            return file_exists(missing);
+          }
+          missing = settings_.gold_dir;
+          return !ud_conllu_files(settings_.gold_dir, language, "test").empty();
+        }
+        missing = tagging_file(settings_.data_dir, settings_.task, split_name(split), language);
+        return true;
+      } catch (const Error& e) {
+        missing = e.what();
+        return false;
+      }
+    });
+  }
+
+  std::string prediction_file(const std::string& language, Split split) const override {
+    return fmt::format("{}/{}-{}.tsv", settings_.task, split_name(split), language);
+  }
+
+ private:
+  const std::vector<TaggedSentence>& load(const std::string& language, Split split) {
+    auto key = std::make_pair(language, split);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    std::vector<TaggedSentence> sentences;
+    if (split == Split::kTest && !settings_.gold_dir.empty()) {
+      if (settings_.task == "panx") {
+        sentences = read_panx_raw((fs::path(settings_.gold_dir) / language / "test").string());
+      } else {
+        for (const auto& file : ud_conllu_files(settings_.gold_dir, language, "test")) {
+          auto part = read_conllu(file, language);
+          sentences.insert(sentences.end(), part.begin(), part.end());
+        }
+      }
+    } else {
+      sentences = read_conll_tsv(
+          tagging_file(settings_.data_dir, settings_.task, split_name(split), language),
+          settings_.task);
+    }
+    keep_first(sentences, settings_.max_eval_examples);
+    return cache_[key] = std::move(sentences);
+  }
+
+  const config::FinetuneConfig& settings_;
+  const data::Tokenizer& tokenizer_;
+  std::vector<std::string> labels_;
+  TaggingOptions options_;
+  std::vector<TaggingFeature> train_;
+  std::map<std::pair<std::string, Split>, std::vector<TaggedSentence>> cache_;
+};
+
+// ---- Extractive QA ---------------------------------------------------------------------------
+
+class QaTask : public TrainableTask {
+ public:
+  QaTask(const config::FinetuneConfig& settings, const data::Tokenizer& tokenizer)
+      : settings_(settings), tokenizer_(tokenizer) {
+    options_.max_len = settings.max_len;
+    options_.doc_stride = settings.doc_stride;
+    options_.max_query_len = settings.max_query_len;
+    // XQuAD and MLQA are predicted by a model trained on SQuAD v1.1; TyDiQA by one trained on
+    // its English GoldP train set (XTREME.md §5).
+    const std::string train_task = settings.task == "tydiqa" ? "tydiqa" : "squad";
+    auto data = read_squad_json(
+        qa_file(settings.data_dir, train_task, "train", settings.train_language),
+        /*skip_mismatched=*/true);
+    keep_first(data.examples, settings.max_train_examples);
+    auto features = featurize_qa(data.examples, tokenizer_, options_, /*training=*/true);
+    spdlog::info("{} train: {} questions ({} skipped: answer not in its context), {} windows",
+                 train_task, data.examples.size(),
+                 data.skipped + static_cast<int64_t>(features.skipped.size()),
+                 features.features.size());
+    train_ = std::move(features.features);
+  }
+
+  HeadKind head_kind() const override { return HeadKind::kToken; }
+  int64_t classes() const override { return 2; }
+  int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
+
+  torch::Tensor loss(FinetuneModel& model, const std::vector<int64_t>& indices,
+                     const torch::Device& device) override {
+    auto batch = collate(train_, indices, tokenizer_.special_ids().pad);
+    auto logits = run_model(model, batch, device);  // [B, T, 2]
+    auto targets = batch.labels.to(device);         // [B, 2]: start, end
+    // The mean of the start and end cross-entropies, as BertForQuestionAnswering.
+    return (torch::cross_entropy(logits.select(2, 0), targets.select(1, 0)) +
+            torch::cross_entropy(logits.select(2, 1), targets.select(1, 1))) /
+           2.0;
+  }
+
+  Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
+                  const torch::Device& device, std::string* predictions) override {
+    const auto& gold = load(language, split);
+    auto features = featurize_qa(gold, tokenizer_, options_, /*training=*/false);
+    std::vector<QaLogits> logits(features.features.size());
+    for (const auto& indices : eval_batches(static_cast<int64_t>(features.features.size()),
+                                            settings_.eval_batch_size)) {
+      auto batch = collate(features.features, indices, tokenizer_.special_ids().pad);
+      auto out = run_model(model, batch, device).to(torch::kFloat).cpu().contiguous();
+      for (size_t i = 0; i < indices.size(); ++i) {
+        auto row = out[static_cast<int64_t>(i)];  // [T, 2]
+        auto start = row.select(1, 0).contiguous(), end = row.select(1, 1).contiguous();
+        auto& l = logits[static_cast<size_t>(indices[i])];
+        l.start.assign(start.data_ptr<float>(), start.data_ptr<float>() + start.size(0));
+        l.end.assign(end.data_ptr<float>(), end.data_ptr<float>() + end.size(0));
+      }
+    }
+    QaDecodeOptions decode;
+    decode.n_best = settings_.n_best;
+    decode.max_answer_len = settings_.max_answer_len;
+    auto decoded = decode_qa(gold, features, logits, tokenizer_, decode);
+    if (predictions) *predictions = nlohmann::ordered_json(decoded.text).dump(2) + "\n";
+    const bool answered = std::any_of(gold.begin(), gold.end(), [](const QaExample& e) {
+      return std::any_of(e.answers.begin(), e.answers.end(),
+                         [](const QaAnswer& a) { return !a.text.empty(); });
+    });
+    if (!answered) return {};
+    const auto scores =
+        qa_scores(gold, decoded.text, settings_.task == "mlqa" ? language : std::string());
+    return {{{"f1", scores.f1}, {"exact_match", scores.exact_match}}, "f1"};
+  }
+
+  std::vector<std::string> languages(Split split) const override {
+    return EvalSets(settings_).available(split, [&](const std::string& language,
+                                                    std::string& missing) {
+      try {
+        missing = path(language, split);
+        return file_exists(missing);
+      } catch (const Error& e) {
+        missing = e.what();
+        return false;
+      }
+    });
+  }
+
+  std::string prediction_file(const std::string& language, Split split) const override {
+    return fmt::format("{}/{}-{}.json", settings_.task, split_name(split), language);
+  }
+
+ private:
+  std::string path(const std::string& language, Split split) const {
+    // XQuAD and TyDiQA have no dev set in XTREME (their models are not selected on one).
+    if (split == Split::kDev && settings_.task != "mlqa") {
+      XLME_FAIL("{} has no dev set in XTREME", settings_.task);
+    }
+    auto processed = qa_file(settings_.data_dir, settings_.task, split_name(split), language);
+    if (split == Split::kTest && !settings_.gold_dir.empty()) {
+      return (fs::path(settings_.gold_dir) / fs::path(processed).filename()).string();
+    }
+    return processed;
+  }
+
+  const std::vector<QaExample>& load(const std::string& language, Split split) {
+    auto key = std::make_pair(language, split);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    auto data = read_squad_json(path(language, split), /*skip_mismatched=*/false);
+    keep_first(data.examples, settings_.max_eval_examples);
+    return cache_[key] = std::move(data.examples);
+  }
+
+  const config::FinetuneConfig& settings_;
+  const data::Tokenizer& tokenizer_;
+  QaOptions options_;
+  std::vector<QaFeature> train_;
+  std::map<std::pair<std::string, Split>, std::vector<QaExample>> cache_;
+};
+
+}  // namespace
+
+bool is_trainable_task(const std::string& task) {
+  return task == "xnli" || task == "pawsx" || task == "udpos" || task == "panx" ||
+         is_qa_task(task);
+}
+
+std::vector<std::string> evaluated_languages(const config::FinetuneConfig& settings) {
+  return settings.languages.empty() ? task_languages(settings.task) : settings.languages;
+}
+
+std::unique_ptr<TrainableTask> make_task(const config::FinetuneConfig& settings,
+                                         const data::Tokenizer& tokenizer) {
+  if (settings.task == "xnli" || settings.task == "pawsx") {
+    return std::make_unique<PairTask>(settings, tokenizer);
+  }
+  if (settings.task == "udpos" || settings.task == "panx") {
+    return std::make_unique<TaggingTask>(settings, tokenizer);
+  }
+  if (is_qa_task(settings.task)) return std::make_unique<QaTask>(settings, tokenizer);
+  XLME_FAIL("finetune.task {} trains no head; it is evaluated by the retrieval/alignment runner",
+            settings.task);
+}
+
+}  // namespace xlme::finetune
