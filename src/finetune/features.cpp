@@ -451,11 +451,28 @@ QaFeatures featurize_qa(const std::vector<QaExample>& examples, const data::Toke
              options.max_query_len);
   const auto& special = tokenizer.special_ids();
   QaFeatures out;
-  std::vector<int64_t> byte_to_word;
+  // The context's words and sub-tokens, kept while consecutive questions share a paragraph.
+  const std::string* context = nullptr;
+  std::vector<std::string> words;
+  std::vector<int64_t> byte_to_word, doc, tok_to_word, word_to_tok;
   for (size_t e = 0; e < examples.size(); ++e) {
     const QaExample& example = examples[e];
-    const auto words = split_context_words(example.context, &byte_to_word);
+    if (context == nullptr || *context != example.context) {
+      context = &example.context;
+      words = split_context_words(example.context, &byte_to_word);
+      doc.clear();
+      tok_to_word.clear();
+      word_to_tok.resize(words.size());
+      for (size_t w = 0; w < words.size(); ++w) {
+        word_to_tok[w] = static_cast<int64_t>(doc.size());
+        for (const int64_t id : feat_encode(tokenizer, words[w])) {
+          doc.push_back(id);
+          tok_to_word.push_back(static_cast<int64_t>(w));
+        }
+      }
+    }
     const auto num_words = static_cast<int64_t>(words.size());
+    const auto num_tokens = static_cast<int64_t>(doc.size());
 
     // The answer's words, as SquadExample: the words of its first and last byte.
     int64_t start_word = -1, end_word = -1;
@@ -478,16 +495,6 @@ QaFeatures featurize_qa(const std::vector<QaExample>& examples, const data::Toke
         continue;
       }
     }
-
-    std::vector<int64_t> doc, tok_to_word, word_to_tok(words.size());
-    for (size_t w = 0; w < words.size(); ++w) {
-      word_to_tok[w] = static_cast<int64_t>(doc.size());
-      for (const int64_t id : feat_encode(tokenizer, words[w])) {
-        doc.push_back(id);
-        tok_to_word.push_back(static_cast<int64_t>(w));
-      }
-    }
-    const auto num_tokens = static_cast<int64_t>(doc.size());
 
     int64_t tok_start = 0, tok_end = -1;
     if (training) {

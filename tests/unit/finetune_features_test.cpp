@@ -393,6 +393,22 @@ TEST_F(FinetuneFeatures, QaWindowsAndAnswersRoundTrip) {
   EXPECT_TRUE(eval.skipped.empty());
   for (const auto& f : eval.features) EXPECT_EQ(f.start + f.end, 0);
 
+  // Questions on the same paragraph reuse its sub-tokens: same features as on their own.
+  QaExample second = examples[0];
+  second.question = "Licht und Wasser";
+  const auto shared = featurize_qa({examples[0], second}, *tok_, options, true);
+  const auto alone = featurize_qa({second}, *tok_, options, true);
+  ASSERT_EQ(shared.features.size(), 2 * alone.features.size());
+  for (size_t k = 0; k < alone.features.size(); ++k) {
+    const QaFeature& a = alone.features[k];
+    const QaFeature& b = shared.features[alone.features.size() + k];
+    EXPECT_EQ(b.example, 1);
+    EXPECT_EQ(a.input_ids, b.input_ids);
+    EXPECT_EQ(std::make_pair(a.start, a.end), std::make_pair(b.start, b.end));
+    EXPECT_EQ(a.token_to_word, b.token_to_word);
+    EXPECT_EQ(a.max_context, b.max_context);
+  }
+
   const QaOptions tight{16, 8, 64};
   EXPECT_TRUE(contains_all(error_message([&] { featurize_qa(examples, *tok_, tight, false); }),
                            {"question 'q0' leaves", "fewer than doc_stride 8"}));
