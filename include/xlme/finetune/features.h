@@ -120,7 +120,8 @@ std::vector<std::string> split_context_words(const std::string& context,
 
 // HF squad_convert_examples_to_features (v1, XLM-R). Training uses the first answer: its start and
 // end words (answer start byte and start + size - 1), their sub-token span tightened by
-// _improve_answer_span, and targets per window. Each word is tokenized alone; the question
+// _improve_answer_span (comparing ids where HF compares piece strings: the same but for <unk>),
+// and targets per window. Each word is tokenized alone; the question
 // whole, truncated to max_query_len. Windows start at context sub-token 0, doc_stride, … until
 // the last one reaches the context's end; each holds max_len - |Q| - 4 context sub-tokens.
 QaFeatures featurize_qa(const std::vector<QaExample>& examples, const data::Tokenizer& tokenizer,
@@ -158,13 +159,14 @@ struct QaPredictions {
 };
 
 // transformers compute_predictions_logits (v1: no null answer). Per window, the n_best highest
-// start and end logits among its tokens; a pair is kept when both lie in the context, the start
-// is max-context, end >= start and it spans at most max_answer_len sub-tokens. Pairs of all the
-// example's windows are ranked by start + end logit; each one's text is its context words
-// joined with spaces, trimmed by get_final_text to the sub-tokens' text; repeated texts are
-// dropped; "empty" when nothing is kept. This word-level mapping is XTREME's, kept to reproduce
-// published numbers (XTREME.md §5): answers never start or end inside a word unless
-// get_final_text can align them. `logits[f]` belongs to features.features[f].
+// start and end logits among its own tokens (HF ranks the sequence padded to max_len, where
+// padding logits could crowd out real ones; ours are not padded); a pair is kept when both lie in
+// the context, the start is max-context, end >= start and it spans at most max_answer_len
+// sub-tokens. Pairs of all the example's windows are ranked by start + end logit; each one's text
+// is its context words joined with spaces, trimmed by get_final_text to the sub-tokens' text;
+// repeated texts are dropped; "empty" when nothing is kept. This word-level mapping is XTREME's,
+// kept to reproduce published numbers (XTREME.md §5): answers never start or end inside a word
+// unless get_final_text can align them. `logits[f]` belongs to features.features[f].
 QaPredictions decode_qa(const std::vector<QaExample>& examples, const QaFeatures& features,
                         const std::vector<QaLogits>& logits, const data::Tokenizer& tokenizer,
                         const QaDecodeOptions& options = {});
