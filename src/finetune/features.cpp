@@ -1,0 +1,734 @@
+#include "xlme/finetune/features.h"
+
+#include "unicode_tables.h"
+#include "xlme/common/error.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string_view>
+
+namespace xlme::finetune {
+namespace {
+
+// Anonymous-namespace names carry a feat_ prefix: the unity build merges this file with the other
+// finetune sources.
+
+std::string feat_where(const Source& source) {
+  return source.line > 0 ? fmt::format("{}:{}", source.file, source.line) : source.file;
+}
+
+// Byte length of the UTF-8 sequence starting with `lead`; 1 for a stray byte.
+size_t feat_utf8_length(unsigned char lead) {
+  if (lead < 0x80) return 1;
+  if ((lead & 0xe0) == 0xc0) return 2;
+  if ((lead & 0xf0) == 0xe0) return 3;
+  if ((lead & 0xf8) == 0xf0) return 4;
+  return 1;
+}
+
+// The code point at text[i] (`length` bytes); malformed sequences read as U+FFFD.
+char32_t feat_code_point(std::string_view text, size_t i, size_t length) {
+  const auto lead = static_cast<unsigned char>(text[i]);
+  if (length == 1) return lead < 0x80 ? lead : 0xfffd;
+  char32_t cp = lead & (0x7f >> length);
+  for (size_t k = 1; k < length; ++k) {
+    const auto c = static_cast<unsigned char>(text[i + k]);
+    if ((c & 0xc0) != 0x80) return 0xfffd;
+    cp = (cp << 6) | (c & 0x3f);
+  }
+  return cp;
+}
+
+std::u32string feat_to_u32(std::string_view text) {
+  std::u32string out;
+  for (size_t i = 0; i < text.size();) {
+    const size_t length =
+        std::min(feat_utf8_length(static_cast<unsigned char>(text[i])), text.size() - i);
+    out.push_back(feat_code_point(text, i, length));
+    i += length;
+  }
+  return out;
+}
+
+std::string feat_to_utf8(std::u32string_view text) {
+  std::string out;
+  for (const char32_t cp : text) {
+    if (cp < 0x80) {
+      out.push_back(static_cast<char>(cp));
+    } else if (cp < 0x800) {
+      out.push_back(static_cast<char>(0xc0 | (cp >> 6)));
+      out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+    } else if (cp < 0x10000) {
+      out.push_back(static_cast<char>(0xe0 | (cp >> 12)));
+      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+      out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+    } else {
+      out.push_back(static_cast<char>(0xf0 | (cp >> 18)));
+      out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3f)));
+      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+      out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+    }
+  }
+  return out;
+}
+
+// Python's str.isspace(), which str.split() and str.strip() use.
+bool feat_is_py_space(char32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 ||
+         cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
+         cp == 0x202f || cp == 0x205f || cp == 0x3000;
+}
+
+// Python's str.split() without arguments.
+std::vector<std::u32string> feat_py_split(std::u32string_view text) {
+  std::vector<std::u32string> out;
+  bool in_token = false;
+  for (const char32_t cp : text) {
+    if (feat_is_py_space(cp)) {
+      in_token = false;
+    } else {
+      if (!in_token) out.emplace_back();
+      out.back().push_back(cp);
+      in_token = true;
+    }
+  }
+  return out;
+}
+
+std::u32string feat_join(const std::vector<std::u32string>& parts) {
+  std::u32string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i > 0) out.push_back(U' ');
+    out += parts[i];
+  }
+  return out;
+}
+
+// " ".join(text.split()): also strips, as Python's str.strip() would.
+std::u32string feat_collapse(std::u32string_view text) {
+  return feat_join(feat_py_split(text));
+}
+
+// Python's str.strip().
+std::u32string feat_py_strip(std::u32string_view text) {
+  size_t first = 0, last = text.size();
+  while (first < last && feat_is_py_space(text[first])) ++first;
+  while (last > first && feat_is_py_space(text[last - 1])) --last;
+  return std::u32string(text.substr(first, last - first));
+}
+
+// BERT's _is_punctuation: every non-alphanumeric ASCII character, and Unicode category P*.
+bool feat_is_bert_punctuation(char32_t cp) {
+  if ((cp >= 33 && cp <= 47) || (cp >= 58 && cp <= 64) || (cp >= 91 && cp <= 96) ||
+      (cp >= 123 && cp <= 126)) {
+    return true;
+  }
+  return is_unicode_punctuation(cp);
+}
+
+// BERT's _is_chinese_char: the CJK Unified Ideographs blocks (not Hiragana, Katakana, Hangul).
+bool feat_is_cjk(char32_t cp) {
+  return (cp >= 0x4e00 && cp <= 0x9fff) || (cp >= 0x3400 && cp <= 0x4dbf) ||
+         (cp >= 0x20000 && cp <= 0x2a6df) || (cp >= 0x2a700 && cp <= 0x2b73f) ||
+         (cp >= 0x2b740 && cp <= 0x2b81f) || (cp >= 0x2b820 && cp <= 0x2ceaf) ||
+         (cp >= 0xf900 && cp <= 0xfaff) || (cp >= 0x2f800 && cp <= 0x2fa1f);
+}
+
+std::vector<std::u32string> feat_basic_tokenize(std::u32string_view text) {
+  // _clean_text: drop NUL, U+FFFD and category C* but \t \n \r; whitespace (those three and
+  // category Zs) becomes a space. _tokenize_chinese_chars: spaces around each ideograph.
+  std::u32string cleaned;
+  for (const char32_t cp : text) {
+    const bool whitespace =
+        cp == U' ' || cp == U'\t' || cp == U'\n' || cp == U'\r' || is_unicode_space_separator(cp);
+    if (whitespace) {
+      cleaned.push_back(U' ');
+    } else if (cp == 0 || cp == 0xfffd || is_unicode_other(cp)) {
+      continue;
+    } else if (feat_is_cjk(cp)) {
+      cleaned += {U' ', cp, U' '};
+    } else {
+      cleaned.push_back(cp);
+    }
+  }
+  // _run_split_on_punc on every whitespace token: each punctuation character stands alone.
+  std::vector<std::u32string> out;
+  for (const auto& token : feat_py_split(cleaned)) {
+    bool start_new = true;
+    for (const char32_t cp : token) {
+      if (feat_is_bert_punctuation(cp)) {
+        out.emplace_back(1, cp);
+        start_new = true;
+      } else {
+        if (start_new) out.emplace_back();
+        out.back().push_back(cp);
+        start_new = false;
+      }
+    }
+  }
+  return out;
+}
+
+// get_final_text's _strip_spaces: `text` without ' ', and for each kept character its index in
+// `text`.
+std::pair<std::u32string, std::vector<size_t>> feat_strip_spaces(std::u32string_view text) {
+  std::u32string kept;
+  std::vector<size_t> to_original;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == U' ') continue;
+    kept.push_back(text[i]);
+    to_original.push_back(i);
+  }
+  return {kept, to_original};
+}
+
+std::vector<int64_t> feat_encode(const data::Tokenizer& tokenizer, const std::string& text) {
+  const auto ids = tokenizer.encode(text);
+  return std::vector<int64_t>(ids.begin(), ids.end());
+}
+
+std::string feat_join_words(const std::vector<std::string>& words, int64_t first, int64_t last) {
+  std::string out;
+  for (int64_t w = first; w <= last; ++w) {
+    if (w > first) out.push_back(' ');
+    out += words[static_cast<size_t>(w)];
+  }
+  return out;
+}
+
+// XLM-R's convert_tokens_to_string followed by compute_predictions_logits's clean-up: pieces
+// concatenated, ▁ -> space, "##" removed, whitespace stripped and collapsed.
+std::string feat_pieces_text(const data::Tokenizer& tokenizer, const std::vector<int64_t>& ids,
+                             int64_t first, int64_t last) {
+  std::string joined;
+  for (int64_t t = first; t <= last; ++t) {
+    const int spm_id = tokenizer.to_spm(static_cast<int32_t>(ids[static_cast<size_t>(t)]));
+    if (spm_id >= 0) joined += tokenizer.sentencepiece().id_to_piece(spm_id);
+  }
+  std::u32string text;
+  for (const char32_t cp : feat_to_u32(joined)) text.push_back(cp == U'\u2581' ? U' ' : cp);
+  text = feat_py_strip(text);
+  for (const std::u32string_view pattern :
+       {std::u32string_view(U" ##"), std::u32string_view(U"##")}) {
+    for (size_t at = text.find(pattern); at != std::u32string::npos; at = text.find(pattern, at)) {
+      text.erase(at, pattern.size());
+    }
+  }
+  return feat_to_utf8(feat_collapse(text));
+}
+
+// _get_best_indexes: the `n` indices of the highest values among the first `size`, ties in index
+// order (Python's stable sort).
+std::vector<int64_t> feat_best_indexes(const std::vector<float>& values, size_t size, int64_t n) {
+  std::vector<int64_t> order(size);
+  for (size_t i = 0; i < size; ++i) order[i] = static_cast<int64_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return values[static_cast<size_t>(a)] > values[static_cast<size_t>(b)];
+  });
+  if (static_cast<int64_t>(order.size()) > n) order.resize(static_cast<size_t>(n));
+  return order;
+}
+
+template <typename Feature>
+PaddedBatch feat_collate_inputs(const std::vector<Feature>& features,
+                                const std::vector<int64_t>& indices, int64_t pad_id) {
+  int64_t width = 0;
+  for (const int64_t i : indices) {
+    XLME_CHECK(i >= 0 && i < static_cast<int64_t>(features.size()),
+               "collate: feature index {} is out of range (there are {} features)", i,
+               features.size());
+    width =
+        std::max(width, static_cast<int64_t>(features[static_cast<size_t>(i)].input_ids.size()));
+  }
+  const auto rows = static_cast<int64_t>(indices.size());
+  PaddedBatch batch;
+  batch.input_ids = torch::full({rows, width}, pad_id, torch::kInt64);      // [B, T]
+  batch.padding = torch::ones({rows, width}, torch::kBool);                 // [B, T]
+  batch.positions = torch::arange(width, torch::kInt64).repeat({rows, 1});  // [B, T]
+  auto* input = batch.input_ids.data_ptr<int64_t>();
+  auto* padding = batch.padding.data_ptr<bool>();
+  for (int64_t b = 0; b < rows; ++b) {
+    const auto& ids = features[static_cast<size_t>(indices[static_cast<size_t>(b)])].input_ids;
+    std::copy(ids.begin(), ids.end(), input + b * width);
+    std::fill(padding + b * width, padding + b * width + static_cast<int64_t>(ids.size()), false);
+  }
+  return batch;
+}
+
+}  // namespace
+
+int64_t label_index(const std::vector<std::string>& labels, const std::string& label,
+                    const Source& source) {
+  const auto it = std::find(labels.begin(), labels.end(), label);
+  XLME_CHECK(it != labels.end(), "{}: label '{}' is not in the label set: {}", feat_where(source),
+             label, fmt::join(labels, " "));
+  return it - labels.begin();
+}
+
+// ---- Sentence pairs -----------------------------------------------------------------------------
+
+std::pair<int64_t, int64_t> longest_first_lengths(int64_t length_a, int64_t length_b,
+                                                  int64_t budget) {
+  XLME_CHECK(budget >= 0, "longest_first: a budget of {} tokens", budget);
+  int64_t remove = std::max<int64_t>(0, length_a + length_b - budget);
+  // HF removes from the longer sequence until both are equally long, then alternates starting
+  // with B (ties go to B): B loses the rounded-up half of the rest.
+  const int64_t first = std::min(remove, std::abs(length_a - length_b));
+  (length_a > length_b ? length_a : length_b) -= first;
+  remove -= first;
+  return {length_a - remove / 2, length_b - (remove + 1) / 2};
+}
+
+std::vector<ClassificationFeature> featurize_pairs(const std::vector<PairExample>& examples,
+                                                   const std::vector<std::string>& labels,
+                                                   const data::Tokenizer& tokenizer,
+                                                   int64_t max_len) {
+  XLME_CHECK(max_len >= 4, "sentence pairs need max_len >= 4 for <s> </s></s> </s>, got {}",
+             max_len);
+  const auto& special = tokenizer.special_ids();
+  std::vector<ClassificationFeature> features;
+  features.reserve(examples.size());
+  for (size_t e = 0; e < examples.size(); ++e) {
+    const PairExample& example = examples[e];
+    ClassificationFeature feature;
+    feature.example = static_cast<int64_t>(e);
+    feature.label = example.label.empty() ? -1 : label_index(labels, example.label, example.source);
+    const auto a = feat_encode(tokenizer, example.text_a);
+    const auto b = feat_encode(tokenizer, example.text_b);
+    const auto [keep_a, keep_b] = longest_first_lengths(
+        static_cast<int64_t>(a.size()), static_cast<int64_t>(b.size()), max_len - 4);
+    auto& ids = feature.input_ids;
+    ids.push_back(special.bos);
+    ids.insert(ids.end(), a.begin(), a.begin() + keep_a);
+    ids.insert(ids.end(), {special.eos, special.eos});
+    ids.insert(ids.end(), b.begin(), b.begin() + keep_b);
+    ids.push_back(special.eos);
+    features.push_back(std::move(feature));
+  }
+  return features;
+}
+
+// ---- Tagging ------------------------------------------------------------------------------------
+
+std::vector<TaggingFeature> featurize_tagging(const std::vector<TaggedSentence>& sentences,
+                                              const std::vector<std::string>& labels,
+                                              const data::Tokenizer& tokenizer,
+                                              const TaggingOptions& options) {
+  const int64_t specials = options.double_eos ? 3 : 2;
+  const int64_t limit = options.max_len - specials;
+  XLME_CHECK(limit >= 1, "tagging needs max_len > {} (the special tokens), got {}", specials,
+             options.max_len);
+  const auto& special = tokenizer.special_ids();
+  std::vector<TaggingFeature> features;
+  for (size_t s = 0; s < sentences.size(); ++s) {
+    const TaggedSentence& sentence = sentences[s];
+    const auto& words = sentence.words;
+    XLME_CHECK(sentence.tags.empty() || sentence.tags.size() == words.size(),
+               "{}: a sentence of {} words has {} tags", feat_where(sentence.source), words.size(),
+               sentence.tags.size());
+    std::vector<std::vector<int64_t>> pieces(words.size());
+    std::vector<int64_t> label_ids(words.size(), kIgnoreLabel);
+    for (size_t w = 0; w < words.size(); ++w) {
+      pieces[w] = feat_encode(tokenizer, words[w]);
+      if (pieces[w].empty() || static_cast<int64_t>(pieces[w].size()) > limit) {
+        pieces[w] = {special.unk};
+      }
+      if (!sentence.tags.empty())
+        label_ids[w] = label_index(labels, sentence.tags[w], sentence.source);
+    }
+    const auto emit = [&](size_t first, size_t last) {
+      TaggingFeature feature;
+      feature.sentence = static_cast<int64_t>(s);
+      feature.first_word = static_cast<int64_t>(first);
+      const auto push = [&feature](int64_t id, int64_t label, int64_t word) {
+        feature.input_ids.push_back(id);
+        feature.labels.push_back(label);
+        feature.word_index.push_back(word);
+      };
+      push(special.bos, kIgnoreLabel, -1);
+      for (size_t w = first; w < last; ++w) {
+        for (size_t p = 0; p < pieces[w].size(); ++p) {
+          push(pieces[w][p], p == 0 ? label_ids[w] : kIgnoreLabel,
+               p == 0 ? static_cast<int64_t>(w) : -1);
+        }
+      }
+      for (int64_t k = 1; k < specials; ++k) push(special.eos, kIgnoreLabel, -1);
+      features.push_back(std::move(feature));
+    };
+    // Greedy at word boundaries (XTREME's _preprocess_one_file). XTREME reset the count to 0 after
+    // a split, letting the next chunk overflow (and run_tag truncate it); it restarts at the
+    // current word's size here.
+    size_t first = 0;
+    int64_t count = 0;
+    for (size_t w = 0; w < words.size(); ++w) {
+      const auto size = static_cast<int64_t>(pieces[w].size());
+      if (count + size > limit) {
+        emit(first, w);
+        first = w;
+        count = size;
+      } else {
+        count += size;
+      }
+    }
+    if (!words.empty()) emit(first, words.size());
+  }
+  return features;
+}
+
+std::vector<std::vector<int64_t>> stitch_tags(const std::vector<TaggingFeature>& features,
+                                              const std::vector<std::vector<int64_t>>& predictions,
+                                              const std::vector<TaggedSentence>& sentences) {
+  XLME_CHECK(predictions.size() == features.size(),
+             "stitch_tags: {} prediction rows for {} features", predictions.size(),
+             features.size());
+  std::vector<std::vector<int64_t>> tags(sentences.size());
+  std::vector<std::vector<uint8_t>> covered(sentences.size());
+  for (size_t s = 0; s < sentences.size(); ++s) {
+    tags[s].assign(sentences[s].words.size(), -1);
+    covered[s].assign(sentences[s].words.size(), 0);
+  }
+  for (size_t f = 0; f < features.size(); ++f) {
+    const TaggingFeature& feature = features[f];
+    XLME_CHECK(feature.sentence >= 0 && feature.sentence < static_cast<int64_t>(sentences.size()),
+               "stitch_tags: feature {} belongs to sentence {}, but there are {} sentences", f,
+               feature.sentence, sentences.size());
+    XLME_CHECK(predictions[f].size() >= feature.input_ids.size(),
+               "stitch_tags: feature {} has {} tokens but {} predictions", f,
+               feature.input_ids.size(), predictions[f].size());
+    const auto s = static_cast<size_t>(feature.sentence);
+    for (size_t t = 0; t < feature.word_index.size(); ++t) {
+      const int64_t w = feature.word_index[t];
+      if (w < 0) continue;
+      XLME_CHECK(w < static_cast<int64_t>(tags[s].size()) && !covered[s][static_cast<size_t>(w)],
+                 "stitch_tags: {}: word {} of a {}-word sentence is out of range or predicted "
+                 "twice (feature {})",
+                 feat_where(sentences[s].source), w, tags[s].size(), f);
+      tags[s][static_cast<size_t>(w)] = predictions[f][t];
+      covered[s][static_cast<size_t>(w)] = 1;
+    }
+  }
+  for (size_t s = 0; s < sentences.size(); ++s) {
+    const auto missing = std::find(covered[s].begin(), covered[s].end(), 0);
+    XLME_CHECK(missing == covered[s].end(), "stitch_tags: {}: word {} has no prediction",
+               feat_where(sentences[s].source), missing - covered[s].begin());
+  }
+  return tags;
+}
+
+// ---- Extractive QA ------------------------------------------------------------------------------
+
+std::vector<std::string> split_context_words(const std::string& context,
+                                             std::vector<int64_t>* byte_to_word) {
+  std::vector<std::string> words;
+  if (byte_to_word != nullptr) byte_to_word->clear();
+  bool after_separator = true;
+  for (size_t i = 0; i < context.size();) {
+    const size_t length =
+        std::min(feat_utf8_length(static_cast<unsigned char>(context[i])), context.size() - i);
+    const char32_t cp = feat_code_point(context, i, length);
+    if (cp == U' ' || cp == U'\t' || cp == U'\r' || cp == U'\n' || cp == 0x202f) {
+      after_separator = true;
+    } else {
+      if (after_separator) words.emplace_back();
+      words.back().append(context, i, length);
+      after_separator = false;
+    }
+    if (byte_to_word != nullptr) {
+      byte_to_word->insert(byte_to_word->end(), length, static_cast<int64_t>(words.size()) - 1);
+    }
+    i += length;
+  }
+  return words;
+}
+
+QaFeatures featurize_qa(const std::vector<QaExample>& examples, const data::Tokenizer& tokenizer,
+                        const QaOptions& options, bool training) {
+  XLME_CHECK(options.doc_stride >= 1 && options.max_query_len >= 0,
+             "QA needs doc_stride >= 1 and max_query_len >= 0, got {} and {}", options.doc_stride,
+             options.max_query_len);
+  const auto& special = tokenizer.special_ids();
+  QaFeatures out;
+  // The context's words and sub-tokens, kept while consecutive questions share a paragraph.
+  const std::string* context = nullptr;
+  std::vector<std::string> words;
+  std::vector<int64_t> byte_to_word, doc, tok_to_word, word_to_tok;
+  for (size_t e = 0; e < examples.size(); ++e) {
+    const QaExample& example = examples[e];
+    if (context == nullptr || *context != example.context) {
+      context = &example.context;
+      words = split_context_words(example.context, &byte_to_word);
+      doc.clear();
+      tok_to_word.clear();
+      word_to_tok.resize(words.size());
+      for (size_t w = 0; w < words.size(); ++w) {
+        word_to_tok[w] = static_cast<int64_t>(doc.size());
+        for (const int64_t id : feat_encode(tokenizer, words[w])) {
+          doc.push_back(id);
+          tok_to_word.push_back(static_cast<int64_t>(w));
+        }
+      }
+    }
+    const auto num_words = static_cast<int64_t>(words.size());
+    const auto num_tokens = static_cast<int64_t>(doc.size());
+
+    // The answer's words, as SquadExample: the words of its first and last byte.
+    int64_t start_word = -1, end_word = -1;
+    if (training) {
+      const QaAnswer* answer = example.answers.empty() ? nullptr : &example.answers[0];
+      const auto context_size = static_cast<int64_t>(example.context.size());
+      if (answer != nullptr && !answer->text.empty() && answer->start >= 0 &&
+          answer->start < context_size) {
+        start_word = byte_to_word[static_cast<size_t>(answer->start)];
+        end_word = byte_to_word[static_cast<size_t>(std::min(
+            answer->start + static_cast<int64_t>(answer->text.size()) - 1, context_size - 1))];
+      }
+      // run_squad: skip when the span's words do not contain the whitespace-normalized answer.
+      const bool found = start_word >= 0 &&
+                         feat_join_words(words, start_word, end_word)
+                                 .find(feat_to_utf8(feat_collapse(feat_to_u32(answer->text)))) !=
+                             std::string::npos;
+      if (!found) {
+        out.skipped.push_back(static_cast<int64_t>(e));
+        continue;
+      }
+    }
+
+    int64_t tok_start = 0, tok_end = -1;
+    if (training) {
+      tok_start = word_to_tok[static_cast<size_t>(start_word)];
+      tok_end = end_word < num_words - 1 ? word_to_tok[static_cast<size_t>(end_word + 1)] - 1
+                                         : num_tokens - 1;
+      // _improve_answer_span: the first, then longest, sub-span equal to the answer's own pieces.
+      const auto answer_ids = feat_encode(tokenizer, example.answers[0].text);
+      bool improved = false;
+      for (int64_t s = tok_start; s <= tok_end && !improved; ++s) {
+        for (int64_t t = tok_end; t >= s && !improved; --t) {
+          if (t - s + 1 == static_cast<int64_t>(answer_ids.size()) &&
+              std::equal(answer_ids.begin(), answer_ids.end(), doc.begin() + s)) {
+            tok_start = s;
+            tok_end = t;
+            improved = true;
+          }
+        }
+      }
+      if (tok_end < tok_start) {  // the answer's words have no pieces
+        out.skipped.push_back(static_cast<int64_t>(e));
+        continue;
+      }
+    }
+
+    auto query = feat_encode(tokenizer, example.question);
+    if (static_cast<int64_t>(query.size()) > options.max_query_len) {
+      query.resize(static_cast<size_t>(options.max_query_len));
+    }
+    const auto offset = static_cast<int64_t>(query.size()) + 3;  // <s> Q </s></s>
+    const int64_t capacity = options.max_len - offset - 1;
+    XLME_CHECK(capacity >= options.doc_stride,
+               "{}: question '{}' leaves {} context tokens per window, fewer than doc_stride {}; "
+               "raise max_len or lower max_query_len",
+               feat_where(example.source), example.id, capacity, options.doc_stride);
+
+    std::vector<std::pair<int64_t, int64_t>> spans;  // (first context token, length)
+    while (static_cast<int64_t>(spans.size()) * options.doc_stride < num_tokens) {
+      const int64_t first = static_cast<int64_t>(spans.size()) * options.doc_stride;
+      spans.emplace_back(first, std::min(num_tokens - first, capacity));
+      if (first + spans.back().second >= num_tokens) break;
+    }
+
+    for (size_t k = 0; k < spans.size(); ++k) {
+      const auto [first, length] = spans[k];
+      QaFeature feature;
+      feature.example = static_cast<int64_t>(e);
+      feature.context_offset = first;
+      auto& ids = feature.input_ids;
+      ids.push_back(special.bos);
+      ids.insert(ids.end(), query.begin(), query.end());
+      ids.insert(ids.end(), {special.eos, special.eos});
+      ids.insert(ids.end(), doc.begin() + first, doc.begin() + first + length);
+      ids.push_back(special.eos);
+      feature.token_to_word.assign(ids.size(), -1);
+      feature.max_context.assign(ids.size(), 0);
+      for (int64_t j = 0; j < length; ++j) {
+        const int64_t position = first + j;
+        feature.token_to_word[static_cast<size_t>(offset + j)] =
+            tok_to_word[static_cast<size_t>(position)];
+        // _new_check_is_max_context: the window maximizing min(left, right) + 0.01 * length; the
+        // first one on ties.
+        double best = -1;
+        size_t best_span = 0;
+        for (size_t m = 0; m < spans.size(); ++m) {
+          const auto [other_first, other_length] = spans[m];
+          const int64_t last = other_first + other_length - 1;
+          if (position < other_first || position > last) continue;
+          const double score =
+              static_cast<double>(std::min(position - other_first, last - position)) +
+              0.01 * static_cast<double>(other_length);
+          if (score > best) {
+            best = score;
+            best_span = m;
+          }
+        }
+        feature.max_context[static_cast<size_t>(offset + j)] = best_span == k ? 1 : 0;
+      }
+      if (training && tok_start >= first && tok_end <= first + length - 1) {
+        feature.start = tok_start - first + offset;
+        feature.end = tok_end - first + offset;
+      }
+      out.features.push_back(std::move(feature));
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> bert_basic_tokenize(const std::string& text) {
+  std::vector<std::string> out;
+  for (const auto& token : feat_basic_tokenize(feat_to_u32(text)))
+    out.push_back(feat_to_utf8(token));
+  return out;
+}
+
+std::string get_final_text(const std::string& pred_text, const std::string& orig_text) {
+  const std::u32string pred = feat_to_u32(pred_text), orig = feat_to_u32(orig_text);
+  const std::u32string tok = feat_join(feat_basic_tokenize(orig));
+  const size_t start = tok.find(pred);
+  if (start == std::u32string::npos || pred.empty()) return orig_text;
+  const size_t end = start + pred.size() - 1;
+
+  const auto [orig_ns, orig_ns_to_s] = feat_strip_spaces(orig);
+  const auto [tok_ns, tok_ns_to_s] = feat_strip_spaces(tok);
+  if (orig_ns.size() != tok_ns.size()) return orig_text;
+  // Positions of `tok` -> positions without spaces; the span's ends must not be spaces.
+  const auto to_ns = [&tok_ns_to_s = tok_ns_to_s](size_t s) -> int64_t {
+    const auto it = std::lower_bound(tok_ns_to_s.begin(), tok_ns_to_s.end(), s);
+    return it != tok_ns_to_s.end() && *it == s ? it - tok_ns_to_s.begin() : -1;
+  };
+  const int64_t ns_start = to_ns(start), ns_end = to_ns(end);
+  if (ns_start < 0 || ns_end < 0) return orig_text;
+  const size_t orig_start = orig_ns_to_s[static_cast<size_t>(ns_start)];
+  const size_t orig_end = orig_ns_to_s[static_cast<size_t>(ns_end)];
+  return feat_to_utf8(std::u32string_view(orig).substr(orig_start, orig_end - orig_start + 1));
+}
+
+QaPredictions decode_qa(const std::vector<QaExample>& examples, const QaFeatures& features,
+                        const std::vector<QaLogits>& logits, const data::Tokenizer& tokenizer,
+                        const QaDecodeOptions& options) {
+  XLME_CHECK(logits.size() == features.features.size(), "decode_qa: {} logit rows for {} features",
+             logits.size(), features.features.size());
+  std::vector<std::vector<size_t>> by_example(examples.size());
+  for (size_t f = 0; f < features.features.size(); ++f) {
+    const QaFeature& feature = features.features[f];
+    XLME_CHECK(feature.example >= 0 && feature.example < static_cast<int64_t>(examples.size()),
+               "decode_qa: feature {} belongs to example {}, but there are {} examples", f,
+               feature.example, examples.size());
+    XLME_CHECK(logits[f].start.size() >= feature.input_ids.size() &&
+                   logits[f].end.size() >= feature.input_ids.size(),
+               "decode_qa: feature {} has {} tokens but {} start and {} end logits", f,
+               feature.input_ids.size(), logits[f].start.size(), logits[f].end.size());
+    by_example[static_cast<size_t>(feature.example)].push_back(f);
+  }
+
+  struct Prelim {
+    size_t feature;
+    int64_t start, end;
+    double start_logit, end_logit;
+  };
+  QaPredictions out;
+  for (size_t e = 0; e < examples.size(); ++e) {
+    const QaExample& example = examples[e];
+    std::vector<Prelim> prelim;
+    for (const size_t f : by_example[e]) {
+      const QaFeature& feature = features.features[f];
+      const size_t size = feature.input_ids.size();
+      for (const int64_t s : feat_best_indexes(logits[f].start, size, options.n_best)) {
+        for (const int64_t t : feat_best_indexes(logits[f].end, size, options.n_best)) {
+          if (feature.token_to_word[static_cast<size_t>(s)] < 0 ||
+              feature.token_to_word[static_cast<size_t>(t)] < 0 ||
+              !feature.max_context[static_cast<size_t>(s)] || t < s ||
+              t - s + 1 > options.max_answer_len) {
+            continue;
+          }
+          prelim.push_back({f, s, t, logits[f].start[static_cast<size_t>(s)],
+                            logits[f].end[static_cast<size_t>(t)]});
+        }
+      }
+    }
+    std::stable_sort(prelim.begin(), prelim.end(), [](const Prelim& a, const Prelim& b) {
+      return a.start_logit + a.end_logit > b.start_logit + b.end_logit;
+    });
+
+    std::vector<QaCandidate> nbest;
+    std::set<std::string> seen;
+    std::vector<std::string> words;
+    if (!prelim.empty()) words = split_context_words(example.context);
+    for (const Prelim& p : prelim) {
+      if (static_cast<int64_t>(nbest.size()) >= options.n_best) break;
+      const QaFeature& feature = features.features[p.feature];
+      const std::string orig_text =
+          feat_join_words(words, feature.token_to_word[static_cast<size_t>(p.start)],
+                          feature.token_to_word[static_cast<size_t>(p.end)]);
+      std::string text =
+          get_final_text(feat_pieces_text(tokenizer, feature.input_ids, p.start, p.end), orig_text);
+      if (!seen.insert(text).second) continue;
+      nbest.push_back({std::move(text), p.start_logit, p.end_logit, 0});
+    }
+    if (nbest.empty()) nbest.push_back({"empty", 0, 0, 0});
+
+    // _compute_softmax over the n-best totals.
+    double max_score = -HUGE_VAL, sum = 0;
+    for (const auto& c : nbest) max_score = std::max(max_score, c.start_logit + c.end_logit);
+    for (auto& c : nbest) {
+      c.probability = std::exp(c.start_logit + c.end_logit - max_score);
+      sum += c.probability;
+    }
+    for (auto& c : nbest) c.probability /= sum;
+
+    out.text[example.id] = nbest.front().text;
+    out.nbest[example.id] = std::move(nbest);
+  }
+  return out;
+}
+
+// ---- Batching -----------------------------------------------------------------------------------
+
+PaddedBatch collate(const std::vector<ClassificationFeature>& features,
+                    const std::vector<int64_t>& indices, int64_t pad_id) {
+  PaddedBatch batch = feat_collate_inputs(features, indices, pad_id);
+  batch.labels = torch::empty({static_cast<int64_t>(indices.size())}, torch::kInt64);  // [B]
+  auto* labels = batch.labels.data_ptr<int64_t>();
+  for (size_t b = 0; b < indices.size(); ++b) {
+    labels[b] = features[static_cast<size_t>(indices[b])].label;
+  }
+  return batch;
+}
+
+PaddedBatch collate(const std::vector<TaggingFeature>& features,
+                    const std::vector<int64_t>& indices, int64_t pad_id) {
+  PaddedBatch batch = feat_collate_inputs(features, indices, pad_id);
+  const int64_t width = batch.input_ids.size(1);
+  batch.labels = torch::full({static_cast<int64_t>(indices.size()), width}, kIgnoreLabel,
+                             torch::kInt64);  // [B, T]
+  auto* labels = batch.labels.data_ptr<int64_t>();
+  for (size_t b = 0; b < indices.size(); ++b) {
+    const auto& row = features[static_cast<size_t>(indices[b])].labels;
+    std::copy(row.begin(), row.end(), labels + static_cast<int64_t>(b) * width);
+  }
+  return batch;
+}
+
+PaddedBatch collate(const std::vector<QaFeature>& features, const std::vector<int64_t>& indices,
+                    int64_t pad_id) {
+  PaddedBatch batch = feat_collate_inputs(features, indices, pad_id);
+  batch.labels = torch::empty({static_cast<int64_t>(indices.size()), 2}, torch::kInt64);  // [B, 2]
+  auto* labels = batch.labels.data_ptr<int64_t>();
+  for (size_t b = 0; b < indices.size(); ++b) {
+    const QaFeature& feature = features[static_cast<size_t>(indices[b])];
+    labels[2 * b] = feature.start;
+    labels[2 * b + 1] = feature.end;
+  }
+  return batch;
+}
+
+}  // namespace xlme::finetune
