@@ -18,15 +18,15 @@ namespace xlme::testing {
 
 // A SentencePiece model in xlme's own layout (80 ids, <mask> included), trained on random words.
 inline std::string train_tiny_tokenizer(const std::string& dir) {
-  std::ostringstream text;
   unsigned state = 7;
-  const char* const words[] = {"haus",  "fluss", "wasser", "licht", "strasse", "klein", "gruen",
-                               "stadt", "river", "house",  "light", "water",   "small", "green"};
-  for (int line = 0; line < 300; ++line) {
-    for (int w = 0; w < 7; ++w) {
-      state = state * 1103515245u + 12345u;
-      text << (w ? " " : "") << words[(state >> 16) % 14];
-    }
+  auto next = [&state] { return (state = state * 1103515245u + 12345u) >> 16; };
+  std::vector<std::string> words(150);
+  for (auto& word : words) {
+    for (unsigned n = 3 + next() % 5; n > 0; --n) word += static_cast<char>('a' + next() % 26);
+  }
+  std::ostringstream text;
+  for (int line = 0; line < 400; ++line) {
+    for (int w = 0; w < 8; ++w) text << (w ? " " : "") << words[next() % words.size()];
     text << "\n";
   }
   write_file(dir + "/corpus/mono/xx.txt", text.str());
@@ -48,6 +48,9 @@ inline config::Config tiny_export_config(const std::string& tokenizer,
                                 "model.heads=4",
                                 "model.ffn_size=48",
                                 "model.max_positions=64",
+                                "data.mono.max_len=16",
+                                "data.para.max_len=16",
+                                "finetune.max_len=64",
                                 "model.generator.layers=1",
                                 "model.dropout=0",
                                 "model.attention_dropout=0",

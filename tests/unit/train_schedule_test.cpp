@@ -5,6 +5,8 @@
 
 #include "test_util.h"
 
+#include <torch/torch.h>
+
 #include <csignal>
 
 namespace xlme::train {
