@@ -1,0 +1,64 @@
+// Pre-trained weights for fine-tuning, evaluation and export, from either a pre-training
+// checkpoint folder (<run>/checkpoints/step_<N>/) or an export folder (xlme-export), detected
+// from the files present. Loading is strict (DESIGN section 7): a missing or unexpected weight,
+// a shape that differs, or a vocabulary size / special id that disagrees between the weights, the
+// config and the tokenizer is an error that names them.
+#pragma once
+
+#include "xlme/config/config.h"
+#include "xlme/data/batch.h"
+#include "xlme/model/discriminator.h"
+#include "xlme/model/electra.h"
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace xlme::export_ {
+
+enum class PretrainedSource { kCheckpoint, kExport };
+
+struct PretrainedOptions {
+  // Also build the whole ELECTRA model (generator, heads) into Pretrained::electra; an export
+  // without the generator is then an error.
+  bool with_generator = false;
+  // The SentencePiece model to use when a checkpoint holds none (a run without data.tokenizer);
+  // empty: such a checkpoint loads without a tokenizer.
+  std::string fallback_tokenizer;
+};
+
+struct Pretrained {
+  PretrainedSource source = PretrainedSource::kCheckpoint;
+  std::string path;
+  config::ModelConfig model;      // resolved: vocab_size is the tokenizer's and the weights'
+  std::string objective_set;      // objectives.set of the run (xlme, xlme-mono, mlm, mlm+tlm)
+  std::string tokenizer_path;     // the SentencePiece model; empty when the source has none
+  std::string vocab_layout;       // data.vocab_layout: own or xlmr
+  data::SpecialIds special_ids;   // equal to the tokenizer's (checked)
+  int64_t step = 0;               // optimizer steps of the pre-training
+  int64_t tokens_seen = 0;        // real tokens of the pre-training
+  std::string dtype = "float32";  // of the stored weights (exports may be bfloat16)
+  // Checkpoints only: the run's whole resolved config (config.yaml).
+  std::optional<config::Config> run_config;
+  // Weights loaded, fp32, CPU, in eval mode.
+  model::DiscriminatorModel discriminator{nullptr};
+  model::ElectraModel electra{nullptr};  // with_generator only
+};
+
+// Which kind of folder `path` is; an xlme::Error says what is missing otherwise (and points from
+// a run folder to its checkpoints).
+PretrainedSource detect_pretrained_source(const std::string& path);
+
+Pretrained load_pretrained(const std::string& path, const PretrainedOptions& options = {});
+
+// Weights only the whole ELECTRA model has: generator.*, generator_head.*, mlm_head.*.
+bool is_generator_weight(const std::string& name);
+
+// The flat "a.b.c" -> tensor map of a module saved with torch::save(module) (a checkpoint's
+// model.pt), read without building the module.
+std::map<std::string, torch::Tensor> read_module_archive(const std::string& path);
+
+}  // namespace xlme::export_

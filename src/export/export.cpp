@@ -1,0 +1,279 @@
+#include "xlme/export/export.h"
+
+#include "xlme/common/error.h"
+#include "xlme/common/io.h"
+#include "xlme/export/folder.h"
+#include "xlme/export/pretrained.h"
+#include "xlme/export/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace xlme::export_ {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The weights to export: the discriminator model's, plus the generator side on request.
+std::map<std::string, torch::Tensor> exported_weights(Pretrained& p, bool with_generator,
+                                                      torch::ScalarType dtype) {
+  std::map<std::string, torch::Tensor> out;
+  auto add = [&](const std::string& key, const torch::Tensor& t) {
+    out[key] = t.is_floating_point() ? t.detach().to(dtype) : t.detach();
+  };
+  for (const auto& item : p.discriminator->named_parameters()) add(item.key(), item.value());
+  for (const auto& item : p.discriminator->named_buffers()) add(item.key(), item.value());
+  if (with_generator) {
+    for (const auto& item : p.electra->named_parameters()) {
+      if (is_generator_weight(item.key())) add(item.key(), item.value());
+    }
+  }
+  return out;
+}
+
+// The last record of each kind ("train", "validation", ...) at or before `step` in the run's
+// metrics.jsonl; an unreadable line (a crash mid-write) is skipped.
+std::map<std::string, nlohmann::ordered_json> last_metrics(const std::string& path, int64_t step) {
+  std::map<std::string, nlohmann::ordered_json> last;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::ordered_json record;
+    try {
+      record = nlohmann::ordered_json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      continue;
+    }
+    if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer() ||
+        record["step"].get<int64_t>() > step) {
+      continue;
+    }
+    const std::string kind = record.contains("kind") && record["kind"].is_string()
+                                 ? record["kind"].get<std::string>()
+                                 : "train";
+    last[kind] = record;
+  }
+  return last;
+}
+
+std::string metric_value(const nlohmann::ordered_json& value) {
+  if (value.is_number_float()) return fmt::format("{:.4g}", value.get<double>());
+  if (value.is_string()) return value.get<std::string>();
+  return value.dump();
+}
+
+std::string list_or(const std::vector<std::string>& items, const std::string& empty) {
+  if (items.empty()) return empty;
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+std::string model_card(const Pretrained& p, const ExportedConfig& exported,
+                       const ExportSummary& summary, const std::string& metrics_path) {
+  const auto& m = p.model;
+  const auto& rp = m.relative_position;
+  std::ostringstream out;
+  out << "# XLM-E " << (exported.rtd_head ? "discriminator" : "encoder") << " (xlme export)\n\n"
+      << "Exported by xlme-export " << XLME_VERSION << " from `" << p.path << "`.\n\n"
+      << "| | |\n| --- | --- |\n"
+      << "| training | " << p.step << " steps, " << p.tokens_seen << " tokens seen, objectives.set "
+      << p.objective_set << " |\n"
+      << "| encoder | " << m.layers << " layers, hidden " << m.hidden_size << ", " << m.heads
+      << " heads, FFN " << m.ffn_size << ", " << m.norm << "-LN, GELU |\n"
+      << "| embeddings | " << (m.embedding_size > 0 ? m.embedding_size : m.hidden_size) << " wide ("
+      << m.embedding_sharing << " sharing)"
+      << (m.absolute_positions ? fmt::format(", absolute positions up to {}", m.max_positions)
+                               : std::string(", no absolute positions"))
+      << " |\n"
+      << "| relative position bias | "
+      << (rp.enabled ? fmt::format("{}{}, {} buckets, max distance {}",
+                                   rp.gated ? "gated" : "plain (no gate)",
+                                   rp.shared_across_layers ? ", one table for all layers"
+                                                           : ", one table per layer",
+                                   rp.num_buckets, rp.max_distance)
+                     : std::string("off"))
+      << " |\n"
+      << "| vocabulary | " << m.vocab_size << " ids, " << p.vocab_layout
+      << " layout (<s>=" << p.special_ids.bos << ", <pad>=" << p.special_ids.pad
+      << ", </s>=" << p.special_ids.eos << ", <unk>=" << p.special_ids.unk
+      << ", <mask>=" << p.special_ids.mask << "), SentencePiece model `" << kExportTokenizerFile
+      << "` |\n"
+      << "| weights | `" << kExportWeightsFile << "`, " << exported.dtype << ", "
+      << summary.parameters << " parameters: discriminator, shared embeddings"
+      << (exported.rtd_head ? ", RTD head" : "") << (exported.generator ? ", generator + head" : "")
+      << " |\n\n";
+
+  out << "## Training data\n\n";
+  if (p.run_config) {
+    const auto& d = p.run_config->data;
+    out << "- shards: `" << d.shards << "` (tokenizer `" << d.tokenizer << "`)\n"
+        << "- monolingual (MRTD): " << list_or(d.mono.languages, "every language in the shards")
+        << ", max_len " << d.mono.max_len << ", sampling exponent " << d.mono.sampling_exponent
+        << "\n"
+        << "- parallel (TRTD): " << list_or(d.para.languages, "every pair in the shards")
+        << ", max_len " << d.para.max_len << ", sampling exponent " << d.para.sampling_exponent
+        << "\n\n";
+  } else {
+    out << "Not recorded: exported from another export.\n\n";
+  }
+
+  out << "## Metrics\n\n";
+  const auto records = last_metrics(metrics_path, p.step);
+  if (records.empty()) {
+    out << "No metrics found (looked for `" << metrics_path << "`).\n\n";
+  } else {
+    out << "Last records at or before step " << p.step << " in `" << metrics_path << "`:\n\n";
+    for (const auto& [kind, record] : records) {
+      out << "- " << kind << ":";
+      bool first = true;
+      for (const auto& [key, value] : record.items()) {
+        if (key == "kind") continue;
+        out << (first ? " " : ", ") << key << " " << metric_value(value);
+        first = false;
+      }
+      out << "\n";
+    }
+    out << "\n";
+  }
+
+  out << "## Loading\n\n"
+      << "PyTorch, with xlme's reference implementation (`scripts/xlme_reference.py`, torch + "
+         "numpy only):\n\n"
+      << "```python\n"
+      << "import torch, xlme_reference  # scripts/ on sys.path\n"
+      << "model = xlme_reference.load_model(\"" << summary.out_dir << "\")\n"
+      << "ids = torch.tensor([[" << p.special_ids.bos << ", 17, 42, " << p.special_ids.eos
+      << "]])\n"
+      << "states = model.hidden_states(ids)  # [embeddings, layer 1, ..., layer " << m.layers
+      << "]\n"
+      << "```\n\n"
+      << "or `python3 scripts/xlme_reference.py --model " << summary.out_dir
+      << " --ids \"0 17 42 2\"`. In C++: `xlme::export_::load_pretrained(\"" << summary.out_dir
+      << "\")`; `xlme-finetune` takes the folder as `finetune.init`. The weights are plain "
+         "safetensors (`safetensors.torch.load_file`); `config.json` lists every architectural "
+         "field.\n";
+  return out.str();
+}
+
+// Copies a file's bytes atomically (write_file_atomic: temporary file, fsync, rename).
+void copy_file_synced(const std::string& from, const std::string& to) {
+  std::ifstream in(from, std::ios::binary);
+  XLME_CHECK(in.good(), "cannot read '{}'", from);
+  write_file_atomic(
+      to, std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
+}
+
+bool is_non_empty_directory(const fs::path& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && !fs::is_empty(path, ec);
+}
+
+}  // namespace
+
+ExportOptions ExportOptions::from_config(const config::Config& config) {
+  ExportOptions o;
+  o.checkpoint = config.export_.checkpoint;
+  o.out_dir = config.export_.out_dir;
+  o.with_generator = config.export_.with_generator;
+  o.dtype = config.export_.dtype;
+  o.fallback_tokenizer = config.data.tokenizer;
+  return o;
+}
+
+ExportSummary export_model(const ExportOptions& options) {
+  XLME_CHECK(!options.checkpoint.empty(),
+             "no checkpoint to export: pass --checkpoint DIR (a <run>/checkpoints/step_<N> folder) "
+             "or --set export.checkpoint=DIR");
+  XLME_CHECK(!options.out_dir.empty(), "export.out_dir is empty; pass --out DIR");
+  XLME_CHECK(options.dtype == "fp32" || options.dtype == "bf16",
+             "export dtype must be fp32 or bf16, not '{}'", options.dtype);
+  const fs::path out = fs::absolute(options.out_dir).lexically_normal();
+  std::error_code ec;
+  XLME_CHECK(!fs::exists(out, ec) || fs::is_directory(out, ec),
+             "export folder '{}' exists and is a file; choose another --out", options.out_dir);
+  XLME_CHECK(options.force || !is_non_empty_directory(out),
+             "export folder '{}' exists and is not empty; pass --force to replace it, or choose "
+             "another --out",
+             options.out_dir);
+  XLME_CHECK(fs::absolute(options.checkpoint).lexically_normal() != out,
+             "--out '{}' is the folder being exported; choose another --out", options.out_dir);
+
+  PretrainedOptions load;
+  load.with_generator = options.with_generator;
+  load.fallback_tokenizer = options.fallback_tokenizer;
+  Pretrained p = load_pretrained(options.checkpoint, load);
+  XLME_CHECK(!p.tokenizer_path.empty(),
+             "checkpoint '{}' holds no tokenizer.model (its run had no data.tokenizer); give the "
+             "SentencePiece model it was trained with: --set data.tokenizer=FILE",
+             options.checkpoint);
+  spdlog::info("loaded {} (step {}, {} tokens seen)", options.checkpoint, p.step, p.tokens_seen);
+
+  const bool bf16 = options.dtype == "bf16";
+  SafetensorsContent content;
+  content.tensors =
+      exported_weights(p, options.with_generator, bf16 ? torch::kBFloat16 : torch::kFloat32);
+  content.metadata = {{"format", "pt"}, {"producer", "xlme-export " XLME_VERSION}};
+
+  ExportedConfig exported;
+  exported.model = p.model;
+  exported.objective_set = p.objective_set;
+  exported.vocab_layout = p.vocab_layout;
+  exported.special_ids = p.special_ids;
+  exported.dtype = bf16 ? "bfloat16" : "float32";
+  exported.rtd_head = !p.discriminator->discriminator_head.is_empty();
+  exported.generator = options.with_generator;
+  exported.step = p.step;
+  exported.tokens_seen = p.tokens_seen;
+
+  ExportSummary summary;
+  summary.out_dir = options.out_dir;
+  summary.step = p.step;
+  summary.tensors = static_cast<int64_t>(content.tensors.size());
+  for (const auto& [name, tensor] : content.tensors) summary.parameters += tensor.numel();
+
+  // Checkpoint folder -> <run>/metrics.jsonl (checkpoints live in <run>/checkpoints/step_<N>).
+  const fs::path checkpoint = fs::absolute(options.checkpoint).lexically_normal();
+  fs::path metrics = checkpoint.parent_path().parent_path() / "metrics.jsonl";
+  if (!fs::is_regular_file(metrics) && p.run_config) {
+    metrics = fs::path(p.run_config->run.out_dir) / "metrics.jsonl";
+  }
+
+  const fs::path tmp = out.string() + fmt::format(".tmp-{}", ::getpid());
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  XLME_CHECK(!ec, "cannot create the folder '{}': {}", tmp.string(), ec.message());
+  try {
+    write_safetensors((tmp / kExportWeightsFile).string(), content);
+    summary.weight_bytes = fs::file_size(tmp / kExportWeightsFile);
+    write_file_atomic((tmp / kExportConfigFile).string(), to_json(exported));
+    copy_file_synced(p.tokenizer_path, (tmp / kExportTokenizerFile).string());
+    write_file_atomic((tmp / kExportReadmeFile).string(),
+                      model_card(p, exported, summary, metrics.string()));
+    // An existing folder (empty, or replaced with --force) moves aside until the new one is in.
+    const fs::path old = out.string() + fmt::format(".old-{}", ::getpid());
+    const bool replace = fs::exists(out);
+    if (replace) fs::rename(out, old);
+    fs::rename(tmp, out);
+    fsync_path(out.parent_path().string(), O_RDONLY | O_DIRECTORY);
+    if (replace) fs::remove_all(old);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);
+    XLME_FAIL("cannot write the export folder '{}': {}", options.out_dir, e.what());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  spdlog::info("exported {} tensors ({} parameters, {} bytes, {}) to {}", summary.tensors,
+               summary.parameters, summary.weight_bytes, options.dtype, options.out_dir);
+  return summary;
+}
+
+}  // namespace xlme::export_

@@ -1,0 +1,262 @@
+#include "xlme/export/pretrained.h"
+
+#include "xlme/common/error.h"
+#include "xlme/data/tokenizer.h"
+#include "xlme/export/folder.h"
+#include "xlme/export/safetensors.h"
+#include "xlme/train/checkpoint.h"
+
+#include <torch/serialize.h>
+#include <torch/torch.h>
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <vector>
+
+namespace xlme::export_ {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kCheckpointModelFile = "model.pt";
+constexpr const char* kCheckpointConfigFile = "config.yaml";
+constexpr const char* kCheckpointTrainerFile = "trainer.yaml";
+constexpr const char* kCheckpointTokenizerFile = "tokenizer.model";
+
+// "a, b, c" for at most 20 names, then "and N more".
+std::string list_weight_names(const std::vector<std::string>& names) {
+  std::string out;
+  const size_t shown = std::min<size_t>(names.size(), 20);
+  for (size_t i = 0; i < shown; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > shown) out += fmt::format(" and {} more", names.size() - shown);
+  return out;
+}
+
+void flatten_module_archive(torch::serialize::InputArchive& archive, const std::string& prefix,
+                            std::map<std::string, torch::Tensor>& out) {
+  for (const auto& key : archive.keys()) {
+    torch::Tensor tensor;
+    if (archive.try_read(key, tensor)) {
+      out.emplace(prefix + key, tensor.detach());
+      continue;
+    }
+    torch::serialize::InputArchive child;
+    if (archive.try_read(key, child)) flatten_module_archive(child, prefix + key + ".", out);
+  }
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  XLME_CHECK(in.good(), "cannot read '{}'", path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Copies `weights` into `module` by name. Every parameter and buffer of the module must be there
+// with its shape; weights the module does not have are the caller's concern.
+void copy_weights_strictly(torch::nn::Module& module,
+                           const std::map<std::string, torch::Tensor>& weights,
+                           const std::string& source) {
+  std::vector<std::string> missing, mismatched;
+  auto targets = module.named_parameters(/*recurse=*/true);
+  for (const auto& buffer : module.named_buffers(/*recurse=*/true)) {
+    targets.insert(buffer.key(), buffer.value());
+  }
+  for (const auto& target : targets) {
+    const auto it = weights.find(target.key());
+    if (it == weights.end()) {
+      missing.push_back(target.key());
+    } else if (it->second.sizes() != target.value().sizes()) {
+      mismatched.push_back(fmt::format("{} ({} stored, {} expected)", target.key(),
+                                       fmt::join(it->second.sizes(), "x"),
+                                       fmt::join(target.value().sizes(), "x")));
+    }
+  }
+  XLME_CHECK(missing.empty(),
+             "'{}' lacks {} weight(s) that the model of its config needs: {}; the weights and the "
+             "config do not belong together",
+             source, missing.size(), list_weight_names(missing));
+  XLME_CHECK(mismatched.empty(),
+             "'{}' has weights whose shape differs from the model of its config: {}", source,
+             list_weight_names(mismatched));
+  torch::NoGradGuard no_grad;
+  for (auto& target : targets) target.value().copy_(weights.at(target.key()));
+}
+
+// Weights that neither `module` nor (when allowed) the generator side has.
+void check_no_unexpected_weights(torch::nn::Module& module,
+                                 const std::map<std::string, torch::Tensor>& weights,
+                                 bool generator_allowed, const std::string& source) {
+  std::set<std::string> known;
+  for (const auto& p : module.named_parameters(true)) known.insert(p.key());
+  for (const auto& b : module.named_buffers(true)) known.insert(b.key());
+  std::vector<std::string> unexpected;
+  for (const auto& [key, tensor] : weights) {
+    if (known.count(key) == 0 && !(generator_allowed && is_generator_weight(key))) {
+      unexpected.push_back(key);
+    }
+  }
+  XLME_CHECK(unexpected.empty(),
+             "'{}' has {} weight(s) that the model of its config does not have: {}; the weights "
+             "and the config do not belong together",
+             source, unexpected.size(), list_weight_names(unexpected));
+}
+
+// The vocabulary size and special ids of the weights, the config and the tokenizer agree.
+void check_vocabulary(Pretrained& p, const std::map<std::string, torch::Tensor>& weights,
+                      const std::string& weights_file, const std::string& config_file) {
+  const auto table = weights.find("embeddings.token.weight");
+  XLME_CHECK(table != weights.end() && table->second.dim() == 2,
+             "'{}' has no 2-D embeddings.token.weight: it is not an xlme model", weights_file);
+  XLME_CHECK(table->second.size(0) == p.model.vocab_size,
+             "vocabulary size mismatch: embeddings.token.weight in '{}' has {} rows but '{}' says "
+             "vocab_size {}; the weights and the config do not belong together",
+             weights_file, table->second.size(0), config_file, p.model.vocab_size);
+  if (p.tokenizer_path.empty()) return;
+  const data::Tokenizer tokenizer(p.tokenizer_path, data::parse_vocab_layout(p.vocab_layout));
+  XLME_CHECK(tokenizer.vocab_size() == p.model.vocab_size,
+             "vocabulary size mismatch: the tokenizer '{}' ({} layout) has {} ids (<mask> "
+             "included) but '{}' says vocab_size {} (and the weights have {} rows); use the "
+             "SentencePiece model the model was trained with",
+             p.tokenizer_path, p.vocab_layout, tokenizer.vocab_size(), config_file,
+             p.model.vocab_size, table->second.size(0));
+  const auto& t = tokenizer.special_ids();
+  const auto& c = p.special_ids;
+  const std::pair<const char*, std::pair<int64_t, int64_t>> ids[] = {{"<s>", {c.bos, t.bos}},
+                                                                     {"<pad>", {c.pad, t.pad}},
+                                                                     {"</s>", {c.eos, t.eos}},
+                                                                     {"<unk>", {c.unk, t.unk}},
+                                                                     {"<mask>", {c.mask, t.mask}}};
+  for (const auto& [piece, pair] : ids) {
+    XLME_CHECK(pair.first == pair.second,
+               "special id mismatch: {} is {} in '{}' but {} in the tokenizer '{}' ({} layout); "
+               "use the SentencePiece model and data.vocab_layout the model was trained with",
+               piece, pair.first, config_file, pair.second, p.tokenizer_path, p.vocab_layout);
+  }
+}
+
+std::map<std::string, torch::Tensor> read_checkpoint(const std::string& path,
+                                                     const PretrainedOptions& options,
+                                                     Pretrained& p, std::string& config_file) {
+  train::CheckpointManager::verify(path);
+  config_file = (fs::path(path) / kCheckpointConfigFile).string();
+  const config::Config run = config::load_config(config_file);
+  p.run_config = run;
+  p.model = run.model;
+  p.objective_set = run.objectives.set;
+  p.vocab_layout = run.data.vocab_layout;
+  const std::string trainer_file = (fs::path(path) / kCheckpointTrainerFile).string();
+  try {
+    const YAML::Node state = YAML::LoadFile(trainer_file);
+    p.step = state["step"].as<int64_t>();
+    p.tokens_seen = state["tokens_seen"].as<int64_t>();
+  } catch (const YAML::Exception& e) {
+    XLME_FAIL("checkpoint '{}': {} is unreadable: {}", path, kCheckpointTrainerFile, e.what());
+  }
+  const std::string tokenizer = (fs::path(path) / kCheckpointTokenizerFile).string();
+  p.tokenizer_path = fs::is_regular_file(tokenizer) ? tokenizer : options.fallback_tokenizer;
+  auto weights = read_module_archive((fs::path(path) / kCheckpointModelFile).string());
+  // The trainer's vocabulary: <mask> last, the others fixed (data::SpecialIds).
+  p.special_ids = data::SpecialIds::for_vocab(p.model.vocab_size);
+  return weights;
+}
+
+std::map<std::string, torch::Tensor> read_export(const std::string& path,
+                                                 const PretrainedOptions& options, Pretrained& p,
+                                                 std::string& config_file, bool& has_generator) {
+  config_file = (fs::path(path) / kExportConfigFile).string();
+  const ExportedConfig exported = parse_exported_config(read_text_file(config_file), config_file);
+  p.model = exported.model;
+  p.objective_set = exported.objective_set;
+  p.vocab_layout = exported.vocab_layout;
+  p.special_ids = exported.special_ids;
+  p.step = exported.step;
+  p.tokens_seen = exported.tokens_seen;
+  p.dtype = exported.dtype;
+  has_generator = exported.generator;
+  XLME_CHECK(!options.with_generator || exported.generator,
+             "export '{}' has no generator weights; export the checkpoint again with "
+             "--with-generator",
+             path);
+  p.tokenizer_path = (fs::path(path) / kExportTokenizerFile).string();
+  XLME_CHECK(fs::is_regular_file(p.tokenizer_path),
+             "export '{}' has no {}: the folder is incomplete; export the checkpoint again", path,
+             kExportTokenizerFile);
+  return read_safetensors((fs::path(path) / kExportWeightsFile).string()).tensors;
+}
+
+}  // namespace
+
+bool is_generator_weight(const std::string& name) {
+  for (const char* prefix : {"generator.", "generator_head.", "mlm_head."}) {
+    if (name.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+std::map<std::string, torch::Tensor> read_module_archive(const std::string& path) {
+  XLME_CHECK(fs::is_regular_file(path), "model file '{}' not found", path);
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(path, torch::kCPU);
+  } catch (const c10::Error& e) {
+    XLME_FAIL("cannot read the model file '{}': {}", path, e.what_without_backtrace());
+  }
+  std::map<std::string, torch::Tensor> out;
+  flatten_module_archive(archive, "", out);
+  return out;
+}
+
+PretrainedSource detect_pretrained_source(const std::string& path) {
+  const fs::path folder(path);
+  XLME_CHECK(fs::is_directory(folder), "pre-trained model folder '{}' not found", path);
+  if (fs::is_regular_file(folder / kExportConfigFile) ||
+      fs::is_regular_file(folder / kExportWeightsFile)) {
+    return PretrainedSource::kExport;
+  }
+  if (fs::is_regular_file(folder / kCheckpointModelFile) ||
+      fs::is_regular_file(folder / "manifest.yaml")) {
+    return PretrainedSource::kCheckpoint;
+  }
+  XLME_CHECK(!fs::is_directory(folder / "checkpoints"),
+             "'{}' is a run folder; pass one of its checkpoints ({}/checkpoints/step_<N>) or an "
+             "xlme-export folder",
+             path, path);
+  XLME_FAIL(
+      "'{}' is neither a pre-training checkpoint (model.pt, config.yaml, manifest.yaml) nor an "
+      "xlme-export folder ({}, {}, {})",
+      path, kExportWeightsFile, kExportConfigFile, kExportTokenizerFile);
+}
+
+Pretrained load_pretrained(const std::string& path, const PretrainedOptions& options) {
+  Pretrained p;
+  p.path = path;
+  p.source = detect_pretrained_source(path);
+  std::string config_file;
+  bool has_generator = true;  // a checkpoint always holds the whole model
+  const auto weights = p.source == PretrainedSource::kCheckpoint
+                           ? read_checkpoint(path, options, p, config_file)
+                           : read_export(path, options, p, config_file, has_generator);
+  const std::string weights_file =
+      (fs::path(path) /
+       (p.source == PretrainedSource::kCheckpoint ? kCheckpointModelFile : kExportWeightsFile))
+          .string();
+  check_vocabulary(p, weights, weights_file, config_file);
+
+  const auto architecture = model::architecture_for(p.objective_set);
+  p.discriminator =
+      model::DiscriminatorModel(p.model, architecture == model::Architecture::kElectra);
+  check_no_unexpected_weights(*p.discriminator, weights, has_generator, weights_file);
+  copy_weights_strictly(*p.discriminator, weights, weights_file);
+  p.discriminator->eval();
+  if (options.with_generator) {
+    p.electra = model::ElectraModel(p.model, architecture, p.special_ids);
+    check_no_unexpected_weights(*p.electra, weights, /*generator_allowed=*/false, weights_file);
+    copy_weights_strictly(*p.electra, weights, weights_file);
+    p.electra->eval();
+  }
+  return p;
+}
+
+}  // namespace xlme::export_

@@ -1,0 +1,305 @@
+#include "xlme/export/safetensors.h"
+
+#include "xlme/common/error.h"
+#include "xlme/common/io.h"
+#include "xlme/common/json.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <vector>
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "safetensors data is little-endian; this writer copies host bytes");
+
+namespace xlme::export_ {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The format's own cap on the header (safetensors refuses larger ones).
+constexpr uint64_t kMaxSafetensorsHeader = 100u * 1024 * 1024;
+
+struct SafetensorsDtype {
+  const char* name;
+  torch::ScalarType type;
+};
+
+constexpr SafetensorsDtype kSafetensorsDtypes[] = {
+    {"F64", torch::kFloat64},   {"F32", torch::kFloat32}, {"F16", torch::kFloat16},
+    {"BF16", torch::kBFloat16}, {"I64", torch::kInt64},   {"I32", torch::kInt32},
+    {"I16", torch::kInt16},     {"I8", torch::kInt8},     {"U8", torch::kUInt8},
+    {"BOOL", torch::kBool}};
+
+std::string safetensors_dtype_list() {
+  std::string out;
+  for (const auto& d : kSafetensorsDtypes) out += (out.empty() ? "" : ", ") + std::string(d.name);
+  return out;
+}
+
+// A tensor as the contiguous CPU tensor whose bytes are written.
+torch::Tensor safetensors_payload(const torch::Tensor& t) {
+  return t.detach().to(torch::kCPU).contiguous();
+}
+
+uint64_t safetensors_nbytes(const torch::Tensor& t) {
+  return static_cast<uint64_t>(t.numel()) * static_cast<uint64_t>(t.element_size());
+}
+
+// The header, padded with spaces so that the data starts at a multiple of 8.
+std::string safetensors_header(const SafetensorsContent& content) {
+  std::string header = "{";
+  if (!content.metadata.empty()) {
+    header += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [key, value] : content.metadata) {
+      header += (first ? "" : ",") + json_quote(key) + ":" + json_quote(value);
+      first = false;
+    }
+    header += "}";
+  }
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : content.tensors) {
+    XLME_CHECK(name != "__metadata__" && !name.empty(), "a safetensors tensor cannot be named '{}'",
+               name);
+    XLME_CHECK(tensor.defined(), "tensor '{}' is undefined and cannot be written", name);
+    const uint64_t bytes = safetensors_nbytes(tensor);
+    std::string shape;
+    for (const int64_t size : tensor.sizes()) {
+      shape += (shape.empty() ? "" : ",") + std::to_string(size);
+    }
+    if (header.size() > 1) header += ",";
+    header +=
+        fmt::format(R"({}:{{"dtype":"{}","shape":[{}],"data_offsets":[{},{}]}})", json_quote(name),
+                    safetensors_dtype(tensor.scalar_type(), name), shape, offset, offset + bytes);
+    offset += bytes;
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  return header;
+}
+
+std::string safetensors_size_prefix(uint64_t size) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<size_t>(i)] = static_cast<char>((size >> (8 * i)) & 0xff);
+  return out;
+}
+
+// Reads `length` bytes at `offset` of the file into `dst`.
+using SafetensorsReader = std::function<void(uint64_t offset, uint64_t length, void* dst)>;
+
+struct SafetensorsEntry {
+  std::string name;
+  torch::ScalarType type;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+
+SafetensorsEntry safetensors_entry(const std::string& file, const std::string& name,
+                                   const nlohmann::json& spec) {
+  XLME_CHECK(spec.is_object() && spec.contains("dtype") && spec.contains("shape") &&
+                 spec.contains("data_offsets"),
+             "safetensors file '{}': tensor '{}' needs an object with dtype, shape and "
+             "data_offsets, got {}",
+             file, name, spec.dump());
+  SafetensorsEntry e;
+  e.name = name;
+  const auto& dtype = spec["dtype"];
+  const auto found =
+      std::find_if(std::begin(kSafetensorsDtypes), std::end(kSafetensorsDtypes),
+                   [&](const SafetensorsDtype& d) { return dtype.is_string() && dtype == d.name; });
+  XLME_CHECK(found != std::end(kSafetensorsDtypes),
+             "safetensors file '{}': tensor '{}' has the unknown dtype {}; known: {}", file, name,
+             dtype.dump(), safetensors_dtype_list());
+  e.type = found->type;
+  const auto& shape = spec["shape"];
+  XLME_CHECK(shape.is_array(), "safetensors file '{}': the shape of tensor '{}' is not a list: {}",
+             file, name, shape.dump());
+  uint64_t elements = 1;
+  for (const auto& size : shape) {
+    XLME_CHECK(size.is_number_unsigned(),
+               "safetensors file '{}': the shape of tensor '{}' holds {}, not a size", file, name,
+               size.dump());
+    e.shape.push_back(size.get<int64_t>());
+    elements *= size.get<uint64_t>();
+  }
+  const auto& offsets = spec["data_offsets"];
+  XLME_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
+                 offsets[1].is_number_unsigned() && offsets[0] <= offsets[1],
+             "safetensors file '{}': data_offsets of tensor '{}' must be [begin, end] with 0 <= "
+             "begin <= end, got {}",
+             file, name, offsets.dump());
+  e.begin = offsets[0].get<uint64_t>();
+  e.end = offsets[1].get<uint64_t>();
+  const uint64_t expected = elements * static_cast<uint64_t>(c10::elementSize(e.type));
+  XLME_CHECK(e.end - e.begin == expected,
+             "safetensors file '{}': tensor '{}' ({} of shape {}) needs {} bytes but its "
+             "data_offsets [{}, {}] span {}",
+             file, name, found->name, shape.dump(), expected, e.begin, e.end, e.end - e.begin);
+  return e;
+}
+
+SafetensorsContent parse_safetensors_from(const SafetensorsReader& read, uint64_t file_size,
+                                          const std::string& file) {
+  XLME_CHECK(file_size >= 8,
+             "safetensors file '{}' is {} bytes long, shorter than its 8-byte header size; it is "
+             "truncated or not a safetensors file",
+             file, file_size);
+  unsigned char prefix[8];
+  read(0, 8, prefix);
+  uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | prefix[i];
+  XLME_CHECK(header_size <= file_size - 8 && header_size <= kMaxSafetensorsHeader,
+             "safetensors file '{}' announces a {}-byte header but the file has only {} bytes "
+             "after the size; it is truncated or not a safetensors file",
+             file, header_size, file_size - 8);
+  std::string text(header_size, '\0');
+  read(8, header_size, text.data());
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    XLME_FAIL("safetensors file '{}': the header is not valid JSON: {}", file, e.what());
+  }
+  XLME_CHECK(header.is_object(), "safetensors file '{}': the header is not a JSON object", file);
+
+  SafetensorsContent content;
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, spec] : header.items()) {
+    if (name == "__metadata__") {
+      XLME_CHECK(spec.is_object(),
+                 "safetensors file '{}': __metadata__ must be an object of strings", file);
+      for (const auto& [key, value] : spec.items()) {
+        XLME_CHECK(value.is_string(),
+                   "safetensors file '{}': __metadata__ value of '{}' is {}, not a string", file,
+                   key, value.dump());
+        content.metadata[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    entries.push_back(safetensors_entry(file, name, spec));
+  }
+
+  // The tensors must tile the data region exactly: no overlap, no gap, nothing left over.
+  const uint64_t data_start = 8 + header_size;
+  const uint64_t data_size = file_size - data_start;
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t covered = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    XLME_CHECK(e.begin >= covered,
+               "safetensors file '{}': tensors '{}' and '{}' overlap (bytes [{}, {}) and [{}, {}) "
+               "of the data)",
+               file, entries[i - 1].name, e.name, entries[i - 1].begin, entries[i - 1].end, e.begin,
+               e.end);
+    XLME_CHECK(e.begin == covered,
+               "safetensors file '{}': bytes [{}, {}) of the data belong to no tensor (before "
+               "'{}')",
+               file, covered, e.begin, e.name);
+    covered = e.end;
+  }
+  XLME_CHECK(covered <= data_size,
+             "safetensors file '{}' is truncated: its tensors need {} bytes of data but the file "
+             "holds {} ({} bytes long); re-export or copy it again",
+             file, covered, data_size, file_size);
+  XLME_CHECK(covered == data_size,
+             "safetensors file '{}': the data region has {} bytes but the tensors cover only {}; "
+             "{} bytes at the end belong to no tensor",
+             file, data_size, covered, data_size - covered);
+  for (const auto& e : entries) {
+    auto tensor = torch::empty(e.shape, torch::TensorOptions().dtype(e.type));
+    if (e.end > e.begin) read(data_start + e.begin, e.end - e.begin, tensor.data_ptr());
+    content.tensors.emplace(e.name, std::move(tensor));
+  }
+  return content;
+}
+
+}  // namespace
+
+std::string safetensors_dtype(torch::ScalarType type, const std::string& name) {
+  for (const auto& d : kSafetensorsDtypes) {
+    if (d.type == type) return d.name;
+  }
+  XLME_FAIL("tensor '{}' has dtype {}, which safetensors export does not support ({})", name,
+            c10::toString(type), safetensors_dtype_list());
+}
+
+std::string safetensors_bytes(const SafetensorsContent& content) {
+  const std::string header = safetensors_header(content);
+  std::string out = safetensors_size_prefix(header.size()) + header;
+  for (const auto& [name, tensor] : content.tensors) {
+    const auto payload = safetensors_payload(tensor);
+    out.append(static_cast<const char*>(payload.data_ptr()), safetensors_nbytes(payload));
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const SafetensorsContent& content) {
+  const std::string header = safetensors_header(content);
+  const fs::path target(path);
+  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  XLME_CHECK(!ec, "cannot create folder '{}' for '{}': {}", folder.string(), path, ec.message());
+  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    XLME_CHECK(out.good(), "cannot create '{}': {}", tmp, std::strerror(errno));
+    out << safetensors_size_prefix(header.size()) << header;
+    for (const auto& [name, tensor] : content.tensors) {
+      const auto payload = safetensors_payload(tensor);
+      out.write(static_cast<const char*>(payload.data_ptr()),
+                static_cast<std::streamsize>(safetensors_nbytes(payload)));
+    }
+    out.close();
+    if (!out) {
+      fs::remove(tmp, ec);
+      XLME_FAIL("cannot write '{}' (is the disk full?)", tmp);
+    }
+  }
+  fsync_path(tmp, O_RDONLY);
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    XLME_FAIL("cannot rename '{}' to '{}': {}", tmp, path, ec.message());
+  }
+  fsync_path(folder.string(), O_RDONLY | O_DIRECTORY);
+}
+
+SafetensorsContent read_safetensors(const std::string& path) {
+  std::error_code ec;
+  XLME_CHECK(fs::is_regular_file(path, ec), "safetensors file '{}' not found", path);
+  const uint64_t size = fs::file_size(path, ec);
+  XLME_CHECK(!ec, "cannot read the size of '{}': {}", path, ec.message());
+  std::ifstream in(path, std::ios::binary);
+  XLME_CHECK(in.good(), "cannot open '{}': {}", path, std::strerror(errno));
+  const auto read = [&](uint64_t offset, uint64_t length, void* dst) {
+    in.seekg(static_cast<std::streamoff>(offset));
+    in.read(static_cast<char*>(dst), static_cast<std::streamsize>(length));
+    XLME_CHECK(static_cast<uint64_t>(in.gcount()) == length,
+               "cannot read {} bytes at offset {} of '{}' (the file changed while read?)", length,
+               offset, path);
+  };
+  return parse_safetensors_from(read, size, path);
+}
+
+SafetensorsContent parse_safetensors(const std::string& bytes, const std::string& name) {
+  const auto read = [&](uint64_t offset, uint64_t length, void* dst) {
+    std::memcpy(dst, bytes.data() + offset, length);
+  };
+  return parse_safetensors_from(read, bytes.size(), name);
+}
+
+}  // namespace xlme::export_

@@ -1,0 +1,98 @@
+// Tiny tokenizers and checkpoints for the export tests, made the way xlme-data and the trainer
+// make them.
+#pragma once
+
+#include "xlme/data/spm_trainer.h"
+#include "xlme/data/tokenizer.h"
+#include "xlme/train/checkpoint.h"
+#include "xlme/train/trainer.h"
+
+#include "test_util.h"
+#include "train_fixtures.h"
+
+#include <torch/torch.h>
+
+#include <sstream>
+
+namespace xlme::testing {
+
+// A SentencePiece model in xlme's own layout (80 ids, <mask> included), trained on random words.
+inline std::string train_tiny_tokenizer(const std::string& dir) {
+  unsigned state = 7;
+  auto next = [&state] { return (state = state * 1103515245u + 12345u) >> 16; };
+  std::vector<std::string> words(150);
+  for (auto& word : words) {
+    for (unsigned n = 3 + next() % 5; n > 0; --n) word += static_cast<char>('a' + next() % 26);
+  }
+  std::ostringstream text;
+  for (int line = 0; line < 400; ++line) {
+    for (int w = 0; w < 8; ++w) text << (w ? " " : "") << words[next() % words.size()];
+    text << "\n";
+  }
+  write_file(dir + "/corpus/mono/xx.txt", text.str());
+  data::SpmTrainingOptions options;
+  options.corpus_dir = dir + "/corpus";
+  options.out_model = dir + "/spm.model";
+  options.spm.vocab_size = 80;
+  options.spm.character_coverage = 1.0;
+  options.spm.max_sentences = 1000;
+  data::train_sentencepiece(options);
+  return options.out_model;
+}
+
+// The tiny model (2 layers, 32 wide) for `tokenizer`, with `overrides` on top.
+inline config::Config tiny_export_config(const std::string& tokenizer,
+                                         const std::vector<std::string>& overrides) {
+  std::vector<std::string> sets{"model.hidden_size=32",
+                                "model.layers=2",
+                                "model.heads=4",
+                                "model.ffn_size=48",
+                                "model.max_positions=64",
+                                "data.mono.max_len=16",
+                                "data.para.max_len=16",
+                                "finetune.max_len=64",
+                                "model.generator.layers=1",
+                                "model.dropout=0",
+                                "model.attention_dropout=0",
+                                "train.steps=3",
+                                "train.warmup_steps=1",
+                                "train.lr=1e-3",
+                                "run.device=cpu",
+                                "data.tokenizer=" + tokenizer};
+  sets.insert(sets.end(), overrides.begin(), overrides.end());
+  config::Config c = config::load_config("", sets);
+  c.model.vocab_size = data::Tokenizer(tokenizer, data::VocabLayout::kOwn).vocab_size();
+  return c;
+}
+
+struct TinyCheckpoint {
+  std::string path;  // <run>/checkpoints/step_<N>
+  model::ElectraModel model{nullptr};
+};
+
+// Trains config.train.steps steps on synthetic batches, moves every weight by N(0, perturb) (so
+// that LayerNorm, biases and gates are far from their initial values), and saves a checkpoint
+// with Trainer::save_checkpoint under `run_dir`/checkpoints.
+inline TinyCheckpoint make_tiny_checkpoint(const config::Config& c, const std::string& run_dir,
+                                           double perturb = 0.1, uint64_t seed = 3) {
+  TinyCheckpoint out;
+  out.model = make_tiny_model(c, seed);
+  const auto special = data::SpecialIds::for_vocab(c.model.vocab_size);
+  train::SyntheticBatches source(special, /*batch_size=*/2, /*length=*/16, /*mask_ratio=*/0.15,
+                                 seed);
+  auto config = c;
+  config.train.micro_batch_tokens = 32;
+  config.train.tokens_per_task = 32;
+  train::Trainer trainer(config, out.model, source, single_process());
+  while (trainer.step() < config.train.steps) trainer.train_step();
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : out.model->parameters()) p.add_(torch::randn_like(p) * perturb);
+  }
+  const train::CheckpointManager manager(run_dir + "/checkpoints", 3, 0);
+  out.path = trainer.save_checkpoint(manager);
+  out.model->eval();
+  return out;
+}
+
+}  // namespace xlme::testing

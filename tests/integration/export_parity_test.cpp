@@ -1,0 +1,221 @@
+// xlme-export end to end, and parity with the pure PyTorch reference: a tiny model of each
+// architecture variant is trained a few steps and perturbed (so that LayerNorm, biases and gates
+// are far from their initial values), saved by the trainer, exported by the binary, and run on a
+// padded batch by C++ and by /usr/bin/python3 scripts/xlme_reference.py, which reads the export
+// with its own numpy safetensors reader. Every hidden state (embeddings and each layer) must agree
+// to 1e-4 at the real positions.
+#include "xlme/export/pretrained.h"
+#include "xlme/export/safetensors.h"
+
+#include "export_fixtures.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <iostream>
+#include <regex>
+
+namespace xlme::export_ {
+namespace {
+
+namespace fs = std::filesystem;
+using xlme::testing::contains_all;
+using xlme::testing::quote;
+using xlme::testing::read_file;
+using xlme::testing::run_tool;
+using xlme::testing::TempDir;
+
+constexpr const char* kReferencePython = "/usr/bin/python3";
+constexpr double kParityTolerance = 1e-4;
+
+// Runs `command` through the shell; returns its exit code and stdout + stderr.
+std::pair<int, std::string> shell(const std::string& command) {
+  const TempDir scratch;
+  const int status = std::system((command + " >" + quote(scratch / "out") + " 2>&1").c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_file(scratch / "out")};
+}
+
+// Three rows of ids from the tokenizer's pieces: full length, and two padded ones.
+struct ParityBatch {
+  torch::Tensor ids, positions, padding;  // [B, T] int64, int64, bool
+};
+
+ParityBatch parity_batch(const data::SpecialIds& special, int64_t length) {
+  torch::manual_seed(11);
+  ParityBatch b;
+  b.ids = torch::randint(4, special.vocab_size - 1, {3, length}, torch::kLong);
+  b.padding = torch::zeros({3, length}, torch::kBool);
+  const int64_t lengths[] = {length, 15, 7};
+  for (int64_t row = 0; row < 3; ++row) {
+    b.ids[row][0] = special.bos;
+    b.ids[row][lengths[row] - 1] = special.eos;
+    b.ids[row].narrow(0, lengths[row], length - lengths[row]).fill_(special.pad);
+    b.padding[row].narrow(0, lengths[row], length - lengths[row]).fill_(true);
+  }
+  b.positions = torch::arange(length).unsqueeze(0).expand({3, length}).contiguous();
+  return b;
+}
+
+class ExportParity : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    tokenizer_ = new std::string(xlme::testing::train_tiny_tokenizer(*dir_ / "tok"));
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete dir_;
+  }
+
+  void SetUp() override {
+    const auto [code, out] = shell(std::string(kReferencePython) + " -c 'import torch, numpy'");
+    ASSERT_EQ(code, 0) << kReferencePython
+                       << " cannot import torch and numpy, which the export parity test needs; "
+                          "run scripts/setup.sh (it installs python3-torch and python3-numpy):\n"
+                       << out;
+  }
+
+  // Exports a checkpoint of `overrides` with `export_args`, runs both sides on a padded batch
+  // and returns the reference's largest |difference| per hidden state.
+  std::vector<double> parity(const std::string& name, const std::vector<std::string>& overrides,
+                             const std::vector<std::string>& export_args = {},
+                             const std::string& encoder = "discriminator") {
+    TempDir dir;
+    const auto config = xlme::testing::tiny_export_config(*tokenizer_, overrides);
+    const auto checkpoint = xlme::testing::make_tiny_checkpoint(config, dir / "run");
+    std::vector<std::string> args{"--checkpoint", checkpoint.path, "--out", dir / "export"};
+    args.insert(args.end(), export_args.begin(), export_args.end());
+    const auto run = run_tool("xlme-export", args);
+    EXPECT_EQ(run.code, 0) << run.err;
+    if (run.code != 0) return {};
+
+    PretrainedOptions options;
+    options.with_generator = encoder == "generator";
+    Pretrained p = load_pretrained(dir / "export", options);
+    const auto batch = parity_batch(p.special_ids, /*length=*/24);
+    std::vector<torch::Tensor> states, trained;
+    {
+      torch::NoGradGuard no_grad;
+      auto& source = encoder == "generator" ? p.electra->generator : p.discriminator->discriminator;
+      states = source->hidden_states(batch.ids, batch.positions, batch.padding);
+      // fp32 exports hold the trained weights exactly: the same numbers as the trained model.
+      auto& original =
+          encoder == "generator" ? checkpoint.model->generator : checkpoint.model->discriminator;
+      trained = original->hidden_states(batch.ids, batch.positions, batch.padding);
+    }
+    const bool fp32 =
+        std::find(export_args.begin(), export_args.end(), "bf16") == export_args.end();
+    for (size_t i = 0; fp32 && i < states.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(states[i], trained[i], 0, 1e-6)) << name << " state " << i;
+    }
+    SafetensorsContent inputs, expected;
+    inputs.tensors = {
+        {"input_ids", batch.ids}, {"positions", batch.positions}, {"padding", batch.padding}};
+    for (size_t i = 0; i < states.size(); ++i) {
+      expected.tensors["hidden." + std::to_string(i)] = states[i];
+    }
+    write_safetensors(dir / "inputs.safetensors", inputs);
+    write_safetensors(dir / "expected.safetensors", expected);
+
+    const auto [code, out] = shell(
+        "cd " + quote(XLME_SOURCE_DIR) + " && " + kReferencePython +
+        " scripts/xlme_reference.py --model " + quote(dir / "export") + " --encoder " + encoder +
+        " --inputs " + quote(dir / "inputs.safetensors") + " --compare " +
+        quote(dir / "expected.safetensors") + " --tolerance " + std::to_string(kParityTolerance));
+    std::smatch match;
+    const bool parsed = std::regex_search(out, match, std::regex(R"(\{"max_abs_diff": .*\})"));
+    EXPECT_TRUE(parsed) << out;
+    if (!parsed) return {};
+    const auto report = nlohmann::json::parse(match[0].str());
+    const auto diffs = report["max_abs_diff"].get<std::vector<double>>();
+    std::cout << "[ parity   ] " << name << ": max |diff| per hidden state "
+              << nlohmann::json(diffs) << std::endl;
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_EQ(diffs.size(), states.size());
+    for (size_t i = 0; i < diffs.size(); ++i) {
+      EXPECT_LE(diffs[i], kParityTolerance) << name << " hidden state " << i;
+    }
+    return diffs;
+  }
+
+  static TempDir* dir_;
+  static std::string* tokenizer_;
+};
+TempDir* ExportParity::dir_ = nullptr;
+std::string* ExportParity::tokenizer_ = nullptr;
+
+TEST_F(ExportParity, PostLnGatedPerLayerTable) {
+  parity("post-LN gated", {});
+}
+
+TEST_F(ExportParity, PreLn) {
+  parity("pre-LN", {"model.norm=pre"});
+}
+
+TEST_F(ExportParity, PlainRelativeBiasWithoutAbsolutePositions) {
+  parity("plain bias, no absolute positions",
+         {"model.relative_position.gated=false", "model.absolute_positions=false"});
+}
+
+TEST_F(ExportParity, SharedTableWithFewBuckets) {
+  // 16 buckets up to distance 12 < T = 24: the last buckets take every longer distance.
+  parity("shared table",
+         {"model.relative_position.shared_across_layers=true",
+          "model.relative_position.num_buckets=16", "model.relative_position.max_distance=12"});
+}
+
+TEST_F(ExportParity, NoRelativeBias) {
+  parity("no relative bias", {"model.relative_position.enabled=false"});
+}
+
+TEST_F(ExportParity, FactorizedEmbeddingsWithGdes) {
+  parity("factorized + gdes", {"model.embedding_size=16", "model.embedding_sharing=gdes"});
+}
+
+TEST_F(ExportParity, MaskedLmBaseline) {
+  parity("mlm baseline", {"objectives.set=mlm"});
+}
+
+TEST_F(ExportParity, Bf16Export) {
+  // Both sides run the same bf16-rounded weights in fp32.
+  parity("bf16 export", {}, {"--dtype", "bf16"});
+}
+
+TEST_F(ExportParity, Generator) {
+  parity("generator", {"model.generator.hidden_size=16", "model.generator.heads=2"},
+         {"--with-generator"}, "generator");
+}
+
+TEST_F(ExportParity, TheBinaryRefusesToOverwriteAndNamesBadInput) {
+  TempDir dir;
+  const auto config = xlme::testing::tiny_export_config(*tokenizer_, {});
+  const auto checkpoint = xlme::testing::make_tiny_checkpoint(config, dir / "run");
+  auto r = run_tool("xlme-export", {"--set", "export.checkpoint=" + checkpoint.path, "--set",
+                                    "export.out_dir=" + (dir / "export")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"exported", "tensors", "to " + (dir / "export")}));
+  r = run_tool("xlme-export", {"--checkpoint", checkpoint.path, "--out", dir / "export"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains_all(r.err, {"exists and is not empty; pass --force"}));
+  r = run_tool("xlme-export",
+               {"--checkpoint", checkpoint.path, "--out", dir / "export", "--force"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = run_tool("xlme-export", {"--checkpoint", dir / "run", "--out", dir / "other"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains_all(r.err, {"is a run folder; pass one of its checkpoints"}));
+  r = run_tool("xlme-export", {"--out", dir / "other"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains_all(r.err, {"no checkpoint to export: pass --checkpoint DIR"}));
+  r = run_tool("xlme-export", {"--checkpoint", checkpoint.path, "--dtype", "fp8"});
+  EXPECT_EQ(r.code, 2);
+
+  // The reference prints hidden states for ids given on the command line.
+  const auto [code, out] = shell("cd " + quote(XLME_SOURCE_DIR) + " && " + kReferencePython +
+                                 " scripts/xlme_reference.py --model " + quote(dir / "export") +
+                                 " --ids '0 17 42 2' --ids '0 5 2'");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_TRUE(contains_all(out, {"hidden.0: shape [2, 4, 32]", "hidden.2: shape [2, 4, 32]"}));
+}
+
+}  // namespace
+}  // namespace xlme::export_

@@ -1,0 +1,154 @@
+// safetensors: a round trip of every dtype, a file checked byte by byte against the format's
+// specification, and every malformed file refused with a message naming the file and the fault.
+#include "xlme/export/safetensors.h"
+
+#include "test_util.h"
+
+#include <torch/torch.h>
+
+namespace xlme::export_ {
+namespace {
+
+using xlme::testing::contains_all;
+using xlme::testing::error_message;
+using xlme::testing::read_file;
+using xlme::testing::TempDir;
+using xlme::testing::write_file;
+
+// 8-byte little-endian size, then the header as given (no padding added), then the data.
+std::string raw_safetensors(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return out + header + data;
+}
+
+std::string parse_error(const std::string& bytes) {
+  return error_message([&] { parse_safetensors(bytes, "m.safetensors"); });
+}
+
+TEST(Safetensors, RoundTripsEveryDtypeShapeAndMetadata) {
+  torch::manual_seed(0);
+  SafetensorsContent content;
+  const auto values = torch::randn({3, 5}) * 100;
+  content.tensors["f64"] = values.to(torch::kFloat64);
+  content.tensors["f32"] = values;
+  content.tensors["f16"] = values.to(torch::kFloat16);
+  content.tensors["bf16"] = values.to(torch::kBFloat16);
+  content.tensors["i64"] = torch::randint(-(int64_t{1} << 40), int64_t{1} << 40, {4}, torch::kLong);
+  content.tensors["i32"] = torch::randint(-100000, 100000, {2, 2, 2}, torch::kInt32);
+  content.tensors["i16"] = torch::randint(-30000, 30000, {7}, torch::kInt16);
+  content.tensors["i8"] = torch::randint(-128, 127, {7}, torch::kInt8);
+  content.tensors["u8"] = torch::randint(0, 255, {9}, torch::kUInt8);
+  content.tensors["bool"] = torch::rand({3, 3}) > 0.5;
+  content.tensors["scalar"] = torch::tensor(2.5);
+  content.tensors["empty"] = torch::zeros({0, 3});
+  content.tensors["transposed"] = values.t();  // not contiguous
+  content.metadata = {{"format", "pt"}, {"note", "quotes \" and\nnewlines"}};
+
+  TempDir dir;
+  write_safetensors(dir / "all.safetensors", content);
+  EXPECT_EQ(read_file(dir / "all.safetensors"), safetensors_bytes(content));
+  const auto back = read_safetensors(dir / "all.safetensors");
+  EXPECT_EQ(back.metadata, content.metadata);
+  ASSERT_EQ(back.tensors.size(), content.tensors.size());
+  for (const auto& [name, tensor] : content.tensors) {
+    SCOPED_TRACE(name);
+    const auto& read = back.tensors.at(name);
+    EXPECT_EQ(read.scalar_type(), tensor.scalar_type());
+    EXPECT_EQ(read.sizes(), tensor.sizes());
+    EXPECT_TRUE(torch::equal(read, tensor));
+  }
+  // Nothing but the file is left beside it.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 1);
+}
+
+TEST(Safetensors, WritesTheSpecifiedBytes) {
+  SafetensorsContent content;
+  content.tensors["b"] = torch::tensor({1, -2}, torch::kInt32);
+  content.tensors["a"] = torch::tensor({1.5f});
+  content.metadata = {{"k", "v"}};
+  // 133 bytes of JSON + 3 spaces = 136, a multiple of 8; tensors in name order: a then b.
+  const std::string header =
+      R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+      R"("b":{"dtype":"I32","shape":[2],"data_offsets":[4,12]}}   )";
+  const std::string expected = std::string("\x88\0\0\0\0\0\0\0", 8) + header +
+                               std::string("\x00\x00\xc0\x3f", 4) +  // 1.5f
+                               std::string("\x01\x00\x00\x00", 4) +  // 1
+                               std::string("\xfe\xff\xff\xff", 4);   // -2
+  EXPECT_EQ(safetensors_bytes(content), expected);
+}
+
+TEST(Safetensors, RefusesMalformedFilesSayingWhatIsWrong) {
+  const std::string f32x2 = std::string(8, '\0');
+  EXPECT_TRUE(
+      contains_all(parse_error("abc"),
+                   {"'m.safetensors' is 3 bytes long, shorter than its 8-byte header size"}));
+  EXPECT_TRUE(contains_all(parse_error(std::string("\x64\0\0\0\0\0\0\0", 8) + "0123456789"),
+                           {"'m.safetensors' announces a 100-byte header but the file has only 10 "
+                            "bytes"}));
+  EXPECT_TRUE(contains_all(parse_error(raw_safetensors("{\"a\": ", "")),
+                           {"'m.safetensors': the header is not valid JSON"}));
+  EXPECT_TRUE(
+      contains_all(parse_error(raw_safetensors(
+                       R"({"a":{"dtype":"F8","shape":[2],"data_offsets":[0,2]}})", "xx")),
+                   {"tensor 'a' has the unknown dtype \"F8\"; known: F64, F32, F16, BF16"}));
+  EXPECT_TRUE(contains_all(
+      parse_error(
+          raw_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", "xxxx")),
+      {"tensor 'a' (F32 of shape [2]) needs 8 bytes but its data_offsets [0, 4] span 4"}));
+  EXPECT_TRUE(contains_all(
+      parse_error(
+          raw_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", f32x2)),
+      {"data_offsets of tensor 'a' must be [begin, end] with 0 <= begin <= end, got [8,0]"}));
+  EXPECT_TRUE(
+      contains_all(parse_error(raw_safetensors(
+                       R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", f32x2)),
+                   {"the shape of tensor 'a' holds -2, not a size"}));
+  EXPECT_TRUE(contains_all(
+      parse_error(raw_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                  R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                                  std::string(12, '\0'))),
+      {"tensors 'a' and 'b' overlap (bytes [0, 8) and [4, 12) of the data)"}));
+  EXPECT_TRUE(contains_all(
+      parse_error(raw_safetensors(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                  R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                                  std::string(12, '\0'))),
+      {"bytes [4, 8) of the data belong to no tensor (before 'b')"}));
+  EXPECT_TRUE(contains_all(
+      parse_error(raw_safetensors(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                                  std::string(12, '\0'))),
+      {"the data region has 12 bytes but the tensors cover only 4; 8 bytes at the end belong to "
+       "no tensor"}));
+  EXPECT_TRUE(contains_all(parse_error(raw_safetensors(R"({"__metadata__":{"k":1}})", "")),
+                           {"__metadata__ value of 'k' is 1, not a string"}));
+  EXPECT_TRUE(contains_all(parse_error(raw_safetensors(R"([1, 2])", "")),
+                           {"the header is not a JSON object"}));
+
+  // A file cut short names the file and the shortfall.
+  SafetensorsContent content;
+  content.tensors["a"] = torch::zeros({3});
+  TempDir dir;
+  const std::string whole = safetensors_bytes(content);
+  write_file(dir / "cut.safetensors", whole.substr(0, whole.size() - 4));
+  EXPECT_TRUE(contains_all(error_message([&] { read_safetensors(dir / "cut.safetensors"); }),
+                           {"safetensors file '" + (dir / "cut.safetensors") +
+                                "' is truncated: its tensors need 12 bytes of data but the file "
+                                "holds 8",
+                            "re-export"}));
+  EXPECT_TRUE(contains_all(error_message([&] { read_safetensors(dir / "none.safetensors"); }),
+                           {"'" + (dir / "none.safetensors") + "' not found"}));
+}
+
+TEST(Safetensors, RefusesUnsupportedDtypesAndNames) {
+  SafetensorsContent content;
+  content.tensors["c"] = torch::zeros({2}, torch::kComplexFloat);
+  EXPECT_TRUE(contains_all(error_message([&] { safetensors_bytes(content); }),
+                           {"tensor 'c' has dtype ComplexFloat", "F64, F32"}));
+  content.tensors.clear();
+  content.tensors["__metadata__"] = torch::zeros({2});
+  EXPECT_TRUE(contains_all(error_message([&] { safetensors_bytes(content); }),
+                           {"cannot be named '__metadata__'"}));
+}
+
+}  // namespace
+}  // namespace xlme::export_
