@@ -4,9 +4,10 @@
     scripts/plot_metrics.py RUN_DIR [--out DIR]
 
 Each line of RUN_DIR/metrics.jsonl is a JSON object with a "step", an optional "kind" ("train",
-"valid", ...) and numeric metrics. Metrics named "<group>/<name>" share one figure per group
+"validation") and numeric metrics. Metrics named "<group>/<name>" share one figure per group
 (loss/mlm, loss/tlm, ... -> loss.png); other metrics get a figure each (lr.png, grad_norm.png).
-Each kind is its own series. The PNG paths are printed, one per line. Uses Debian's
+Each kind is its own series, so validation losses and accuracies lie on the training curves'
+figures; the retrieval probe's accuracy@1 (per pair and direction, and the mean) is retrieval.png. The PNG paths are printed, one per line. Uses Debian's
 python3-matplotlib (scripts/setup.sh installs it).
 """
 import argparse
@@ -33,7 +34,7 @@ def read_metrics(path):
                 sys.exit(f"{path}:{number}: expected a JSON object with a \"step\"")
             kind = record.get("kind", "train")
             for key, value in record.items():
-                if key in ("step", "kind") or isinstance(value, (str, bool)):
+                if key in ("step", "kind", "probe_layer") or isinstance(value, (str, bool)):
                     continue
                 if value is None or (isinstance(value, float) and not math.isfinite(value)):
                     continue

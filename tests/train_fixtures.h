@@ -1,7 +1,10 @@
 // A tiny trainer set-up shared by the trainer's unit and multi-process tests.
 #pragma once
 
+#include "xlme/data/spm_trainer.h"
 #include "xlme/train/trainer.h"
+
+#include "test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -45,6 +48,45 @@ inline void expect_same_parameters(model::ElectraModel& a, model::ElectraModel& 
       EXPECT_TRUE(torch::allclose(item.value(), other, /*rtol=*/1e-4, atol)) << item.key();
     }
   }
+}
+
+// Held-out translation pairs en-de and en-fr in `dir` (`<dir>/en-<x>.{en,<x>}`, `lines` pairs
+// each, distinct sentences) whose "translations" are the English words with an affix, and a
+// SentencePiece model trained on them at `<dir>/spm.model` (<mask> included: 120 ids).
+inline void write_heldout_and_tokenizer(const std::string& dir, int lines) {
+  unsigned state = 5;
+  auto next = [&state] { return (state = state * 1103515245u + 12345u) >> 16; };
+  const std::vector<std::string> words = {"house", "river", "green", "small", "water", "city",
+                                          "over",  "under", "light", "stone", "tree",  "bird"};
+  std::string en, de, fr;
+  for (int line = 0; line < lines; ++line) {
+    const int n = 3 + line % 5;
+    for (int w = 0; w < n; ++w) {
+      const std::string& word = words[next() % words.size()];
+      const char* sep = w ? " " : "";
+      en += sep + word;
+      de += sep + word + "en";
+      fr += sep + ("le" + word);
+    }
+    const std::string tag = " n" + std::to_string(line);  // keeps every sentence distinct
+    en += tag + "\n";
+    de += tag + "\n";
+    fr += tag + "\n";
+  }
+  write_file(dir + "/en-de.en", en);
+  write_file(dir + "/en-de.de", de);
+  write_file(dir + "/en-fr.en", en);
+  write_file(dir + "/en-fr.fr", fr);
+  write_file(dir + "/spm_corpus/mono/en.txt", en);
+  write_file(dir + "/spm_corpus/mono/de.txt", de);
+  write_file(dir + "/spm_corpus/mono/fr.txt", fr);
+  data::SpmTrainingOptions options;
+  options.corpus_dir = dir + "/spm_corpus";
+  options.out_model = dir + "/spm.model";
+  options.spm.vocab_size = 120;
+  options.spm.character_coverage = 1.0;
+  options.spm.max_sentences = 10000;
+  data::train_sentencepiece(options);
 }
 
 }  // namespace xlme::testing

@@ -166,6 +166,11 @@ void validate(const Config& c, const Origins& o) {
   XLME_CHECK(c.train.warmup_steps <= c.train.steps,
              "train.warmup_steps ({}, {}) exceeds train.steps ({}, {})", c.train.warmup_steps,
              origin_of(o, "train.warmup_steps"), c.train.steps, origin_of(o, "train.steps"));
+  XLME_CHECK(c.train.probe_layer <= m.layers,
+             "train.probe_layer ({}, {}) exceeds model.layers ({}, {}); use 0..{} or -1 (= "
+             "model.layers / 2)",
+             c.train.probe_layer, origin_of(o, "train.probe_layer"), m.layers,
+             origin_of(o, "model.layers"), m.layers);
   XLME_CHECK(c.finetune.max_len <= m.max_positions,
              "finetune.max_len ({}, {}) exceeds model.max_positions ({}, {})", c.finetune.max_len,
              origin_of(o, "finetune.max_len"), m.max_positions,

@@ -51,10 +51,13 @@ torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, con
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   auto scores = torch::matmul(q * scale, k.transpose(-2, -1));  // [B, H, T, T]
   if (bias.table.defined()) {
+    // Under bf16 autocast the scores are bf16 and the fp32 bias must match them: in-place CPU
+    // kernels do not mix dtypes (a no-op in fp32).
+    const auto dtype = scores.scalar_type();
     if (bias.gate_u.defined()) {
-      scores.addcmul_(gate_factor(q, bias), bias.table);  // [B,H,T,1] x [H,T,T]
+      scores.addcmul_(gate_factor(q, bias).to(dtype), bias.table.to(dtype));  // [B,H,T,1] x [H,T,T]
     } else {
-      scores.add_(bias.table);
+      scores.add_(bias.table.to(dtype));
     }
   }
   if (padding.defined()) scores.add_(padding_bias(padding, scores.options()));

@@ -40,6 +40,20 @@ Term discriminator_term(const std::string& name, double weight, const torch::Ten
   return term;
 }
 
+bool is_generator_term(const std::string& name) {
+  return name == "mlm" || name == "tlm";
+}
+
+int64_t term_count(const std::string& name, const data::Batch& batch) {
+  return is_generator_term(name) ? batch.masked.sum().item<int64_t>()
+                                 : batch.padding.logical_not().sum().item<int64_t>();
+}
+
+std::vector<std::string> statistic_names(const std::string& name) {
+  if (is_generator_term(name)) return {"correct"};
+  return {"correct", "predicted_positive", "replaced", "true_positive"};
+}
+
 Objectives::Objectives(const config::ObjectivesConfig& config)
     : set_(config.set), rtd_weight_(config.rtd_weight) {
   model::architecture_for(set_);  // rejects an unknown set with the list of valid ones
@@ -58,7 +72,7 @@ std::vector<std::string> Objectives::term_names(data::Task task) const {
 std::vector<Term> Objectives::compute(const model::ModelOutput& output, data::Task task) const {
   std::vector<Term> terms;
   for (const auto& name : term_names(task)) {
-    if (name == "mlm" || name == "tlm") {
+    if (is_generator_term(name)) {
       terms.push_back(generator_term(name, output.generator_logits, output.generator_targets));
     } else {
       XLME_CHECK(output.discriminator_logits.defined(),

@@ -3,24 +3,13 @@
 #include "xlme/common/error.h"
 #include "xlme/dist/communicator.h"
 #include "xlme/train/metrics.h"
+#include "xlme/train/performance.h"
 #include "xlme/train/trainer.h"
 
 #include <spdlog/spdlog.h>
-#include <fstream>
+#include <cmath>
 
 namespace xlme::train {
-namespace {
-
-// Peak resident set size of this process in MiB (VmHWM), or -1 where /proc does not tell.
-double peak_memory_mib() {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  }
-  return -1;
-}
-
-}  // namespace
 
 std::string run_benchmark(const config::Config& config, int64_t steps) {
   XLME_CHECK(steps >= 1, "--benchmark needs at least 1 step, got {}", steps);
@@ -53,6 +42,7 @@ std::string run_benchmark(const config::Config& config, int64_t steps) {
   const double total =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
+  const auto mfu = model_flops_utilization(config, trainer.device(), tokens / total);
   MetricsRecord out;
   out.add("benchmark", std::string("xlme-pretrain"))
       .add("steps", steps)
@@ -65,8 +55,11 @@ std::string run_benchmark(const config::Config& config, int64_t steps) {
       .add("micro_batches_per_task", trainer.micro_batches_per_task())
       .add("ranks", static_cast<int64_t>(comm->world_size()))
       .add("parameters", parameters)
-      .add("peak_memory_mib", peak_memory_mib())
-      .add("device", config.run.device);
+      .add("precision", std::string(trainer.bf16() ? "bf16" : "fp32"))
+      .add("flops_per_token", step_flops_per_token(config))
+      .add("mfu", mfu ? *mfu : std::nan(""))
+      .add("peak_memory_mib", peak_memory_mib(trainer.device()))
+      .add("device", device_name(trainer.device()));
   return out.to_json();
 }
 

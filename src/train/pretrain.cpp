@@ -5,14 +5,18 @@
 #include "xlme/data/batches.h"
 #include "xlme/data/tokenizer.h"
 #include "xlme/train/checkpoint.h"
+#include "xlme/train/init.h"
 #include "xlme/train/metrics.h"
+#include "xlme/train/performance.h"
 #include "xlme/train/signals.h"
 #include "xlme/train/trainer.h"
 
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <optional>
 
 namespace xlme::train {
 namespace {
@@ -48,23 +52,33 @@ class IntervalSums {
   std::map<std::string, objectives::Term> sums_;
 };
 
+// What the log line and the metrics report about speed and memory.
+struct Throughput {
+  double tokens_per_second = 0;
+  std::optional<double> mfu;  // GPU with a known peak only
+  double peak_memory_mib = 0;
+};
+
 // "step 100/1000 | lr 5.0e-04 | loss 12.31 | mlm 7.12 acc 0.051 | mrtd 0.421 acc 0.80 f1 0.12
-//  | gnorm 1.23 | 12.4k tok/s"
+//  | gnorm 1.23 | 12.4k tok/s | mfu 41.2% | mem 812 MiB"
 // Losses, accuracies and F1 are the interval's (`terms`); lr, loss and gnorm the step's.
 std::string log_line(const StepRecord& r, const Summaries& terms, int64_t total_steps,
-                     double tokens_per_second) {
+                     const Throughput& speed) {
   std::string line =
       fmt::format("step {}/{} | lr {:.2e} | loss {:.4g}", r.step, total_steps, r.lr, r.loss);
   for (const auto& [name, s] : terms) {
     line += fmt::format(" | {} {:.4g} acc {:.3f}", name, s.at("loss"), s.at("accuracy"));
     if (s.count("f1")) line += fmt::format(" f1 {:.3f}", s.at("f1"));
   }
-  line += fmt::format(" | gnorm {:.3g} | {:.1f}k tok/s", r.grad_norm, tokens_per_second / 1000);
+  line +=
+      fmt::format(" | gnorm {:.3g} | {:.1f}k tok/s", r.grad_norm, speed.tokens_per_second / 1000);
+  if (speed.mfu) line += fmt::format(" | mfu {:.1f}%", 100 * *speed.mfu);
+  line += fmt::format(" | mem {:.0f} MiB", speed.peak_memory_mib);
   if (r.skipped) line += " | SKIPPED (non-finite)";
   return line;
 }
 
-MetricsRecord metrics_of(const StepRecord& r, const Summaries& terms, double tokens_per_second,
+MetricsRecord metrics_of(const StepRecord& r, const Summaries& terms, const Throughput& speed,
                          int64_t tokens_seen) {
   MetricsRecord m;
   m.add("step", r.step).add("kind", std::string("train")).add("lr", r.lr).add("total_loss", r.loss);
@@ -73,10 +87,48 @@ MetricsRecord metrics_of(const StepRecord& r, const Summaries& terms, double tok
     if (s.count("f1")) m.add("f1/" + name, s.at("f1"));
   }
   m.add("grad_norm", r.grad_norm)
-      .add("tokens_per_s", tokens_per_second)
+      .add("tokens_per_s", speed.tokens_per_second)
+      .add("mfu", speed.mfu ? *speed.mfu : std::nan(""))
+      .add("peak_memory_mib", speed.peak_memory_mib)
       .add("tokens_seen", tokens_seen)
       .add("skipped", static_cast<int64_t>(r.skipped));
   return m;
+}
+
+// "validation step 100 | mlm 5.1 acc 0.21 | mrtd 0.31 acc 0.89 f1 0.23 | ... | retrieval@1
+//  layer 1: 0.052 (en->x 0.048, x->en 0.056) | 1.9 s"
+std::string validation_line(const ValidationResult& v) {
+  std::string line = fmt::format("validation step {}", v.step);
+  for (const auto& [name, s] : v.terms) {
+    line += fmt::format(" | {} {:.4g} acc {:.3f}", name, s.at("loss"), s.at("accuracy"));
+    if (s.count("f1")) line += fmt::format(" f1 {:.3f}", s.at("f1"));
+  }
+  if (!v.retrieval.empty()) {
+    line += fmt::format(" | retrieval@1 layer {}: {:.3f} ({} pairs; a->b {:.3f}, b->a {:.3f})",
+                        v.probe_layer, v.retrieval_mean.mean, v.retrieval.size(),
+                        v.retrieval_mean.a_to_b, v.retrieval_mean.b_to_a);
+  }
+  return line + fmt::format(" | {:.1f} s", v.seconds);
+}
+
+MetricsRecord validation_metrics(const ValidationResult& v) {
+  MetricsRecord m;
+  m.add("step", v.step).add("kind", std::string("validation"));
+  for (const auto& [name, s] : v.terms) {
+    m.add("loss/" + name, s.at("loss")).add("accuracy/" + name, s.at("accuracy"));
+    if (s.count("f1")) m.add("f1/" + name, s.at("f1"));
+  }
+  if (!v.retrieval.empty()) {
+    m.add("probe_layer", v.probe_layer)
+        .add("retrieval/mean", v.retrieval_mean.mean)
+        .add("retrieval/a_to_b", v.retrieval_mean.a_to_b)
+        .add("retrieval/b_to_a", v.retrieval_mean.b_to_a);
+    for (const auto& [pair, r] : v.retrieval) {
+      m.add("retrieval/" + pair + "/a_to_b", r.a_to_b)
+          .add("retrieval/" + pair + "/b_to_a", r.b_to_a);
+    }
+  }
+  return m.add("seconds", v.seconds);
 }
 
 // Rank 0 picks the checkpoint to resume from; every rank gets its step (-1: none).
@@ -101,7 +153,8 @@ std::string resume_path(const PretrainOptions& options, const CheckpointManager&
 }  // namespace
 
 int pretrain(const config::Config& config, const PretrainOptions& options,
-             data::BatchSource& source, std::shared_ptr<dist::Communicator> comm) {
+             data::BatchSource& source, std::shared_ptr<dist::Communicator> comm,
+             const Validator* validator) {
   install_stop_signal_handlers();
   const bool leader = comm->rank() == 0;
   const CheckpointManager manager((fs::path(config.run.out_dir) / "checkpoints").string(),
@@ -111,40 +164,84 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
 
   torch::manual_seed(config.run.seed);
   model::ElectraModel model(config.model, model::architecture_for(config.objectives.set));
+  const std::string resume = resume_path(options, manager, *comm);
+  if (resume.empty() && !options.init_from.empty()) {
+    // Every rank loads the same weights (the trainer broadcasts rank 0's anyway).
+    const auto report = init_weights(model, checkpoint_weights(options.init_from),
+                                     config.train.init_parts, options.init_from);
+    spdlog::info("{}", format_report(report, options.init_from, config.train.init_parts));
+  }
   Trainer trainer(config, model, source, comm);
-  if (const std::string path = resume_path(options, manager, *comm); !path.empty()) {
-    trainer.load_checkpoint(path);
+  if (!resume.empty()) {
+    trainer.load_checkpoint(resume);
+    if (!options.init_from.empty()) {
+      spdlog::info("--init-from {} ignored: the run continues from its own checkpoint {}",
+                   options.init_from, resume);
+    }
   } else {
     spdlog::info("starting from step 0 (run.out_dir {})", config.run.out_dir);
   }
+  const auto dry_start = std::chrono::steady_clock::now();
+  trainer.dry_run();
+  spdlog::info(
+      "start-up dry run at the longest micro-batches passed in {:.1f} s ({}, peak memory "
+      "{:.0f} MiB)",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - dry_start).count(),
+      trainer.bf16() ? "bf16 autocast" : "fp32", peak_memory_mib(trainer.device()));
   std::unique_ptr<MetricsWriter> metrics;
   if (leader) {
     metrics =
         std::make_unique<MetricsWriter>((fs::path(config.run.out_dir) / "metrics.jsonl").string());
   }
+  auto validate = [&](int64_t step) {
+    ValidationResult v = validator->run(trainer.model(), *comm, trainer.device(), trainer.bf16());
+    v.step = step;
+    spdlog::info("{}", validation_line(v));
+    if (metrics) metrics->write(validation_metrics(v));
+  };
+  if (validator != nullptr && config.train.validate_at_start) validate(trainer.step());
 
   auto window_start = std::chrono::steady_clock::now();
   int64_t window_tokens = 0;
   IntervalSums interval;
   while (trainer.step() < config.train.steps) {
     const StepRecord record = trainer.train_step();
+    if (record.interrupted) {
+      // The step was abandoned on every rank: save the last finished one (unless saved already).
+      bool saved = false;
+      for (const auto& ref : manager.list()) saved = saved || ref.step == trainer.step();
+      comm->barrier();
+      if (!saved) spdlog::info("checkpoint: {}", trainer.save_checkpoint(manager));
+      spdlog::warn(
+          "stopping at step {} on a stop signal, in the middle of step {}; resume with "
+          "--resume auto (exit code {})",
+          trainer.step(), trainer.step() + 1, kExitPreempted);
+      clear_stop_signal();
+      return kExitPreempted;
+    }
     window_tokens += record.tokens;
     interval.add(record);
     const bool last = record.step == config.train.steps;
     if (record.step % config.train.log_every == 0 || record.step == 1 || last) {
       const auto now = std::chrono::steady_clock::now();
-      const double rate = window_tokens / std::chrono::duration<double>(now - window_start).count();
+      Throughput speed;
+      speed.tokens_per_second =
+          window_tokens / std::chrono::duration<double>(now - window_start).count();
+      speed.mfu = model_flops_utilization(config, trainer.device(), speed.tokens_per_second);
+      speed.peak_memory_mib = peak_memory_mib(trainer.device());
       const Summaries terms = interval.summarize_and_reset();
-      spdlog::info("{}", log_line(record, terms, config.train.steps, rate));
-      if (metrics) metrics->write(metrics_of(record, terms, rate, trainer.tokens_seen()));
+      spdlog::info("{}", log_line(record, terms, config.train.steps, speed));
+      if (metrics) metrics->write(metrics_of(record, terms, speed, trainer.tokens_seen()));
       window_start = now;
       window_tokens = 0;
     }
+    if (validator != nullptr && config.train.validate_every > 0 &&
+        (record.step % config.train.validate_every == 0 || last)) {
+      validate(record.step);
+      window_start = std::chrono::steady_clock::now();  // tokens/s is training's alone
+    }
     // Every rank learns whether any rank received a stop signal, at the same step.
-    std::vector<torch::Tensor> stop{
-        torch::tensor({stop_signal() != 0 ? 1.0 : 0.0}, torch::kFloat64)};
-    comm->all_reduce_sum(stop);
-    const bool preempted = stop[0].item<double>() > 0;
+    const bool preempted = trainer.stop_requested();
     const bool periodic = config.train.save_every > 0 && record.step % config.train.save_every == 0;
     if (periodic || last || preempted) {
       const std::string path = trainer.save_checkpoint(manager);
@@ -185,7 +282,23 @@ int run_pretraining(const config::Config& config, const PretrainOptions& options
   }
   data::ShardBatchSource source(
       data::BatchOptions::from_config(resolved, tokenizer.get(), launch.rank, launch.world_size));
-  return pretrain(resolved, options, source, comm);
+  std::unique_ptr<Validator> validator;
+  const bool wants_validation = config.train.validate_every > 0;
+  if (wants_validation && !config.data.heldout.dir.empty()) {
+    XLME_CHECK(tokenizer != nullptr,
+               "data.heldout.dir is set but data.tokenizer is empty: the held-out text needs the "
+               "tokenizer the shards were made with");
+    const auto pairs = read_heldout(config.data.heldout, *tokenizer);
+    validator = std::make_unique<Validator>(resolved, pairs, tokenizer->special_ids());
+    spdlog::info(
+        "validation on {} held-out pairs from {}: {} micro-batches, {} tokens; retrieval "
+        "probe at discriminator layer {}",
+        pairs.size(), config.data.heldout.dir, validator->micro_batches(), validator->tokens(),
+        validator->probe_layer());
+  } else if (wants_validation) {
+    spdlog::warn("no validation: data.heldout.dir is empty (e.g. data/demo/heldout/dev)");
+  }
+  return pretrain(resolved, options, source, comm, validator.get());
 }
 
 }  // namespace xlme::train

@@ -3,8 +3,13 @@
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
 #include "xlme/train/optimizer.h"
+#include "xlme/train/performance.h"
+#include "xlme/train/precision.h"
+#include "xlme/train/rng.h"
+#include "xlme/train/signals.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
 #include <spdlog/spdlog.h>
 #include <torch/cuda.h>
 #include <torch/serialize.h>
@@ -27,14 +32,6 @@ int task_index(data::Task task) {
   return task == data::Task::kMono ? 0 : 1;
 }
 
-// The count a term is normalized by, known from the batch before any forward pass: masked
-// positions for the generator terms, real tokens for the discriminator terms (the same counts
-// objectives::generator_term and discriminator_term report).
-int64_t term_count(const std::string& name, const data::Batch& batch) {
-  const bool generator = name == "mlm" || name == "tlm";
-  return generator ? batch.masked.sum().item<int64_t>() : (~batch.padding).sum().item<int64_t>();
-}
-
 // CPU, or the GPU of this process's local rank (one process per GPU, as torchrun and SLURM
 // launch them).
 torch::Device choose_device(const std::string& device, int local_rank) {
@@ -54,18 +51,6 @@ struct TermSums {
   torch::Tensor loss_sum, count;
   std::map<std::string, torch::Tensor> statistics;
 };
-
-torch::Tensor cpu_generator_state() {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.get_state();
-}
-
-void set_cpu_generator_state(const torch::Tensor& state) {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(state);
-}
 
 std::string rank_file(const std::string& folder, int rank) {
   return (fs::path(folder) / fmt::format("rank{}.pt", rank)).string();
@@ -151,11 +136,85 @@ Trainer::Trainer(const config::Config& config, model::ElectraModel model, data::
   // Enough micro-batches per task for train.tokens_per_task tokens over all ranks.
   const int64_t per_round = comm_->world_size() * config.train.micro_batch_tokens;
   micro_batches_ = (config.train.tokens_per_task + per_round - 1) / per_round;
+  bf16_ = uses_bf16(config.train.precision, device_);
+  enable_tf32(device_);
+}
+
+int64_t Trainer::parameter_count() const {
+  int64_t n = 0;
+  for (const auto& p : parameters_) n += p.numel();
+  return n;
+}
+
+bool Trainer::stop_requested() {
+  // On the backend's device (NCCL needs CUDA tensors); one tiny collective and one read.
+  std::vector<torch::Tensor> flag{
+      torch::full({1}, stop_signal() != 0 ? 1.0 : 0.0, torch::TensorOptions(torch::kFloat32))
+          .to(device_)};
+  comm_->all_reduce_sum(flag);
+  return flag[0].item<float>() > 0;
+}
+
+void Trainer::dry_run() {
+  ForkedRng fork(device_);  // dropout and sampling draw from a fork: training is unchanged
+  model_->train();
+  for (const data::Task task : kTasks) {
+    const auto names = objectives_.term_names(task);
+    if (names.empty()) continue;
+    const bool mono = task == data::Task::kMono;
+    const int64_t length = mono ? config_.data.mono.max_len : config_.data.para.max_len;
+    const int64_t rows = std::max<int64_t>(1, config_.train.micro_batch_tokens / length);
+    try {
+      SyntheticBatches synthetic(model_->special_ids(), rows, length, config_.objectives.mask_ratio,
+                                 config_.run.seed);
+      const data::Batch batch = synthetic.next(task);
+      std::map<std::string, torch::Tensor> normalizers;
+      for (const auto& name : names) {
+        normalizers[name] = torch::full(
+            {}, static_cast<double>(std::max<int64_t>(1, objectives::term_count(name, batch))),
+            torch::TensorOptions(torch::kFloat32).device(device_));
+      }
+      const auto inputs = model::ModelInputs::from(batch).to(device_);
+      torch::Tensor loss;
+      {
+        AutocastScope autocast(device_, bf16_);
+        loss = objectives::weighted_loss(objectives_.compute(model_->forward(inputs), task),
+                                         normalizers);
+      }
+      loss.backward();
+      if (device_.is_cuda()) torch::cuda::synchronize();  // asynchronous errors surface here
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      const bool memory = what.find("out of memory") != std::string::npos ||
+                          what.find("allocate") != std::string::npos ||
+                          dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
+      XLME_FAIL(
+          "start-up dry run: one {} micro-batch of {} sequences x {} tokens "
+          "(train.micro_batch_tokens "
+          "{}, data.{}.max_len {}, precision {}) on the {:.1f}M-parameter model (model.hidden_size "
+          "{}, model.layers {} + generator {}) failed on {}: {}{}",
+          mono ? "MRTD" : "TRTD", rows, length, config_.train.micro_batch_tokens,
+          mono ? "mono" : "para", length, bf16_ ? "bf16" : "fp32",
+          static_cast<double>(parameter_count()) / 1e6, config_.model.hidden_size,
+          config_.model.layers, config_.model.generator.layers, device_.str(),
+          what.substr(0, what.find('\n')),
+          memory ? "; it does not fit in memory: lower train.micro_batch_tokens (the step keeps "
+                   "train.tokens_per_task with more micro-batches) or the model size"
+                 : "");
+    }
+  }
+  // Gradients dropped, not zeroed: a parameter that no step touches must stay without one.
+  for (auto& p : parameters_) p.mutable_grad() = torch::Tensor();
 }
 
 StepRecord Trainer::train_step() {
+  XLME_CHECK(!interrupted_,
+             "train_step after an interrupted step: save the checkpoint and stop (the resumed run "
+             "repeats the step)");
   model_->train();
   StepRecord record;
+  reader_before_step_ = source_.state();
+  rng_before_step_ = cpu_generator_state();
   auto mark = std::chrono::steady_clock::now();
   // Adds the time since the last call to `phase`.
   auto lap = [&](const char* phase) {
@@ -180,7 +239,7 @@ StepRecord Trainer::train_step() {
     const auto task_terms = objectives_.term_names(batch.task);
     for (std::size_t n = 0; n < names.size(); ++n) {
       if (std::find(task_terms.begin(), task_terms.end(), names[n]) != task_terms.end()) {
-        counts[n] += static_cast<double>(term_count(names[n], batch));
+        counts[n] += static_cast<double>(objectives::term_count(names[n], batch));
       }
     }
     counts.back() += static_cast<double>(batch.real_tokens);
@@ -194,16 +253,29 @@ StepRecord Trainer::train_step() {
     normalizers[names[n]] = reduced_counts[0][n].clamp_min(1.0).to(torch::kFloat32);
   }
 
-  // 2. Forward and backward, one micro-batch at a time; the sums stay on the device.
+  // 2. Forward and backward, one micro-batch at a time; the sums stay on the device. After each,
+  // the ranks agree on stop signals: a preempted run gives up the step within one micro-batch.
   std::map<std::string, TermSums> sums;
   for (const auto& batch : batches) {
     const auto inputs = model::ModelInputs::from(batch).to(device_);
-    const auto output = model_->forward(inputs);
-    const auto terms = objectives_.compute(output, batch.task);
-    const auto loss = objectives::weighted_loss(terms, normalizers);
+    std::vector<objectives::Term> terms;
+    torch::Tensor loss;
+    {
+      AutocastScope autocast(device_, bf16_);
+      terms = objectives_.compute(model_->forward(inputs), batch.task);
+      loss = objectives::weighted_loss(terms, normalizers);
+    }
     lap("forward");
     loss.backward();
     lap("backward");
+    if (stop_requested()) {
+      lap("communication");
+      for (auto& p : parameters_) p.mutable_grad() = torch::Tensor();
+      interrupted_ = true;
+      record.interrupted = true;
+      record.step = step_;
+      return record;
+    }
     for (const auto& term : terms) {
       TermSums& acc = sums[term.name];
       acc.weight = term.weight;
@@ -293,8 +365,8 @@ std::string Trainer::save_checkpoint(const CheckpointManager& manager) {
   comm_->barrier();
   {
     torch::serialize::OutputArchive archive;
-    archive.write("reader", c10::IValue(source_.state()));
-    archive.write("rng_cpu", cpu_generator_state());
+    archive.write("reader", c10::IValue(interrupted_ ? reader_before_step_ : source_.state()));
+    archive.write("rng_cpu", interrupted_ ? rng_before_step_ : cpu_generator_state());
     archive.save_to(rank_file(folder, rank));
   }
   comm_->barrier();

@@ -57,6 +57,29 @@ TEST(DiscriminatorTerm, HandComputedWithPadding) {
   EXPECT_NEAR(s.at("replaced_fraction"), 1.0 / 3, 1e-12);
 }
 
+TEST(Objectives, TermCountsAndStatisticNamesMatchTheTerms) {
+  data::Batch batch;
+  batch.masked = torch::tensor({false, true, true, false, false, true}).view({2, 3});
+  batch.padding = torch::tensor({false, false, false, false, true, true}).view({2, 3});
+  EXPECT_EQ(term_count("mlm", batch), 3);
+  EXPECT_EQ(term_count("tlm", batch), 3);
+  EXPECT_EQ(term_count("mrtd", batch), 4);
+  EXPECT_EQ(term_count("trtd", batch), 4);
+  // The counts the terms themselves report for the same positions.
+  const auto logits = torch::zeros({2, 3});
+  const auto disc = discriminator_term("mrtd", 1.0, logits, batch.masked, batch.padding);
+  EXPECT_EQ(disc.count.item<int64_t>(), term_count("mrtd", batch));
+  const auto gen = generator_term("mlm", torch::zeros({3, 5}), torch::zeros({3}, torch::kLong));
+  EXPECT_EQ(gen.count.item<int64_t>(), term_count("mlm", batch));
+  for (const auto& term : {disc, gen}) {
+    Strings keys;
+    for (const auto& [key, value] : term.statistics) keys.push_back(key);
+    EXPECT_EQ(keys, statistic_names(term.name)) << term.name;
+  }
+  EXPECT_TRUE(is_generator_term("tlm"));
+  EXPECT_FALSE(is_generator_term("trtd"));
+}
+
 TEST(Objectives, SetsAndTheirTerms) {
   config::ObjectivesConfig c;
   auto terms = [&](const std::string& set, data::Task task) {

@@ -65,13 +65,13 @@ TEST(Pretrain, StoppedAndResumedRunEndsLikeTheUninterruptedOne) {
       {"{\"step\": 1, \"kind\": \"train\"", "\"loss/mlm\": ", "\"f1/mrtd\": ", "{\"step\": 6, "}));
 
   const auto stopped = run_config(dir / "stopped", 2);
-  // 2 micro-batches (mono + para) per step: the 5th read is in step 3.
+  // 2 micro-batches (mono + para) per step: the 5th read is in step 3, which is given up after
+  // its first micro-batch; step 2's periodic checkpoint is the one to resume from.
   SignallingBatches signalled(stopped, 5);
   ASSERT_EQ(pretrain(stopped, {"auto"}, signalled, xlme::testing::single_process()),
             kExitPreempted);
   EXPECT_TRUE(fs::exists(dir / "stopped/checkpoints/step_00000002"));
-  EXPECT_TRUE(fs::exists(dir / "stopped/checkpoints/step_00000003"));
-  EXPECT_FALSE(fs::exists(dir / "stopped/checkpoints/step_00000004"));
+  EXPECT_FALSE(fs::exists(dir / "stopped/checkpoints/step_00000003"));
 
   torch::manual_seed(12345);  // a new process: other random state
   SignallingBatches resumed(stopped, -1);
@@ -88,10 +88,10 @@ TEST(Pretrain, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   ASSERT_EQ(pretrain(straight, {"auto"}, never, xlme::testing::single_process()), kExitOk);
 
   const auto stopped = run_config(dir / "stopped", 2);
-  SignallingBatches signalled(stopped, 7);  // stops after step 4, which is also a periodic save
+  SignallingBatches signalled(stopped, 7);  // gives up step 4: saves step 3 (2 is periodic)
   ASSERT_EQ(pretrain(stopped, {"auto"}, signalled, xlme::testing::single_process()),
             kExitPreempted);
-  fs::resize_file(dir / "stopped/checkpoints/step_00000004/model.pt", 100);  // truncated
+  fs::resize_file(dir / "stopped/checkpoints/step_00000003/model.pt", 100);  // truncated
   SignallingBatches resumed(stopped, -1);
   ASSERT_EQ(pretrain(stopped, {"auto"}, resumed, xlme::testing::single_process()), kExitOk);
   auto a = final_model(straight);

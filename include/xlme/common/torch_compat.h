@@ -5,6 +5,7 @@
 #include "xlme/common/error.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
 // True when the LibTorch being compiled against is at least major.minor.
@@ -35,8 +36,42 @@ inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Te
 #endif
 }
 
+inline bool autocast_enabled(at::DeviceType device) {
+#if XLME_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(device);
+#else
+  return device == at::kCUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+#endif
+}
+
+inline at::ScalarType autocast_dtype(at::DeviceType device) {
+#if XLME_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(device);
+#else
+  return device == at::kCUDA ? at::autocast::get_autocast_gpu_dtype()
+                             : at::autocast::get_autocast_cpu_dtype();
+#endif
+}
+
 // "1.13.0"
 constexpr const char* kTorchVersion = TORCH_VERSION;
+
+// Autocast on `device` (kCPU or kCUDA) to `dtype`, or off. LibTorch 2.4 replaced the per-device
+// functions (set_enabled = CUDA, set_cpu_enabled) by ones taking the device type.
+inline void set_autocast(at::DeviceType device, bool enabled, at::ScalarType dtype) {
+#if XLME_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(device, enabled);
+  at::autocast::set_autocast_dtype(device, dtype);
+#else
+  if (device == at::kCUDA) {
+    at::autocast::set_enabled(enabled);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    at::autocast::set_cpu_enabled(enabled);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
+#endif
+}
 
 }  // namespace xlme::compat
 

@@ -200,6 +200,26 @@ struct TaskDataConfig {
   }
 };
 
+// Held-out translation pairs for validation during pre-training (DESIGN section 4): the demo
+// corpus writes them to heldout/{dev,test}/en-<lang>.{en,<lang>}, split off by a hash of the
+// English message so that they never enter mono/ or para/. Each pair's two sides are also the
+// held-out monolingual text of their languages.
+struct HeldoutConfig {
+  std::string dir;
+  std::vector<std::string> pairs;
+  int64_t max_pairs = 200;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("dir", dir,
+            "folder of held-out pairs <a>-<b>.<a> / <a>-<b>.<b> (line-aligned), e.g. "
+            "data/demo/heldout/dev; empty = no validation");
+    v.field("pairs", pairs, "pairs such as en-de to validate on; empty = every pair in dir");
+    v.field("max_pairs", max_pairs, IntRange{2, 1000000},
+            "first lines of each pair used (MRTD, TRTD and the retrieval probe)");
+  }
+};
+
 // From raw text to batches (DESIGN section 4).
 struct DataConfig {
   std::string tokenizer;
@@ -212,6 +232,7 @@ struct DataConfig {
   int64_t bucket_pool = 8192;
   int64_t loader_threads = 2;
   int64_t prefetch = 8;
+  HeldoutConfig heldout;
   TokenizerTrainingConfig spm;
 
   template <class V>
@@ -235,6 +256,7 @@ struct DataConfig {
     v.field("loader_threads", loader_threads, IntRange{1, 256},
             "background threads that build batches");
     v.field("prefetch", prefetch, IntRange{1, 4096}, "batches built ahead of the training step");
+    v.section("heldout", heldout, "held-out translation pairs for validation in pre-training");
     v.section("spm", spm, "SentencePiece training (xlme-data train-spm)");
   }
 };
@@ -254,6 +276,9 @@ struct TrainConfig {
   std::string precision = "auto";
   int64_t log_every = 100;
   int64_t validate_every = 5000;
+  bool validate_at_start = true;
+  int64_t probe_layer = -1;
+  std::string init_parts = "all";
   int64_t save_every = 5000;
   int64_t keep_last = 3;
   int64_t keep_every = 0;
@@ -280,7 +305,16 @@ struct TrainConfig {
             "auto = bf16 autocast on CUDA, fp32 on CPU");
     v.field("log_every", log_every, IntRange{1, kNoLimit}, "steps between log lines");
     v.field("validate_every", validate_every, IntRange{0, kNoLimit},
-            "steps between validations; 0 = never");
+            "steps between validations on data.heldout; 0 = never");
+    v.field("validate_at_start", validate_at_start,
+            "also validate before the first step of a run (and of a resumed run), so that curves "
+            "have a starting point");
+    v.field("probe_layer", probe_layer, IntRange{-1, 1024},
+            "discriminator layer the retrieval probe mean-pools (0 = embeddings); -1 = "
+            "model.layers / 2");
+    v.field("init_parts", init_parts, Choices{"all", "generator", "discriminator"},
+            "what --init-from loads: all weights, or the shared embeddings plus the generator "
+            "(and its head) or the discriminator (and its head)");
     v.field("save_every", save_every, IntRange{0, kNoLimit},
             "steps between checkpoints; 0 = only at the end");
     v.field("keep_last", keep_last, IntRange{1, kNoLimit}, "newest checkpoints kept");

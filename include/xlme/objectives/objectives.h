@@ -37,6 +37,18 @@ Term generator_term(const std::string& name, const torch::Tensor& logits,
 Term discriminator_term(const std::string& name, double weight, const torch::Tensor& logits,
                         const torch::Tensor& replaced, const torch::Tensor& padding);
 
+// True for the generator terms (mlm, tlm), normalized by masked positions; false for the
+// discriminator terms (mrtd, trtd), normalized by real tokens.
+bool is_generator_term(const std::string& name);
+
+// The count term `name` is normalized by in `batch` (masked positions or real tokens), known from
+// the batch before any forward pass: the Term::count that generator_term or discriminator_term
+// reports for it. Reads the host batch.
+int64_t term_count(const std::string& name, const data::Batch& batch);
+
+// The keys of Term::statistics for term `name`, in a fixed order (for flat all-reduces).
+std::vector<std::string> statistic_names(const std::string& name);
+
 // The terms an objective set computes for each task.
 class Objectives {
  public:

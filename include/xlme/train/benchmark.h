@@ -11,7 +11,8 @@ namespace xlme::train {
 // Runs 2 warm-up steps and then `steps` optimizer steps of the configured model and objectives on
 // synthetic batches of data.mono.max_len-token sequences filling train.micro_batch_tokens, and
 // returns one JSON line: tokens/s, ms per step and its split into data / forward / backward /
-// communication / optimizer, the shapes, the parameter count and the peak resident memory.
+// communication / optimizer, the shapes, the parameter count, the precision, the model FLOPs per
+// token, MFU (GPU; null on the CPU) and the peak memory (CPU: peak RSS; CUDA: peak allocated).
 std::string run_benchmark(const config::Config& config, int64_t steps);
 
 }  // namespace xlme::train

@@ -6,6 +6,7 @@
 #include "xlme/config/config.h"
 #include "xlme/data/batch.h"
 #include "xlme/dist/communicator.h"
+#include "xlme/train/validation.h"
 
 #include <memory>
 #include <string>
@@ -16,18 +17,26 @@ struct PretrainOptions {
   // "auto": the newest valid checkpoint under <run.out_dir>/checkpoints, if any (damaged ones are
   // skipped with a warning); "none": start fresh; otherwise a checkpoint folder.
   std::string resume = "auto";
+  // A pre-training checkpoint folder whose weights start a fresh run (train.init_parts says
+  // which), with a report of what matched; ignored when the run resumes from its own checkpoint.
+  std::string init_from;
 };
 
 // Trains until train.steps and returns kExitOk, or, after SIGTERM / SIGINT / SIGUSR1 on any rank,
-// saves a checkpoint at the end of the current step on every rank and returns kExitPreempted.
-// Throws xlme::Error on bad input and after train.max_bad_steps non-finite steps in a row (the
-// last good checkpoint is kept).
+// abandons the current step after the micro-batch in progress on every rank, saves a checkpoint
+// of the last finished step and returns kExitPreempted. Before the first step it runs the
+// start-up dry run (Trainer::dry_run). With a `validator`, validates every train.validate_every
+// steps, at the last step and (train.validate_at_start) before the first step. Throws
+// xlme::Error on bad input and after train.max_bad_steps non-finite steps in a row (the last good
+// checkpoint is kept).
 int pretrain(const config::Config& config, const PretrainOptions& options,
-             data::BatchSource& source, std::shared_ptr<dist::Communicator> comm);
+             data::BatchSource& source, std::shared_ptr<dist::Communicator> comm,
+             const Validator* validator = nullptr);
 
 // xlme-pretrain's job: joins the launcher's process group (dist.backend, dist.timeout_s), loads
 // the tokenizer (data.tokenizer, which also resolves model.vocab_size 0), reads batches from the
-// shards (data.shards) for this rank, and runs pretrain().
+// shards (data.shards) for this rank, reads the held-out pairs (data.heldout) when validation is
+// on, and runs pretrain().
 int run_pretraining(const config::Config& config, const PretrainOptions& options);
 
 }  // namespace xlme::train

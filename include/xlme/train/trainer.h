@@ -1,7 +1,8 @@
 // One optimizer step of XLM-E, read top to bottom (DESIGN section 6):
 //   fetch every micro-batch of the step -> all-reduce the term counts (the normalizers) ->
-//   forward + backward each micro-batch -> all-reduce gradients in buckets -> grad norm (skip the
-//   update if non-finite) -> clip -> AdamW with the scheduled lr -> one record of statistics.
+//   forward (bf16 autocast when train.precision says so) + backward each micro-batch, agreeing
+//   on stop signals after each -> all-reduce gradients in buckets -> grad norm (skip the update
+//   if non-finite) -> clip -> AdamW with the scheduled lr -> one record of statistics.
 // Losses are normalized by counts summed over every micro-batch and rank, so k micro-batches give
 // the gradient of one batch k times larger, and R ranks the gradient of the combined batch.
 #pragma once
@@ -54,7 +55,10 @@ struct StepRecord {
   double loss = 0;       // L of the step, as optimized
   double grad_norm = 0;  // before clipping
   bool skipped = false;  // non-finite loss or gradient: no update
-  int64_t tokens = 0;    // real tokens in the step, all ranks
+  // A stop signal reached some rank during the step: every rank abandoned it after the same
+  // micro-batch, nothing was updated, and step() is still the previous step.
+  bool interrupted = false;
+  int64_t tokens = 0;                                          // real tokens in the step, all ranks
   std::map<std::string, std::map<std::string, double>> terms;  // "mlm" -> {loss, accuracy, ...}
   // The sums behind `terms`, over all micro-batches and ranks (host tensors): add several steps'
   // sums and summarize them to report an interval.
@@ -71,9 +75,18 @@ class Trainer {
 
   StepRecord train_step();
 
+  // One forward + backward micro-batch of each task at its maximum length (data.<task>.max_len,
+  // train.micro_batch_tokens / max_len sequences) on synthetic tokens, so that a configuration
+  // that does not fit in memory fails at start-up with a message naming the task, the batch and
+  // the model size. Gradients are dropped and the random generators restored afterwards: the
+  // run continues exactly as without it. Every rank calls it (no collective inside).
+  void dry_run();
+
   // Every rank calls these. The checkpoint holds the model (generator, discriminator, shared
   // embeddings, heads), the optimizer, the step, the tokens seen, each rank's reader and RNG
-  // state, the resolved config and the tokenizer model (when data.tokenizer names one).
+  // state, the resolved config and the tokenizer model (when data.tokenizer names one). After an
+  // interrupted step the reader and RNG states saved are those from before that step, so that
+  // the resumed run reads and draws it again; train_step() is then no longer allowed.
   std::string save_checkpoint(const CheckpointManager& manager);
   void load_checkpoint(const std::string& path);
 
@@ -84,6 +97,12 @@ class Trainer {
   // Synchronize the device at phase boundaries so that StepRecord::seconds is exact (benchmarks).
   void set_phase_timing(bool on) { phase_timing_ = on; }
   model::ElectraModel& model() { return model_; }
+  const torch::Device& device() const { return device_; }
+  bool bf16() const { return bf16_; }
+  int64_t parameter_count() const;
+  // Whether a stop signal (SIGTERM, SIGINT, SIGUSR1) reached any rank: every rank calls it at the
+  // same point and gets the same answer (one all-reduce of a flag).
+  bool stop_requested();
 
  private:
   config::Config config_;
@@ -101,6 +120,11 @@ class Trainer {
   int64_t skipped_steps_ = 0;
   int64_t bad_in_a_row_ = 0;
   bool phase_timing_ = false;
+  bool bf16_ = false;
+  // The reader and RNG state before the current step, for a checkpoint after an interruption.
+  std::string reader_before_step_;
+  torch::Tensor rng_before_step_;
+  bool interrupted_ = false;
 };
 
 }  // namespace xlme::train

@@ -1,0 +1,44 @@
+// What the log line and --benchmark report about the machine: peak memory, the model FLOPs of a
+// trained token, and the device's peak for MFU (model FLOPs utilization, as in PaLM and llm.c).
+#pragma once
+
+#include "xlme/config/config.h"
+
+#include <torch/types.h>
+
+#include <optional>
+#include <string>
+
+namespace xlme::train {
+
+// Peak memory in MiB since the process started (CPU: peak resident set size from getrusage) or
+// since reset_peak_memory (CUDA: the caching allocator's peak of allocated bytes on `device`;
+// a CPU-only build reports -1 for a CUDA device).
+double peak_memory_mib(const torch::Device& device);
+void reset_peak_memory(const torch::Device& device);
+
+// Model FLOPs of training on one real token of a sequence of `length` tokens: 3 x the forward
+// pass (the backward pass costs about twice the forward), counting multiply-adds as 2 FLOPs:
+//   per encoder (generator and discriminator, each with its own width H, FFN F, L layers):
+//     2*E*H (factorized embedding projection, when E != H)
+//     + L * (2*4*H^2 (Q, K, V, output) + 2*2*H*F (FFN) + 2*2*length*H (scores and weighted sum))
+//   generator head at the masked share r (objectives.mask_ratio): r * 2*(H_g*E + E*V)
+//   discriminator head: 2*(H^2 + H)
+// The MLM baselines (objectives.set mlm, mlm+tlm) have one encoder with the generator-style head.
+// Embedding look-ups, softmax, LayerNorm and sampling are left out (a few percent).
+double training_flops_per_token(const config::Config& config, int64_t length);
+// The mean over the tasks of the step (MRTD at data.mono.max_len, TRTD at data.para.max_len,
+// equal token budgets): the figure MFU is computed with.
+double step_flops_per_token(const config::Config& config);
+
+// Dense bf16 peak FLOP/s of a GPU from its name: H100 (SXM) and H200 989e12, H100 PCIe 756e12,
+// A100 312e12; nullopt for other names.
+std::optional<double> peak_bf16_flops(const std::string& device_name);
+// The CUDA device's name, "cpu" for the CPU.
+std::string device_name(const torch::Device& device);
+// MFU of `tokens_per_second` on `device`; nullopt on the CPU or an unknown GPU.
+std::optional<double> model_flops_utilization(const config::Config& config,
+                                              const torch::Device& device,
+                                              double tokens_per_second);
+
+}  // namespace xlme::train

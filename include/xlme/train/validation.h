@@ -1,0 +1,85 @@
+// Periodic validation during pre-training (DESIGN sections 4 and 6), so that a run that learns
+// nothing useful is visible early:
+//   - the objective terms (MLM, MRTD, TLM, TRTD: loss, generator and discriminator accuracy,
+//     replaced-token F1) on fixed held-out micro-batches, the same every time: masking seeded
+//     once, replacement sampling re-seeded per micro-batch, eval mode (no dropout), no gradient;
+//   - the cross-lingual retrieval probe: accuracy@1 in both directions between the two sides of
+//     each held-out translation pair, from the mean-pooled states of a middle discriminator
+//     layer (train.probe_layer).
+// The held-out data is data.heldout: line-aligned pairs <a>-<b>.<a> / <a>-<b>.<b> (the demo
+// corpus's heldout/dev). The first data.heldout.max_pairs lines of each pair give its TRTD
+// sequences <s> e </s> f </s> and the probe's sentences; each language's distinct sentences over
+// all pairs, packed in order into <s> ... </s> of up to data.mono.max_len tokens, give MRTD.
+// Training's random streams are untouched (ForkedRng), so validating does not change a run.
+#pragma once
+
+#include "xlme/config/config.h"
+#include "xlme/data/batch.h"
+#include "xlme/data/tokenizer.h"
+#include "xlme/dist/communicator.h"
+#include "xlme/eval/retrieval.h"
+#include "xlme/model/electra.h"
+#include "xlme/objectives/objectives.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace xlme::train {
+
+// One held-out translation pair, tokenized (pieces, no special ids); a[i] translates b[i].
+struct HeldoutPair {
+  std::string name;  // "en-de"
+  std::string first_language, second_language;
+  std::vector<std::vector<int32_t>> a, b;
+};
+
+// Reads data.heldout (every pair in dir, or data.heldout.pairs) with `tokenizer`. Errors name the
+// folder, the pair and the file (missing, or different line counts).
+std::vector<HeldoutPair> read_heldout(const config::HeldoutConfig& heldout,
+                                      const data::Tokenizer& tokenizer);
+
+struct ValidationResult {
+  int64_t step = 0;
+  // Per term (mlm, mrtd, tlm, trtd): objectives::summarize of its sums over the held-out set.
+  std::map<std::string, std::map<std::string, double>> terms;
+  int64_t probe_layer = 0;
+  // Per pair, and their mean: rank 0 only (empty elsewhere).
+  std::map<std::string, eval::RetrievalAccuracy> retrieval;
+  eval::RetrievalAccuracy retrieval_mean;
+  double seconds = 0;
+};
+
+class Validator {
+ public:
+  // Builds the fixed micro-batches (train.micro_batch_tokens each, sorted by length) and the
+  // probe's sentences from `pairs`. The probe layer is train.probe_layer (-1: model.layers / 2).
+  Validator(const config::Config& config, const std::vector<HeldoutPair>& pairs,
+            const data::SpecialIds& special);
+
+  // Every rank calls it at the same step (it all-reduces once): rank r evaluates the micro-batches
+  // i with i % R == r, the term sums are summed over ranks, and rank 0 alone runs the probe. The
+  // model's training flag is restored.
+  ValidationResult run(model::ElectraModel& model, dist::Communicator& comm,
+                       const torch::Device& device, bool bf16) const;
+
+  int64_t micro_batches() const { return static_cast<int64_t>(batches_.size()); }
+  int64_t tokens() const;
+  int64_t probe_layer() const { return probe_layer_; }
+  const std::vector<data::Batch>& batches() const { return batches_; }
+
+ private:
+  objectives::Objectives objectives_;
+  std::vector<data::Batch> batches_;  // MRTD then TRTD, host tensors
+  struct ProbePair {
+    std::string name;
+    std::vector<std::vector<int64_t>> a, b;  // <s> pieces </s>
+  };
+  std::vector<ProbePair> probe_;
+  int64_t probe_layer_ = 0;
+  int64_t pad_ = 1;
+  uint64_t seed_ = 0;
+};
+
+}  // namespace xlme::train

@@ -1,0 +1,99 @@
+#include "xlme/train/performance.h"
+
+#include "xlme/model/electra.h"
+#include "xlme/model/encoder.h"
+
+#include <sys/resource.h>
+
+#ifdef XLME_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace xlme::train {
+namespace {
+
+double encoder_flops(const model::EncoderOptions& o, int64_t length) {
+  const auto h = static_cast<double>(o.hidden_size), f = static_cast<double>(o.ffn_size);
+  const auto e = static_cast<double>(o.embedding_size), t = static_cast<double>(length);
+  const double projection = o.embedding_size != o.hidden_size ? 2 * e * h : 0.0;
+  const double layer = 2 * 4 * h * h + 2 * 2 * h * f + 2 * 2 * t * h;
+  return projection + static_cast<double>(o.layers) * layer;
+}
+
+double lm_head_flops(const model::EncoderOptions& o, double mask_ratio) {
+  const auto h = static_cast<double>(o.hidden_size), e = static_cast<double>(o.embedding_size);
+  return mask_ratio * 2 * (h * e + e * static_cast<double>(o.vocab_size));
+}
+
+}  // namespace
+
+double peak_memory_mib(const torch::Device& device) {
+  if (device.is_cuda()) {
+#ifdef XLME_WITH_CUDA
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const auto aggregate =
+        static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE);
+    return static_cast<double>(stats.allocated_bytes[aggregate].peak) / (1 << 20);
+#else
+    return -1;
+#endif
+  }
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux: KiB
+}
+
+void reset_peak_memory(const torch::Device& device) {
+#ifdef XLME_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#else
+  (void)device;
+#endif
+}
+
+double training_flops_per_token(const config::Config& config, int64_t length) {
+  const auto disc = model::EncoderOptions::discriminator(config.model);
+  const double r = config.objectives.mask_ratio;
+  double forward = encoder_flops(disc, length);
+  if (model::architecture_for(config.objectives.set) == model::Architecture::kElectra) {
+    const auto gen = model::EncoderOptions::generator(config.model);
+    const auto h = static_cast<double>(disc.hidden_size);
+    forward += encoder_flops(gen, length) + lm_head_flops(gen, r) + 2 * (h * h + h);
+  } else {
+    forward += lm_head_flops(disc, r);
+  }
+  return 3 * forward;
+}
+
+double step_flops_per_token(const config::Config& config) {
+  const bool para = config.objectives.set == "xlme" || config.objectives.set == "mlm+tlm";
+  const double mono = training_flops_per_token(config, config.data.mono.max_len);
+  return para ? (mono + training_flops_per_token(config, config.data.para.max_len)) / 2 : mono;
+}
+
+std::optional<double> peak_bf16_flops(const std::string& name) {
+  auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  if (has("H100") && (has("PCIe") || has("PCIE"))) return 756e12;
+  if (has("H100") || has("H200") || has("GH200")) return 989e12;
+  if (has("A100")) return 312e12;
+  return std::nullopt;
+}
+
+std::string device_name(const torch::Device& device) {
+#ifdef XLME_WITH_CUDA
+  if (device.is_cuda()) return at::cuda::getDeviceProperties(device.index())->name;
+#endif
+  return device.str();
+}
+
+std::optional<double> model_flops_utilization(const config::Config& config,
+                                              const torch::Device& device,
+                                              double tokens_per_second) {
+  if (!device.is_cuda()) return std::nullopt;
+  const auto peak = peak_bf16_flops(device_name(device));
+  if (!peak) return std::nullopt;
+  return tokens_per_second * step_flops_per_token(config) / *peak;
+}
+
+}  // namespace xlme::train

@@ -1,0 +1,207 @@
+// Periodic validation: held-out pairs read and checked, fixed masked micro-batches that cover every
+// pair, results equal to a direct computation and equal run after run, and validating between
+// steps changes nothing in training.
+#include "xlme/train/validation.h"
+
+#include "xlme/train/rng.h"
+
+#include "test_util.h"
+#include "train_fixtures.h"
+
+#include <torch/torch.h>
+
+#include <set>
+#include <sstream>
+
+namespace xlme::train {
+namespace {
+
+using xlme::testing::contains_all;
+using xlme::testing::error_message;
+using xlme::testing::TempDir;
+using xlme::testing::write_file;
+
+class Validation : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    xlme::testing::write_heldout_and_tokenizer(dir_->path().string(), 40);
+    tokenizer_ = new data::Tokenizer(*dir_ / "spm.model", data::VocabLayout::kOwn);
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete dir_;
+  }
+  static config::Config config() {
+    auto c = xlme::testing::tiny_train_config(4, 1, /*dropout=*/0.1);
+    c.model.vocab_size = tokenizer_->vocab_size();
+    c.model.layers = 2;
+    c.data.heldout.dir = dir_->path().string();
+    c.data.heldout.max_pairs = 30;
+    c.data.mono.max_len = 24;
+    c.data.para.max_len = 24;
+    c.train.micro_batch_tokens = 96;
+    return c;
+  }
+  static TempDir* dir_;
+  static data::Tokenizer* tokenizer_;
+};
+TempDir* Validation::dir_ = nullptr;
+data::Tokenizer* Validation::tokenizer_ = nullptr;
+
+TEST_F(Validation, ReadsPairsAndNamesWhatIsWrong) {
+  auto c = config();
+  const auto pairs = read_heldout(c.data.heldout, *tokenizer_);
+  ASSERT_EQ(pairs.size(), 2u);
+  EXPECT_EQ(pairs[0].name, "en-de");
+  EXPECT_EQ(pairs[1].second_language, "fr");
+  EXPECT_EQ(pairs[0].a.size(), 30u);  // max_pairs of 40 lines
+  std::istringstream english(xlme::testing::read_file(*dir_ / "en-de.en"));
+  std::string line;
+  for (int i = 0; i < 4; ++i) std::getline(english, line);
+  EXPECT_EQ(pairs[0].a[3], tokenizer_->encode(line));
+  c.data.heldout.pairs = {"en-xx"};
+  EXPECT_TRUE(contains_all(error_message([&] { read_heldout(c.data.heldout, *tokenizer_); }),
+                           {"data.heldout.pairs", "en-xx", dir_->path().string()}));
+  TempDir bad;
+  write_file(bad / "en-de.en", "a\nb\n");
+  write_file(bad / "en-de.de", "a\n");
+  c.data.heldout.pairs = {};
+  c.data.heldout.dir = bad.path().string();
+  EXPECT_TRUE(contains_all(error_message([&] { read_heldout(c.data.heldout, *tokenizer_); }),
+                           {"en-de", "en-de.en has 2 lines", "en-de.de has 1", "line-aligned"}));
+}
+
+TEST_F(Validation, BatchesCoverEveryPairAndMaskOnlyPieces) {
+  const auto c = config();
+  const auto pairs = read_heldout(c.data.heldout, *tokenizer_);
+  const auto special = tokenizer_->special_ids();
+  const Validator validator(c, pairs, special);
+  const Validator again(c, pairs, special);
+  int64_t para_rows = 0, mono_pieces = 0;
+  std::set<std::vector<int32_t>> distinct;
+  for (const auto& p : pairs) {
+    for (size_t i = 0; i < p.a.size(); ++i) {
+      if (distinct.insert(p.a[i]).second) mono_pieces += static_cast<int64_t>(p.a[i].size());
+      mono_pieces += static_cast<int64_t>(p.b[i].size());  // de and fr lines are distinct
+    }
+  }
+  int64_t seen_mono_pieces = 0;
+  ASSERT_EQ(validator.micro_batches(), again.micro_batches());
+  for (int64_t i = 0; i < validator.micro_batches(); ++i) {
+    const auto& b = validator.batches()[static_cast<size_t>(i)];
+    const auto& same = again.batches()[static_cast<size_t>(i)];
+    EXPECT_TRUE(torch::equal(b.input_ids, same.input_ids));  // fixed masking
+    EXPECT_LE(b.input_ids.numel(), c.train.micro_batch_tokens);
+    const auto real = b.padding.logical_not();
+    const auto specials = (b.labels == special.bos) | (b.labels == special.eos);
+    EXPECT_FALSE((b.masked & specials).any().item<bool>());
+    EXPECT_FALSE((b.masked & b.padding).any().item<bool>());
+    EXPECT_EQ(real.sum().item<int64_t>(), b.real_tokens);
+    if (b.task == data::Task::kPara) {
+      para_rows += b.input_ids.size(0);
+    } else {
+      seen_mono_pieces += (real & ~specials).sum().item<int64_t>();
+    }
+  }
+  EXPECT_EQ(para_rows, 60);  // every pair line of both pairs, once (none is over 24 tokens)
+  EXPECT_EQ(seen_mono_pieces, mono_pieces);  // English once, de and fr, nothing cut
+  EXPECT_EQ(validator.probe_layer(), 1);     // model.layers / 2
+}
+
+TEST_F(Validation, EqualsADirectComputationAndLeavesTrainingUntouched) {
+  const auto c = config();
+  const auto pairs = read_heldout(c.data.heldout, *tokenizer_);
+  const Validator validator(c, pairs, tokenizer_->special_ids());
+  auto model = xlme::testing::make_tiny_model(c, 4);
+  auto comm = xlme::testing::single_process();
+  model->train();
+  torch::manual_seed(77);
+  const auto first = validator.run(model, *comm, torch::kCPU, false);
+  const double next_random = torch::rand({1}).item<double>();
+  torch::manual_seed(77);
+  const auto second = validator.run(model, *comm, torch::kCPU, false);
+  EXPECT_EQ(torch::rand({1}).item<double>(), next_random);  // the training stream is untouched
+  EXPECT_TRUE(model->is_training());
+  ASSERT_EQ(first.terms.size(), 4u);
+  for (const auto& [name, s] : first.terms) {
+    for (const auto& [key, value] : s)
+      EXPECT_EQ(value, second.terms.at(name).at(key)) << name << key;
+  }
+  EXPECT_EQ(first.retrieval_mean.mean, second.retrieval_mean.mean);
+
+  // The retrieval probe: the retrieval module on the pairs' wrapped sentences at layer 1.
+  eval::EmbeddingOptions options;
+  options.layers = {1};
+  for (const auto& p : pairs) {
+    std::vector<std::vector<int64_t>> a, b;
+    for (size_t i = 0; i < p.a.size(); ++i) {
+      a.push_back({0});
+      a.back().insert(a.back().end(), p.a[i].begin(), p.a[i].end());
+      a.back().push_back(2);
+      b.push_back({0});
+      b.back().insert(b.back().end(), p.b[i].begin(), p.b[i].end());
+      b.back().push_back(2);
+    }
+    const auto expected =
+        eval::retrieval_accuracy(eval::sentence_embeddings(model->discriminator, a, options)[0],
+                                 eval::sentence_embeddings(model->discriminator, b, options)[0]);
+    EXPECT_DOUBLE_EQ(first.retrieval.at(p.name).a_to_b, expected.a_to_b);
+    EXPECT_DOUBLE_EQ(first.retrieval.at(p.name).b_to_a, expected.b_to_a);
+  }
+
+  // The terms: every micro-batch forward in eval mode with its seed, sums summarized.
+  model->eval();
+  torch::NoGradGuard no_grad;
+  objectives::Objectives objectives(c.objectives);
+  std::map<std::string, objectives::Term> sums;
+  {
+    ForkedRng fork(torch::kCPU);
+    const uint64_t seed = c.run.seed * 0x5eed + 17;
+    for (size_t i = 0; i < validator.batches().size(); ++i) {
+      fork.seed(seed + i);
+      const auto& batch = validator.batches()[i];
+      for (auto& t :
+           objectives.compute(model->forward(model::ModelInputs::from(batch)), batch.task)) {
+        auto [it, fresh] = sums.try_emplace(t.name, t);
+        if (fresh) continue;
+        it->second.loss_sum = it->second.loss_sum + t.loss_sum;
+        it->second.count = it->second.count + t.count;
+        for (auto& [k, v] : t.statistics) it->second.statistics[k] = it->second.statistics[k] + v;
+      }
+    }
+  }
+  model->train();
+  for (const auto& [name, term] : sums) {
+    const auto expected = objectives::summarize(term);
+    for (const auto& [key, value] : expected) {
+      EXPECT_NEAR(first.terms.at(name).at(key), value, 1e-9 * std::max(1.0, std::abs(value)))
+          << name << " " << key;
+    }
+  }
+}
+
+TEST_F(Validation, ValidatingBetweenStepsDoesNotChangeTraining) {
+  auto c = config();
+  c.train.micro_batch_tokens = 4 * 16;
+  c.train.tokens_per_task = 4 * 16;
+  const auto pairs = read_heldout(c.data.heldout, *tokenizer_);
+  const Validator validator(c, pairs, tokenizer_->special_ids());
+  auto run = [&](bool validate) {
+    SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 5);
+    Trainer trainer(c, xlme::testing::make_tiny_model(c, 8), source,
+                    xlme::testing::single_process());
+    for (int step = 0; step < 3; ++step) {
+      if (validate)
+        validator.run(trainer.model(), *xlme::testing::single_process(), torch::kCPU, false);
+      trainer.train_step();
+    }
+    return trainer.model();
+  };
+  auto plain = run(false);
+  auto validated = run(true);
+  xlme::testing::expect_same_parameters(plain, validated, 0);
+}
+
+}  // namespace
+}  // namespace xlme::train
