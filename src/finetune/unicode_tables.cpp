@@ -4,6 +4,7 @@
 
 namespace xlme::finetune::unicode {
 
+// clang-format off
 const char* const kUnicodeVersion = "14.0.0";
 
 const CodeRange kPunctuation[] = {
@@ -723,5 +724,6 @@ const LowerEntry kLower[] = {
   {0x1e91f, 0x1e941, 0x0}, {0x1e920, 0x1e942, 0x0}, {0x1e921, 0x1e943, 0x0},
 };
 const size_t kLower_size = sizeof(kLower) / sizeof(kLower[0]);
+// clang-format on
 
 }  // namespace xlme::finetune::unicode
