@@ -103,8 +103,8 @@ std::string check_label(const std::string& label, const std::string& task, const
   return label;
 }
 
-// Appends (or, with a skipped 0-length answer, leaves) the byte offset of code point `cp` in
-// `text`; -1 when `text` has fewer code points.
+// The byte offset of code point `cp` in UTF-8 `text` (text.size() just past the end); -1 when
+// `text` has fewer code points.
 int64_t byte_offset_of_code_point(const std::string& text, int64_t cp) {
   if (cp < 0) return -1;
   int64_t seen = 0;
