@@ -126,7 +126,7 @@ bool feat_is_bert_punctuation(char32_t cp) {
       (cp >= 123 && cp <= 126)) {
     return true;
   }
-  return is_unicode_punctuation(cp);
+  return unicode::in_ranges(unicode::kPunctuation, unicode::kPunctuation_size, cp);
 }
 
 // BERT's _is_chinese_char: the CJK Unified Ideographs blocks (not Hiragana, Katakana, Hangul).
@@ -143,10 +143,12 @@ std::vector<std::u32string> feat_basic_tokenize(std::u32string_view text) {
   std::u32string cleaned;
   for (const char32_t cp : text) {
     const bool whitespace =
-        cp == U' ' || cp == U'\t' || cp == U'\n' || cp == U'\r' || is_unicode_space_separator(cp);
+        cp == U' ' || cp == U'\t' || cp == U'\n' || cp == U'\r' ||
+        unicode::in_ranges(unicode::kSpaceSeparator, unicode::kSpaceSeparator_size, cp);
     if (whitespace) {
       cleaned.push_back(U' ');
-    } else if (cp == 0 || cp == 0xfffd || is_unicode_other(cp)) {
+    } else if (cp == 0 || cp == 0xfffd ||
+               unicode::in_ranges(unicode::kOther, unicode::kOther_size, cp)) {
       continue;
     } else if (feat_is_cjk(cp)) {
       cleaned += {U' ', cp, U' '};

@@ -1,0 +1,345 @@
+// finetune/xtreme_io: every reader on fixtures in the exact on-disk formats (CRLF TSV with
+// doubled quotes, CoNLL with and without tags, raw PAN-X, CoNLL-U, SQuAD JSON with non-ASCII
+// contexts, LASER/XTREME Tatoeba, BUCC, Pharaoh), the error messages, and the writers.
+#include "xlme/finetune/xtreme_io.h"
+
+#include "test_util.h"
+
+#include <nlohmann/json.hpp>
+
+namespace xlme::finetune {
+namespace {
+
+using xlme::testing::contains_all;
+using xlme::testing::error_message;
+using xlme::testing::read_file;
+using xlme::testing::TempDir;
+using xlme::testing::write_file;
+
+TEST(Tasks, LanguageListsOfTheOriginalRelease) {
+  const std::map<std::string, size_t> counts = {{"udpos", 33}, {"panx", 40},    {"xnli", 15},
+                                                {"pawsx", 7},  {"xquad", 11},   {"mlqa", 7},
+                                                {"tydiqa", 9}, {"tatoeba", 36}, {"bucc", 4}};
+  for (const auto& [task, n] : counts) EXPECT_EQ(task_languages(task).size(), n) << task;
+  EXPECT_EQ(task_labels("udpos").size(), 18u);
+  EXPECT_EQ(task_labels("udpos").front(), "O");
+  EXPECT_EQ(task_labels("panx").size(), 7u);
+  EXPECT_TRUE(contains_all(error_message([] { task_languages("ner"); }),
+                           {"'ner'", "xnli pawsx udpos panx"}));
+}
+
+// A PAWS-X row as Python's csv.writer (excel dialect, TAB) writes it: CRLF, quotes doubled.
+const char* kIoQuotedTsv =
+    "\"\"\"Angel Eyes\"\" ist gut\"\tzweiter Satz\t1\r\n"
+    "plain a\tplain b\t0\r\n"
+    "\"line one\r\nline two\"\tb\t0\r\n";
+
+TEST(Tsv, FaithfulKeepsQuotesLiterallyAsXtremesReader) {
+  TempDir dir;
+  write_file(dir / "t.tsv", kIoQuotedTsv);
+  const auto rows = read_tsv(dir / "t.tsv", TsvQuoting::kFaithful);
+  ASSERT_EQ(rows.size(), 4u);  // the quoted newline splits the last record, as csv QUOTE_NONE
+  EXPECT_EQ(rows[0].fields,
+            (std::vector<std::string>{"\"\"\"Angel Eyes\"\" ist gut\"", "zweiter Satz", "1"}));
+  EXPECT_EQ(rows[1].fields[2], "0");  // no '\r' left
+  EXPECT_EQ(rows[2].fields, (std::vector<std::string>{"\"line one"}));
+  EXPECT_EQ(rows[3].line, 4);
+}
+
+TEST(Tsv, UnquotedUndoesExcelQuoting) {
+  TempDir dir;
+  write_file(dir / "t.tsv", kIoQuotedTsv);
+  const auto rows = read_tsv(dir / "t.tsv", TsvQuoting::kUnquoted);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].fields[0], "\"Angel Eyes\" ist gut");
+  EXPECT_EQ(rows[2].fields, (std::vector<std::string>{"line one\nline two", "b", "0"}));
+  EXPECT_EQ(rows[2].line, 3);
+  write_file(dir / "bad.tsv", "a\tb\r\n\"never closed\tx\r\n");
+  EXPECT_TRUE(contains_all(error_message([&] { read_tsv(dir / "bad.tsv", TsvQuoting::kUnquoted); }),
+                           {dir / "bad.tsv:2", "never closed", "faithful"}));
+  EXPECT_EQ(parse_tsv_quoting("unquoted"), TsvQuoting::kUnquoted);
+  EXPECT_TRUE(contains_all(error_message([] { parse_tsv_quoting("csv"); }),
+                           {"'csv'", "faithful", "unquoted"}));
+}
+
+TEST(PairTsv, ReadsLabelledAndTestFilesWithTheOriginalNamingAsFallback) {
+  TempDir dir;
+  write_file(dir / "pawsx/de-dev.tsv", kIoQuotedTsv);  // the original release's naming
+  const auto dev =
+      read_pair_split(dir.path().string(), "pawsx", "dev", "de", TsvQuoting::kUnquoted);
+  ASSERT_EQ(dev.size(), 3u);
+  EXPECT_EQ(dev[0].text_a, "\"Angel Eyes\" ist gut");
+  EXPECT_EQ(dev[0].label, "1");
+  EXPECT_EQ(dev[1].source.file, dir / "pawsx/de-dev.tsv");
+  EXPECT_EQ(dev[1].source.line, 2);
+  write_file(dir / "xnli/test-fr.tsv", "prémisse\thypothèse\r\nun\tdeux\r\n");
+  const auto test = read_pair_split(dir.path().string(), "xnli", "test", "fr");
+  ASSERT_EQ(test.size(), 2u);
+  EXPECT_EQ(test[1].text_b, "deux");
+  EXPECT_EQ(test[1].label, "");
+  write_file(dir / "xnli/train-en.tsv", "a\tb\tcontradictory\r\n");
+  EXPECT_EQ(read_pair_split(dir.path().string(), "xnli", "train", "en")[0].label, "contradiction");
+}
+
+TEST(PairTsv, ErrorsNameFileLineLabelSetAndMissingLanguage) {
+  TempDir dir;
+  write_file(dir / "xnli/dev-de.tsv", "a\tb\tneutral\r\na\tb\r\n");
+  EXPECT_TRUE(contains_all(
+      error_message([&] { read_pair_split(dir.path().string(), "xnli", "dev", "de"); }),
+      {dir / "xnli/dev-de.tsv:2", "expected 3", "found 2"}));
+  write_file(dir / "xnli/dev-es.tsv", "a\tb\tneutral\r\na\tb\tmaybe\r\n");
+  EXPECT_TRUE(contains_all(
+      error_message([&] { read_pair_split(dir.path().string(), "xnli", "dev", "es"); }),
+      {dir / "xnli/dev-es.tsv:2", "'maybe'", "[contradiction entailment neutral]"}));
+  EXPECT_TRUE(contains_all(
+      error_message([&] { read_pair_split(dir.path().string(), "xnli", "test", "sw"); }),
+      {"xnli test split", "'sw'", dir / "xnli/test-sw.tsv", dir / "xnli/sw-test.tsv"}));
+}
+
+TEST(PairGold, ReadsUpstreamXnliAndPawsxFiles) {
+  TempDir dir;
+  write_file(dir / "xnli.test.tsv",
+             "language\tgold_label\ts1_binary\ts2_binary\ts1_parse\ts2_parse\tsentence1\t"
+             "sentence2\tpromptID\tpairID\n"
+             "de\tcontradictory\t_\t_\t_\t_\t Er geht. \tEr bleibt.\t1\t1\n"
+             "fr\tneutral\t_\t_\t_\t_\tIl va.\tIl reste.\t1\t2\n");
+  const auto de = read_xnli_gold(dir / "xnli.test.tsv", "de");
+  ASSERT_EQ(de.size(), 1u);
+  EXPECT_EQ(de[0].label, "contradiction");
+  EXPECT_EQ(de[0].text_a, "Er geht.");
+  EXPECT_EQ(de[0].source.line, 2);
+  EXPECT_TRUE(contains_all(error_message([&] { read_xnli_gold(dir / "xnli.test.tsv", "sw"); }),
+                           {"no pairs", "'sw'"}));
+  write_file(dir / "x-final/ja/test_2k.tsv", "id\tsentence1\tsentence2\tlabel\n7\t東京\t京都\t0\n");
+  const auto ja = read_pawsx_gold(dir / "x-final/ja/test_2k.tsv");
+  ASSERT_EQ(ja.size(), 1u);
+  EXPECT_EQ(ja[0].text_b, "京都");
+  EXPECT_EQ(ja[0].label, "0");
+}
+
+TEST(Conll, ReadsTaggedAndUntaggedFiles) {
+  TempDir dir;
+  write_file(dir / "udpos/dev-en.tsv", "The\tDET\ncat\tNOUN\n\n\nsat\tVERB");
+  const auto dev = read_conll_tsv(tagging_file(dir.path().string(), "udpos", "dev", "en"), "udpos");
+  ASSERT_EQ(dev.size(), 2u);
+  EXPECT_EQ(dev[0].words, (std::vector<std::string>{"The", "cat"}));
+  EXPECT_EQ(dev[0].tags, (std::vector<std::string>{"DET", "NOUN"}));
+  EXPECT_EQ(dev[1].source.line, 5);
+  write_file(dir / "panx/test-de.tsv", "Berlin\nist\n\nschön\n");
+  const auto test = read_conll_tsv(dir / "panx/test-de.tsv", "panx");
+  ASSERT_EQ(test.size(), 2u);
+  EXPECT_EQ(test[0].words.size(), 2u);
+  EXPECT_TRUE(test[0].tags.empty());
+}
+
+TEST(Conll, ErrorsNameFileLineAndLabelSet) {
+  TempDir dir;
+  write_file(dir / "bad.tsv", "Berlin\tB-LOC\nist\tB-MISC\n");
+  EXPECT_TRUE(
+      contains_all(error_message([&] { read_conll_tsv(dir / "bad.tsv", "panx"); }),
+                   {dir / "bad.tsv:2", "'B-MISC'", "[B-LOC B-ORG B-PER I-LOC I-ORG I-PER O]"}));
+  write_file(dir / "mixed.tsv", "Berlin\tB-LOC\nist\n");
+  EXPECT_TRUE(contains_all(error_message([&] { read_conll_tsv(dir / "mixed.tsv", "panx"); }),
+                           {dir / "mixed.tsv:2", "no tag"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { tagging_file(dir.path().string(), "panx", "test", "yo"); }),
+                   {"panx test split", "'yo'", dir / "panx/test-yo.tsv"}));
+}
+
+TEST(Conll, RawPanxDropsTheLanguagePrefixUpToTheFirstColon) {
+  TempDir dir;
+  write_file(dir / "en-train", "en:Atlantic\tB-LOC\nen:a:b\tO\n\nen:R.H.\tB-ORG\n");
+  const auto s = read_panx_raw(dir / "en-train");
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].words, (std::vector<std::string>{"Atlantic", "a:b"}));
+  EXPECT_EQ(s[1].words[0], "R.H.");
+  EXPECT_EQ(s[1].tags[0], "B-ORG");
+  write_file(dir / "bad", "Atlantic\tB-LOC\n");
+  EXPECT_TRUE(contains_all(error_message([&] { read_panx_raw(dir / "bad"); }),
+                           {dir / "bad:1", "'lang:' prefix"}));
+}
+
+TEST(Conllu, FusesMultiWordTokensAsTheConversionToolAndCleansForms) {
+  TempDir dir;
+  write_file(dir / "es_test-ud-test.conllu",
+             "# text = Voy al mercado\n"
+             "1\tVoy\tir\tVERB\t_\t_\t0\troot\t_\t_\n"
+             "2-3\tal\t_\t_\t_\t_\t_\t_\t_\t_\n"
+             "2\ta\ta\tADP\t_\t_\t4\tcase\t_\t_\n"
+             "3\tel\tel\tDET\t_\t_\t4\tdet\t_\t_\n"
+             "4\tmercado\tmercado\tNOUN\t_\t_\t1\tobl\t_\t_\n"
+             "4.1\tx\t_\tNOUN\t_\t_\t_\t_\t1:dep\t_\n"
+             "\n"
+             "1-2\tvámonos\t_\t_\t_\t_\t_\t_\t_\t_\n"
+             "1\tvamos\tir\tVERB\t_\t_\t0\troot\t_\t_\n"
+             "2\tnos\tnos\tPRON\t_\t_\t1\tobj\t_\t_\n"
+             "3\thọc sinh\t_\tNOUN\t_\t_\t1\tobj\t_\t_\n"
+             "4\tha\xE2\x80\x8Clo\t_\tINTJ\t_\t_\t1\tdiscourse\t_\t_\n"
+             "\n"
+             "1\t_\t_\tX\t_\t_\t0\troot\t_\t_\n"
+             "\n");
+  const auto s = read_conllu(dir / "es_test-ud-test.conllu", "es");
+  ASSERT_EQ(s.size(), 2u);  // the all-'_' sentence is dropped
+  // Tie between ADP and DET (same depth): es precedence ranks ADP first.
+  EXPECT_EQ(s[0].words, (std::vector<std::string>{"Voy", "al", "mercado"}));
+  EXPECT_EQ(s[0].tags, (std::vector<std::string>{"VERB", "ADP", "NOUN"}));
+  EXPECT_EQ(s[0].source.line, 2);
+  // A single highest node heads the span; spaces and ZWNJ are deleted.
+  EXPECT_EQ(s[1].words, (std::vector<std::string>{"vámonos", "họcsinh", "halo"}));
+  EXPECT_EQ(s[1].tags, (std::vector<std::string>{"VERB", "NOUN", "INTJ"}));
+  write_file(dir / "bad.conllu", "1\tx\tx\tNOUNS\t_\t_\t0\troot\t_\t_\n");
+  EXPECT_TRUE(contains_all(error_message([&] { read_conllu(dir / "bad.conllu", "en"); }),
+                           {dir / "bad.conllu:1", "'NOUNS'", "ADJ ADP"}));
+  EXPECT_EQ(ud_conllu_files(dir.path().string(), "es", "test"),
+            (std::vector<std::string>{dir / "es_test-ud-test.conllu"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { ud_conllu_files(dir.path().string(), "de", "test"); }),
+                   {"'de'", "de_*test*.conllu"}));
+}
+
+// "Café au lait: " is 14 code points but 15 bytes: Zürich starts at code point 14, byte 15.
+const char* kIoSquadJson = R"({"version": "1.1", "data": [{"title": "t", "paragraphs": [{
+  "context": "Café au lait: Zürich ist schön.",
+  "qas": [
+    {"id": "q1", "question": "Wo?", "answers": [{"text": "Zürich", "answer_start": 14},
+                                                  {"text": "schön", "answer_start": 25}]},
+    {"id": "q2", "question": "Wo?", "answers": [{"text": "Zurich", "answer_start": 14}]},
+    {"id": "q3", "question": "Was?", "answers": [{"text": "", "answer_start": 0}]}
+  ]}]}]})";
+
+TEST(SquadJson, ConvertsCodePointOffsetsToBytesAndSkipsMismatchedAnswers) {
+  TempDir dir;
+  write_file(dir / "xquad/xquad.de.json", kIoSquadJson);
+  const std::string path = qa_file(dir.path().string(), "xquad", "test", "de");
+  const auto data = read_squad_json(path);
+  EXPECT_EQ(data.skipped, 1);
+  ASSERT_EQ(data.examples.size(), 2u);
+  const auto& q1 = data.examples[0];
+  EXPECT_EQ(q1.id, "q1");
+  EXPECT_EQ(q1.answers[0].start, 15);
+  EXPECT_EQ(q1.context.substr(15, q1.answers[0].text.size()), "Zürich");
+  EXPECT_EQ(q1.answers[1].start, 27);
+  EXPECT_EQ(data.examples[1].answers[0].start, 0);  // a blanked answer
+  const auto gold = read_squad_json(path, /*skip_mismatched=*/false);
+  EXPECT_EQ(gold.skipped, 0);
+  ASSERT_EQ(gold.examples.size(), 3u);
+  EXPECT_EQ(gold.examples[1].answers[0].start, -1);
+}
+
+TEST(SquadJson, ErrorsNameTheLineOrTheJsonPath) {
+  TempDir dir;
+  write_file(dir / "bad.json", "{\"data\": [\n{\"paragraphs\": [\n{\"context\": \"x\",, }]}]}");
+  EXPECT_TRUE(contains_all(error_message([&] { read_squad_json(dir / "bad.json"); }),
+                           {dir / "bad.json:3", "invalid JSON"}));
+  write_file(
+      dir / "noq.json",
+      R"({"data": [{"paragraphs": [{"context": "x", "qas": [{"id": "a", "answers": []}]}]}]})");
+  EXPECT_TRUE(contains_all(error_message([&] { read_squad_json(dir / "noq.json"); }),
+                           {dir / "noq.json", "data[0].paragraphs[0].qas[0].question"}));
+  EXPECT_TRUE(contains_all(
+      error_message([&] { qa_file(dir.path().string(), "tydiqa", "test", "sw"); }),
+      {"tydiqa test split", "'sw'", "tydiqa.goldp.sw.dev.json", "tydiqa-goldp-dev-swahili.json"}));
+}
+
+TEST(QaFiles, FollowXtremesNaming) {
+  TempDir dir;
+  write_file(dir / "mlqa/MLQA_V1/test/test-context-ar-question-ar.json", "{}");
+  write_file(dir / "tydiqa/tydiqa-goldp-v1.1-train/tydiqa.en.train.json", "{}");
+  write_file(dir / "squad/train-v1.1.json", "{}");
+  EXPECT_EQ(qa_file(dir.path().string(), "mlqa", "test", "ar"),
+            dir / "mlqa/MLQA_V1/test/test-context-ar-question-ar.json");
+  EXPECT_EQ(qa_file(dir.path().string(), "tydiqa", "train", "en"),
+            dir / "tydiqa/tydiqa-goldp-v1.1-train/tydiqa.en.train.json");
+  EXPECT_EQ(qa_file(dir.path().string(), "squad", "train", "en"), dir / "squad/train-v1.1.json");
+}
+
+TEST(Tatoeba, ReadsLaserOriginalsAndXtremesSortedCopy) {
+  TempDir dir;
+  write_file(dir / "laser/tatoeba.pes-eng.pes", "سلام\nخداحافظ\n");
+  write_file(dir / "laser/tatoeba.pes-eng.eng", "hello\ngoodbye\n");
+  const auto laser = read_tatoeba_laser(dir / "laser", "fa");
+  EXPECT_TRUE(laser.aligned);
+  EXPECT_EQ(laser.source_language, "fa");
+  EXPECT_EQ(laser.target, (std::vector<std::string>{"hello", "goodbye"}));
+  write_file(dir / "download/tatoeba/fa-en.fa", "سلام\nخداحافظ\n");
+  write_file(dir / "download/tatoeba/fa-en.en", "goodbye\nhello\n");
+  EXPECT_FALSE(read_tatoeba_xtreme(dir / "download", "fa").aligned);
+  EXPECT_EQ(tatoeba_sorted_order({"b", "a ", "c", "a"}), (std::vector<int64_t>{1, 3, 0, 2}));
+  EXPECT_EQ(tatoeba_iso3("zh"), "cmn");
+  write_file(dir / "laser/tatoeba.swh-eng.swh", "a\n");
+  write_file(dir / "laser/tatoeba.swh-eng.eng", "a\nb\n");
+  EXPECT_TRUE(contains_all(error_message([&] { read_tatoeba_laser(dir / "laser", "sw"); }),
+                           {"tatoeba.swh-eng.swh' has 1 lines", "has 2"}));
+  EXPECT_TRUE(contains_all(error_message([&] { read_tatoeba_laser(dir / "laser", "de"); }),
+                           {"tatoeba.deu-eng.deu", "not found"}));
+}
+
+TEST(BuccFiles, ReadsIdsSentencesAndGold) {
+  TempDir dir;
+  write_file(dir / "bucc2018/de-en.dev.de", "de-000001\tHallo Welt\nde-000002\tGuten Tag\n");
+  write_file(dir / "bucc2018/de-en.dev.en", "en-000001\tGood day\n");
+  write_file(dir / "bucc2018/de-en.dev.gold", "de-000002\ten-000001\n");
+  const auto c = read_bucc(dir.path().string(), "de", "dev", true);
+  ASSERT_EQ(c.source.size(), 2u);
+  EXPECT_EQ(c.source[1], (std::pair<std::string, std::string>{"de-000002", "Guten Tag"}));
+  EXPECT_EQ(c.gold.size(), 1u);
+  write_file(dir / "bucc2018/de-en.dev.gold", "de-000002\ten-000001\nde-000003\ten-000001\n");
+  EXPECT_TRUE(
+      contains_all(error_message([&] { read_bucc(dir.path().string(), "de", "dev", true); }),
+                   {dir / "bucc2018/de-en.dev.gold:2", "de-000003"}));
+  write_file(dir / "bucc2018/fr-en.test.fr", "fr-1\tBonjour\n");
+  write_file(dir / "bucc2018/fr-en.test.en", "en-1\tHello\n");
+  EXPECT_TRUE(read_bucc(dir.path().string(), "fr", "test", false).gold.empty());
+  EXPECT_TRUE(
+      contains_all(error_message([&] { read_bucc(dir.path().string(), "fr", "test", true); }),
+                   {dir / "bucc2018/fr-en.test.gold", "does not exist"}));
+}
+
+TEST(Pharaoh, SureAndPossibleLinksWithEitherBase) {
+  std::vector<Link> sure, possible;
+  parse_pharaoh_line("0-0 1p2 2?1", false, "g:1", sure, possible);
+  EXPECT_EQ(sure, (std::vector<Link>{{0, 0}}));
+  EXPECT_EQ(possible, (std::vector<Link>{{1, 2}, {2, 1}}));
+  sure.clear();
+  possible.clear();
+  parse_pharaoh_line("7\t1-1 2p3", true, "g:1", sure, possible);
+  EXPECT_EQ(sure, (std::vector<Link>{{0, 0}}));
+  EXPECT_EQ(possible, (std::vector<Link>{{1, 2}}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { parse_pharaoh_line("0-x", false, "g:4", sure, possible); }),
+                   {"g:4", "'0-x'"}));
+  TempDir dir;
+  write_file(dir / "s", "das Haus\nein Buch ist\n");
+  write_file(dir / "t", "the house\na book\n");
+  write_file(dir / "g", "0-0 1-1\n0-0 1-1 2p1\n");
+  const auto pairs = read_aligned_pairs(dir / "s", dir / "t", dir / "g");
+  ASSERT_EQ(pairs.size(), 2u);
+  EXPECT_EQ(pairs[1].source_words.size(), 3u);
+  EXPECT_EQ(pairs[1].possible, (std::vector<Link>{{2, 1}}));
+  write_file(dir / "g", "0-0 1-2\n0-0\n");
+  EXPECT_TRUE(
+      contains_all(error_message([&] { read_aligned_pairs(dir / "s", dir / "t", dir / "g"); }),
+                   {dir / "g:1", "link 1-2", "0-based"}));
+}
+
+TEST(Writers, SubmissionLayout) {
+  TempDir dir;
+  const std::string root = dir / "predictions";
+  EXPECT_EQ(prediction_path(root, "mlqa", "de"), root + "/mlqa/test-de.json");
+  const std::string tags = prediction_path(root, "udpos", "de");
+  EXPECT_EQ(tags, root + "/udpos/test-de.tsv");
+  write_tag_predictions(tags, {{"NOUN", "VERB"}, {"ADJ"}});
+  EXPECT_EQ(read_file(tags), "NOUN\nVERB\n\nADJ\n");
+  write_label_predictions(dir / "l.tsv", {"entailment", "neutral"});
+  EXPECT_EQ(read_file(dir / "l.tsv"), "entailment\nneutral\n");
+  write_qa_predictions(dir / "q.json", {{"q1", "Zürich"}, {"q2", ""}});
+  const auto j = nlohmann::json::parse(read_file(dir / "q.json"));
+  EXPECT_EQ(j.at("q1"), "Zürich");
+  write_index_predictions(dir / "i.tsv", {2, 0, 1});
+  EXPECT_EQ(read_file(dir / "i.tsv"), "2\n0\n1\n");
+  write_pair_predictions(dir / "p.tsv", {{"de-1", "en-2"}});
+  EXPECT_EQ(read_file(dir / "p.tsv"), "de-1\ten-2\n");
+}
+
+}  // namespace
+}  // namespace xlme::finetune
