@@ -157,9 +157,8 @@ std::string model_card(const Pretrained& p, const ExportedConfig& exported,
       << "```\n\n"
       << "or `python3 scripts/xlme_reference.py --model " << summary.out_dir
       << " --ids \"0 17 42 2\"`. In C++: `xlme::export_::load_pretrained(\"" << summary.out_dir
-      << "\")`; `xlme-finetune` takes the folder as `finetune.init`. The weights are plain "
-         "safetensors (`safetensors.torch.load_file`); `config.json` lists every architectural "
-         "field.\n";
+      << "\")`. The weights are plain safetensors (`safetensors.torch.load_file`); "
+         "`config.json` lists every architectural field.\n";
   return out.str();
 }
 

@@ -82,7 +82,7 @@ class ExportParity : public ::testing::Test {
                              const std::string& encoder = "discriminator") {
     TempDir dir;
     const auto config = xlme::testing::tiny_export_config(*tokenizer_, overrides);
-    const auto checkpoint = xlme::testing::make_tiny_checkpoint(config, dir / "run");
+    auto checkpoint = xlme::testing::make_tiny_checkpoint(config, dir / "run");
     std::vector<std::string> args{"--checkpoint", checkpoint.path, "--out", dir / "export"};
     args.insert(args.end(), export_args.begin(), export_args.end());
     const auto run = run_tool("xlme-export", args);
