@@ -64,7 +64,7 @@ std::string resolve_init(const std::string& init) {
   XLME_CHECK(fs::exists(init), "finetune.init {} does not exist", init);
   const auto checkpoints = fs::path(init) / "checkpoints";
   if (!fs::is_directory(checkpoints)) return init;
-  const auto latest = train::CheckpointManager(checkpoints.string(), 0, 0).latest_valid();
+  const auto latest = train::CheckpointManager(checkpoints.string(), 1, 0).latest_valid();
   XLME_CHECK(latest.has_value(), "run folder {} has no valid checkpoint under {}", init,
              checkpoints.string());
   return latest->path;

@@ -54,28 +54,23 @@ std::vector<torch::Tensor> embed(model::Encoder& encoder, const data::Tokenizer&
                                    options);
 }
 
-void write_lines(const std::string& dir, const std::string& name, const std::string& content) {
-  if (!dir.empty()) write_file_atomic((fs::path(dir) / name).string(), content);
-}
-
 std::string layer_name(int64_t layer) { return fmt::format("layer {}", layer); }
 
-// A table with one row per layer and one column per language (pair), plus the mean.
+// A table with one row per language (pair) and the mean, one column per layer.
 std::string score_table(const Json& by_layer, const std::string& score, const std::string& title) {
-  std::string out = title + "\n";
-  bool header = false;
+  std::string out = title + "\n" + fmt::format("  {:<14}", "");
+  std::vector<std::string> rows;
   for (const auto& [layer, languages] : by_layer.items()) {
-    if (!header) {
-      out += fmt::format("  {:<9}", "");
-      for (const auto& [language, unused] : languages.items()) {
-        out += fmt::format(" {:>7}", language);
-      }
-      out += "\n";
-      header = true;
+    out += fmt::format(" {:>8}", layer);
+    if (rows.empty()) {
+      for (const auto& [language, unused] : languages.items()) rows.push_back(language);
     }
-    out += fmt::format("  {:<9}", layer);
-    for (const auto& [language, scores] : languages.items()) {
-      out += fmt::format(" {:>7.2f}", scores.at(score).get<double>());
+  }
+  out += "\n";
+  for (const auto& language : rows) {
+    out += fmt::format("  {:<14}", language);
+    for (const auto& [layer, languages] : by_layer.items()) {
+      out += fmt::format(" {:>8.2f}", languages.at(language).at(score).get<double>());
     }
     out += "\n";
   }
@@ -126,6 +121,7 @@ ProbeReport run_retrieval(const config::FinetuneConfig& settings, model::Encoder
     const auto base = fs::path(settings.data_dir) / pair;
     auto sentences = read_line_pairs(base.string() + "." + a, base.string() + "." + b, a, b,
                                      /*aligned=*/true);
+    if (static_cast<int64_t>(sentences.source.size()) < settings.min_sentences) continue;
     if (settings.max_eval_examples > 0) {
       const auto n = static_cast<size_t>(settings.max_eval_examples);
       if (sentences.source.size() > n) sentences.source.resize(n), sentences.target.resize(n);
@@ -134,11 +130,15 @@ ProbeReport run_retrieval(const config::FinetuneConfig& settings, model::Encoder
         score_aligned(sentences, encoder, tokenizer, layers, settings, device, nullptr);
     for (const auto& [layer, value] : scores.items()) by_layer[layer][pair] = value;
   }
+  XLME_CHECK(!by_layer.empty(),
+             "no language pair in {} has finetune.min_sentences ({}) sentence pairs",
+             settings.data_dir, settings.min_sentences);
   for (auto& [layer, languages] : by_layer.items()) add_means(languages);
   ProbeReport report;
   report.results = {{"main", "accuracy"}, {"layers", by_layer}};
   report.table = score_table(by_layer, "accuracy",
-                             "retrieval accuracy@1 (mean of both directions), per layer:");
+                             "retrieval accuracy@1 (mean of both directions) per language pair "
+                             "and layer:");
   return report;
 }
 
@@ -234,21 +234,6 @@ ProbeReport run_bucc(const config::FinetuneConfig& settings, model::Encoder& enc
   report.results = {{"main", "f1"}, {"layers", by_layer}};
   report.table = score_table(by_layer, "f1", "bucc F1 (threshold tuned on dev), per layer:");
   return report;
-}
-
-std::vector<std::string> split_words(const std::string& line) {
-  std::vector<std::string> words;
-  std::string word;
-  for (char c : line) {
-    if (c == ' ' || c == '\t' || c == '\r') {
-      if (!word.empty()) words.push_back(std::move(word));
-      word.clear();
-    } else {
-      word += c;
-    }
-  }
-  if (!word.empty()) words.push_back(std::move(word));
-  return words;
 }
 
 ProbeReport run_alignment(const config::FinetuneConfig& settings, model::Encoder& encoder,

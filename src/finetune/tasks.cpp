@@ -103,7 +103,7 @@ class PairTask : public TrainableTask {
   torch::Tensor loss(FinetuneModel& model, const std::vector<int64_t>& indices,
                      const torch::Device& device) override {
     auto batch = collate(train_, indices, tokenizer_.special_ids().pad);
-    return torch::cross_entropy(run_model(model, batch, device), batch.labels.to(device));
+    return torch::nn::functional::cross_entropy(run_model(model, batch, device), batch.labels.to(device));
   }
 
   Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
@@ -341,8 +341,8 @@ class QaTask : public TrainableTask {
     auto logits = run_model(model, batch, device);  // [B, T, 2]
     auto targets = batch.labels.to(device);         // [B, 2]: start, end
     // The mean of the start and end cross-entropies, as BertForQuestionAnswering.
-    return (torch::cross_entropy(logits.select(2, 0), targets.select(1, 0)) +
-            torch::cross_entropy(logits.select(2, 1), targets.select(1, 1))) /
+    return (torch::nn::functional::cross_entropy(logits.select(2, 0), targets.select(1, 0)) +
+            torch::nn::functional::cross_entropy(logits.select(2, 1), targets.select(1, 1))) /
            2.0;
   }
 

@@ -377,6 +377,7 @@ struct FinetuneConfig {
   int64_t retrieval_max_len = 512;
   std::string alignment_method = "argmax";
   std::vector<std::string> pairs;
+  int64_t min_sentences = 0;
   bool compare_untrained = false;
 
   template <class V>
@@ -447,6 +448,8 @@ struct FinetuneConfig {
             "alignment: argmax in both directions intersected, or optimal transport");
     v.field("pairs", pairs,
             "retrieval/alignment: language pairs like en-de; empty = every pair found in data_dir");
+    v.field("min_sentences", min_sentences, IntRange{0, kNoLimit},
+            "retrieval: skip language pairs with fewer sentence pairs than this");
     v.field("compare_untrained", compare_untrained,
             "retrieval/alignment: also evaluate init's architecture untrained, side by side");
   }
