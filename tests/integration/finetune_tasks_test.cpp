@@ -1,0 +1,337 @@
+// xlme-finetune end to end on fixtures in each task's on-disk format (XTREME's processed layout
+// and the upstream gold files), from a tiny pre-training checkpoint: every task trains or
+// probes, scores with its official metric and writes its submission files.
+#include "xlme/finetune/finetune.h"
+
+#include "export_fixtures.h"
+#include "test_util.h"
+
+#include <nlohmann/json.hpp>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+namespace xlme::finetune {
+namespace {
+
+namespace fs = std::filesystem;
+using xlme::testing::contains_all;
+using xlme::testing::error_message;
+using xlme::testing::read_file;
+using xlme::testing::TempDir;
+using xlme::testing::write_file;
+
+// One tiny checkpoint for the whole suite (training a tokenizer takes a moment).
+class FinetuneTasks : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    const auto tokenizer = xlme::testing::train_tiny_tokenizer((dir_->path() / "tok").string());
+    const auto c = xlme::testing::tiny_export_config(tokenizer, {});
+    checkpoint_ = new std::string(
+        xlme::testing::make_tiny_checkpoint(c, (dir_->path() / "run").string(), 0.02).path);
+  }
+  static void TearDownTestSuite() {
+    delete checkpoint_;
+    delete dir_;
+  }
+
+  // A config for `task` reading fixtures under the test's folder.
+  config::Config config_for(const std::string& task, std::vector<std::string> sets) {
+    sets.insert(sets.begin(), {"finetune.task=" + task, "finetune.init=" + *checkpoint_,
+                               "finetune.data_dir=" + (data_.path() / "download").string(),
+                               "finetune.gold_dir=" + (data_.path() / "gold").string(),
+                               "run.out_dir=" + (data_.path() / "out").string(),
+                               "run.device=cpu",
+                               "finetune.max_len=64", "finetune.dropout=0",
+                               "finetune.eval_batch_size=16"});
+    return config::load_config("", sets);
+  }
+
+  nlohmann::json run(const config::Config& c) {
+    EXPECT_EQ(run_finetune(c), 0);
+    return nlohmann::json::parse(read_file(data_.path() / "out" / "results.json"));
+  }
+
+  std::string file(const std::string& relative) const { return (data_.path() / relative).string(); }
+
+  static TempDir* dir_;
+  static std::string* checkpoint_;
+  TempDir data_;
+};
+TempDir* FinetuneTasks::dir_ = nullptr;
+std::string* FinetuneTasks::checkpoint_ = nullptr;
+
+// Sentences of random lowercase words, reproducible.
+std::vector<std::string> random_words(size_t count, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::string> out(count);
+  for (auto& word : out) {
+    for (unsigned n = 3 + rng() % 4; n > 0; --n) word += static_cast<char>('a' + rng() % 26);
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& words, size_t first, size_t count) {
+  std::string out;
+  for (size_t i = 0; i < count; ++i) out += (i ? " " : "") + words[(first + i) % words.size()];
+  return out;
+}
+
+// XNLI with a learnable rule: the hypothesis's last word names the label. CRLF lines and one
+// field with doubled quotes, as XTREME's csv.writer writes them.
+std::string xnli_rows(size_t count, unsigned seed, bool labels) {
+  const auto words = random_words(40, seed);
+  const char* cue[] = {"zzno", "zzyes", "zzmaybe"};
+  const char* label[] = {"contradiction", "entailment", "neutral"};
+  std::string out;
+  for (size_t i = 0; i < count; ++i) {
+    std::string premise = join(words, i * 3, 5);
+    if (i == 0) premise = "\"\"\"" + premise + "\"\" said\"";
+    out += premise + "\t" + join(words, i * 7, 3) + " " + cue[i % 3];
+    if (labels) out += std::string("\t") + label[i % 3];
+    out += "\r\n";
+  }
+  return out;
+}
+
+TEST_F(FinetuneTasks, XnliTrainsSelectsOnEnglishDevAndScoresUpstreamGold) {
+  write_file(file("download/xnli/train-en.tsv"), xnli_rows(60, 1, true));
+  write_file(file("download/xnli/dev-en.tsv"), xnli_rows(30, 2, true));
+  write_file(file("download/xnli/dev-de.tsv"), xnli_rows(30, 3, true));
+  write_file(file("download/xnli/test-de.tsv"), xnli_rows(30, 4, false));
+  write_file(file("download/xnli/test-en.tsv"), xnli_rows(30, 5, false));
+  // Upstream XNLI-1.0: header; 0 language, 1 gold_label, 6 sentence1, 7 sentence2.
+  std::string gold = "language\tgold_label\ta\tb\tc\td\tsentence1\tsentence2\n";
+  for (const char* language : {"de", "en"}) {
+    std::istringstream rows(xnli_rows(30, 6, true));
+    for (std::string row; std::getline(rows, row);) {
+      row.pop_back();  // \r
+      const auto a = row.find('\t'), b = row.find('\t', a + 1);
+      gold += std::string(language) + "\t" + row.substr(b + 1) + "\t.\t.\t.\t.\t" +
+              row.substr(0, a) + "\t" + row.substr(a + 1, b - a - 1) + "\n";
+    }
+  }
+  write_file(file("gold/XNLI-1.0/xnli.test.tsv"), gold);
+  auto json = run(config_for(
+      "xnli", {"finetune.languages=[en, de]", "finetune.epochs=25", "finetune.batch_size=8",
+               "finetune.lr=2e-3", "finetune.eval_every=30", "finetune.seeds=[1, 2]"}));
+  EXPECT_EQ(json["seeds"], nlohmann::json::parse("[1, 2]"));
+  EXPECT_EQ(json["test"]["main"], "accuracy");
+  // The rule is learnt: well above chance (33) on held-out English dev and on the gold test.
+  EXPECT_GT(json["dev"]["languages"]["en"]["accuracy"]["mean"].get<double>(), 60.0) << json.dump();
+  EXPECT_GT(json["test"]["languages"]["de"]["accuracy"]["mean"].get<double>(), 60.0)
+      << json.dump();
+  // Dev is checked every 30 steps and at the last one; the kept step is one of those.
+  ASSERT_EQ(json["selection"].size(), 2u);
+  const auto kept = json["selection"][0]["kept_step"].get<int64_t>();
+  EXPECT_TRUE(kept % 30 == 0 || kept == json["selection"][0]["steps"].get<int64_t>())
+      << json["selection"].dump();
+  // Submission layout per seed: one label per line.
+  const auto predictions = read_file(data_.path() / "out/seed1/predictions/xnli/test-de.tsv");
+  std::istringstream lines(predictions);
+  int count = 0;
+  for (std::string line; std::getline(lines, line); ++count) {
+    EXPECT_TRUE(line == "entailment" || line == "contradiction" || line == "neutral") << line;
+  }
+  EXPECT_EQ(count, 30);
+}
+
+TEST_F(FinetuneTasks, TaggingTasksScoreSeqevalOnProcessedAndUpstreamGold) {
+  // Each word has a fixed tag; sentences of 6 words.
+  const auto words = random_words(30, 9);
+  const char* pos[] = {"NOUN", "VERB", "DET"};
+  auto conll = [&](size_t sentences, unsigned seed, bool tags, const std::string& prefix) {
+    std::mt19937 rng(seed);
+    std::string out;
+    for (size_t s = 0; s < sentences; ++s) {
+      for (int w = 0; w < 6; ++w) {
+        const size_t k = rng() % words.size();
+        out += prefix + words[k] + (tags ? std::string("\t") + pos[k % 3] : "") + "\n";
+      }
+      out += "\n";
+    }
+    return out;
+  };
+  write_file(file("download/udpos/train-en.tsv"), conll(40, 1, true, ""));
+  write_file(file("download/udpos/dev-en.tsv"), conll(10, 2, true, ""));
+  write_file(file("download/udpos/test-en.tsv"), conll(10, 3, false, ""));
+  // UD gold: a CoNLL-U file of the same sentences' kind.
+  std::string conllu;
+  std::mt19937 rng(4);
+  for (int s = 0; s < 10; ++s) {
+    conllu += "# sent_id = " + std::to_string(s) + "\n";
+    for (int w = 0; w < 6; ++w) {
+      const size_t k = rng() % words.size();
+      conllu += std::to_string(w + 1) + "\t" + words[k] + "\t_\t" + pos[k % 3] +
+                "\t_\t_\t" + (w ? "1" : "0") + "\t" + (w ? "dep" : "root") + "\t_\t_\n";
+    }
+    conllu += "\n";
+  }
+  write_file(file("gold/UD_English-X/en_x-ud-test.conllu"), conllu);
+  auto json = run(config_for("udpos", {"finetune.languages=[en]", "finetune.epochs=60",
+                                       "finetune.batch_size=8", "finetune.lr=5e-3"}));
+  EXPECT_EQ(json["test"]["main"], "f1");
+  EXPECT_GT(json["dev"]["languages"]["en"]["token_accuracy"]["mean"].get<double>(), 60.0)
+      << json.dump();
+  EXPECT_TRUE(json["test"]["languages"]["en"].contains("f1"));
+  const auto tags = read_file(data_.path() / "out/predictions/udpos/test-en.tsv");
+  EXPECT_EQ(std::count(tags.begin(), tags.end(), '\n'), 10 * 7 - 1);  // blank line between
+
+  // PAN-X: processed train/dev, the raw `lang:token` test gold.
+  const char* ner[] = {"B-PER", "O", "B-LOC"};
+  auto panx = [&](size_t sentences, unsigned seed, const std::string& prefix) {
+    std::mt19937 r(seed);
+    std::string out;
+    for (size_t s = 0; s < sentences; ++s) {
+      for (int w = 0; w < 5; ++w) {
+        const size_t k = r() % words.size();
+        out += prefix + words[k] + "\t" + ner[k % 3] + "\n";
+      }
+      out += "\n";
+    }
+    return out;
+  };
+  write_file(file("download/panx/train-en.tsv"), panx(40, 5, ""));
+  write_file(file("download/panx/dev-en.tsv"), panx(10, 6, ""));
+  write_file(file("gold/en/test"), panx(10, 7, "en:"));
+  json = run(config_for("panx", {"finetune.languages=[en]", "finetune.epochs=60",
+                                 "finetune.batch_size=8", "finetune.lr=5e-3"}));
+  EXPECT_GT(json["dev"]["languages"]["en"]["f1"]["mean"].get<double>(), 50.0) << json.dump();
+  EXPECT_TRUE(json["test"]["languages"]["en"].contains("precision"));
+}
+
+// SQuAD-format JSON: each context holds the answer word after "zzans".
+std::string squad_json(size_t questions, unsigned seed, bool blank) {
+  const auto words = random_words(50, seed);
+  nlohmann::json data = {{"version", "1.1"}, {"data", nlohmann::json::array()}};
+  nlohmann::json paragraphs = nlohmann::json::array();
+  for (size_t i = 0; i < questions; ++i) {
+    const std::string before = join(words, i * 5, 4) + " zzans ";
+    const std::string answer = words[(i * 11 + 3) % words.size()];
+    const std::string context = before + answer + " " + join(words, i * 13, 5);
+    nlohmann::json answers = nlohmann::json::array();
+    answers.push_back(blank ? nlohmann::json{{"text", ""}, {"answer_start", 0}}
+                            : nlohmann::json{{"text", answer}, {"answer_start", before.size()}});
+    paragraphs.push_back({{"context", context},
+                          {"qas",
+                           {{{"id", "q" + std::to_string(seed) + "_" + std::to_string(i)},
+                             {"question", "what follows " + join(words, i, 2)},
+                             {"answers", answers}}}}});
+  }
+  data["data"].push_back({{"title", "t"}, {"paragraphs", paragraphs}});
+  return data.dump();
+}
+
+TEST_F(FinetuneTasks, QaTrainsOnSquadAndScoresBlankedTestsFromGold) {
+  write_file(file("download/squad/train-v1.1.json"), squad_json(60, 1, false));
+  write_file(file("download/xquad/xquad.de.json"), squad_json(20, 2, true));
+  write_file(file("gold/xquad.de.json"), squad_json(20, 2, false));
+  auto json = run(config_for(
+      "xquad", {"finetune.languages=[de]", "finetune.epochs=20", "finetune.batch_size=8",
+                "finetune.lr=3e-3", "finetune.warmup_steps=10", "finetune.doc_stride=16",
+                "finetune.max_query_len=16", "finetune.select=last"}));
+  EXPECT_EQ(json["test"]["main"], "f1");
+  const double f1 = json["test"]["languages"]["de"]["f1"]["mean"].get<double>();
+  // A random span of these 10-word contexts scores ~5; the cue word is learnt in part.
+  EXPECT_GT(f1, 20.0) << json.dump();
+  EXPECT_GE(f1, json["test"]["languages"]["de"]["exact_match"]["mean"].get<double>());
+  auto predictions =
+      nlohmann::json::parse(read_file(data_.path() / "out/predictions/xquad/test-de.json"));
+  EXPECT_EQ(predictions.size(), 20u);
+  EXPECT_TRUE(predictions.contains("q2_0"));
+}
+
+TEST_F(FinetuneTasks, RetrievalComparesTrainedAndUntrainedOnEveryLayer) {
+  const auto a = random_words(60, 1), b = random_words(60, 2);
+  std::string en, de;
+  for (size_t i = 0; i < 30; ++i) {
+    en += join(a, i * 2, 5) + "\n";
+    de += join(b, i * 2, 5) + "\n";
+  }
+  write_file(file("pairs/en-de.en"), en);
+  write_file(file("pairs/en-de.de"), de);
+  write_file(file("pairs/en-fr.en"), en);
+  write_file(file("pairs/en-fr.fr"), en);  // identical sides: retrieval is exact
+  auto c = config_for("retrieval", {"finetune.sweep_layers=true", "finetune.compare_untrained=true",
+                                    "finetune.layer=1"});
+  c.finetune.data_dir = file("pairs");
+  auto json = run(c);
+  for (const char* model : {"trained", "untrained"}) {
+    const auto& layers = json[model]["layers"];
+    EXPECT_EQ(layers.size(), 3u);  // embeddings, layer 1, layer 2
+    EXPECT_DOUBLE_EQ(layers["layer 2"]["en-fr"]["accuracy"].get<double>(), 100.0);
+    EXPECT_TRUE(layers["layer 1"]["en-de"].contains("en_to_de"));
+    EXPECT_TRUE(layers["layer 1"].contains("mean"));
+  }
+  c.finetune.pairs = {"en-xx"};
+  EXPECT_TRUE(contains_all(error_message([&] { run_finetune(c); }),
+                           {"finetune.pairs names en-xx", "en-xx.<a> and .<b> files"}));
+}
+
+TEST_F(FinetuneTasks, TatoebaAndBuccReadXtremesFilesAndScoreUpstreamGold) {
+  const auto words = random_words(80, 3);
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < 20; ++i) lines.push_back(join(words, i * 3, 4));
+  std::string xx, en_sorted;
+  for (const auto& l : lines) xx += l + "\n";
+  auto sorted = lines;
+  std::sort(sorted.begin(), sorted.end());
+  for (const auto& l : sorted) en_sorted += l + "\n";
+  // The same sentences on both sides: nearest neighbours are exact.
+  write_file(file("download/tatoeba/de-en.de"), xx);
+  write_file(file("download/tatoeba/de-en.en"), en_sorted);
+  write_file(file("gold/tatoeba.deu-eng.deu"), xx);
+  write_file(file("gold/tatoeba.deu-eng.eng"), xx);
+  auto json = run(config_for("tatoeba", {"finetune.languages=[de]", "finetune.layer=2"}));
+  EXPECT_DOUBLE_EQ(json["trained"]["layers"]["layer 2"]["de"]["accuracy"].get<double>(), 100.0);
+  const auto indices = read_file(data_.path() / "out/predictions/tatoeba/test-de.tsv");
+  EXPECT_EQ(std::count(indices.begin(), indices.end(), '\n'), 20);
+
+  // BUCC: ids, the dev gold to tune the threshold, the test gold from upstream.
+  for (const char* split : {"dev", "test"}) {
+    std::string de_side, en_side, gold;
+    for (size_t i = 0; i < 12; ++i) {
+      const auto id = std::to_string(i);
+      de_side += std::string("de-") + split + id + "\t" + lines[i] + "\n";
+      en_side += std::string("en-") + split + id + "\t" + lines[i] + "\n";
+      if (i < 6) gold += std::string("de-") + split + id + "\ten-" + split + id + "\n";
+    }
+    const std::string dir = std::string(split) == "dev" ? "download/bucc2018/" : "gold/bucc2018/";
+    write_file(file(dir + "de-en." + split + ".de"), de_side);
+    write_file(file(dir + "de-en." + split + ".en"), en_side);
+    write_file(file(dir + "de-en." + split + ".gold"), gold);
+  }
+  json = run(config_for("bucc", {"finetune.languages=[de]", "finetune.layer=2"}));
+  const auto& scores = json["trained"]["layers"]["layer 2"]["de"];
+  EXPECT_TRUE(scores.contains("f1") && scores.contains("threshold")) << json.dump();
+  EXPECT_GT(scores["recall"].get<double>(), 0.0);
+  EXPECT_TRUE(fs::exists(data_.path() / "out/predictions/bucc/test-de.tsv"));
+}
+
+TEST_F(FinetuneTasks, AlignmentProbeReportsAer) {
+  // Identical sentences: the diagonal is the argmax in both directions, so AER is 0.
+  write_file(file("align/en-de.en"), "abc defg hij\nklm nop\n");
+  write_file(file("align/en-de.de"), "abc defg hij\nklm nop\n");
+  write_file(file("align/en-de.gold"), "0-0 1-1 2p2\n0-0 1-1\n");
+  auto c = config_for("alignment", {"finetune.layer=0"});
+  c.finetune.data_dir = file("align");
+  auto json = run(c);
+  EXPECT_DOUBLE_EQ(json["trained"]["layers"]["layer 0"]["en-de"]["aer"].get<double>(), 0.0);
+}
+
+TEST_F(FinetuneTasks, InitMustNameAModel) {
+  auto c = config_for("xnli", {});
+  c.finetune.init = "";
+  EXPECT_TRUE(contains_all(error_message([&] { run_finetune(c); }),
+                           {"finetune.init is empty", "run folder"}));
+  c.finetune.init = file("nowhere");
+  EXPECT_TRUE(contains_all(error_message([&] { run_finetune(c); }), {"nowhere", "does not exist"}));
+}
+
+}  // namespace
+}  // namespace xlme::finetune
