@@ -18,6 +18,9 @@
 namespace xlme::model {
 namespace {
 
+using xlme::testing::contains_all;
+using xlme::testing::error_message;
+
 constexpr int64_t kVocab = 40;
 
 config::ModelConfig tiny_config() {

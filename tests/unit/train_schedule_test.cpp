@@ -5,6 +5,9 @@
 
 #include "test_util.h"
 
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
 #include <csignal>
 
 namespace xlme::train {
