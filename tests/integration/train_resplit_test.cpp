@@ -111,7 +111,7 @@ std::vector<std::pair<std::string, std::string>> read_log(const std::string& pat
   return out;
 }
 
-void write_corpus(const std::string& dir) {
+void write_resplit_corpus(const std::string& dir) {
   unsigned state = 11;
   auto next = [&state] { return (state = state * 1103515245u + 12345u) >> 16; };
   std::string en, de, fr;
@@ -136,7 +136,7 @@ void write_corpus(const std::string& dir) {
 TEST(TrainResplit, TwoRanksStoppedMidStepResumeAsOneWithoutRepeatingOrSkippingData) {
   TempDir tmp;
   const std::string dir = tmp.path().string();
-  write_corpus(dir);
+  write_resplit_corpus(dir);
   data::SpmTrainingOptions spm;
   spm.corpus_dir = dir + "/raw";
   spm.out_model = dir + "/spm.model";
