@@ -52,7 +52,7 @@ inline void expect_same_parameters(model::ElectraModel& a, model::ElectraModel& 
 
 // Held-out translation pairs en-de and en-fr in `dir` (`<dir>/en-<x>.{en,<x>}`, `lines` pairs
 // each, distinct sentences) whose "translations" are the English words with an affix, and a
-// SentencePiece model trained on them at `<dir>/spm.model` (<mask> included: 120 ids).
+// SentencePiece model trained on them at `<dir>/spm.model` (<mask> included: 60 ids).
 inline void write_heldout_and_tokenizer(const std::string& dir, int lines) {
   unsigned state = 5;
   auto next = [&state] { return (state = state * 1103515245u + 12345u) >> 16; };
@@ -83,7 +83,7 @@ inline void write_heldout_and_tokenizer(const std::string& dir, int lines) {
   data::SpmTrainingOptions options;
   options.corpus_dir = dir + "/spm_corpus";
   options.out_model = dir + "/spm.model";
-  options.spm.vocab_size = 120;
+  options.spm.vocab_size = 60;
   options.spm.character_coverage = 1.0;
   options.spm.max_sentences = 10000;
   data::train_sentencepiece(options);

@@ -32,7 +32,7 @@ void collect(torch::serialize::InputArchive& archive, const std::string& prefix,
   }
 }
 
-bool selected(const std::string& name, const std::string& parts) {
+bool in_parts(const std::string& name, const std::string& parts) {
   auto under = [&](const char* prefix) { return name.rfind(prefix, 0) == 0; };
   if (parts == "all") return true;
   if (under("embeddings.")) return true;  // shared by both encoders
@@ -67,7 +67,7 @@ InitReport init_weights(model::ElectraModel& model,
   InitReport report;
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
   for (const auto& [name, target] : targets) {
-    if (!selected(name, parts)) {
+    if (!in_parts(name, parts)) {
       report.not_selected.push_back(name);
       continue;
     }

@@ -43,18 +43,19 @@ std::vector<std::string> read_lines(const std::string& path) {
   return lines;
 }
 
-struct Sequence {
+struct HeldoutSequence {
   std::vector<int64_t> ids;
   int64_t second = 0;  // where f starts (TRTD), 0 for MRTD
 };
 
 // Sorted by length, cut so that rows x longest row <= `budget`, masked with `rng`.
-std::vector<data::Batch> make_batches(std::vector<Sequence> sequences, data::Task task,
+std::vector<data::Batch> make_batches(std::vector<HeldoutSequence> sequences, data::Task task,
                                       int64_t budget, const config::Config& config,
                                       const data::SpecialIds& special, MaskRng& rng) {
-  std::stable_sort(sequences.begin(), sequences.end(), [](const Sequence& a, const Sequence& b) {
-    return a.ids.size() < b.ids.size();
-  });
+  std::stable_sort(sequences.begin(), sequences.end(),
+                   [](const HeldoutSequence& a, const HeldoutSequence& b) {
+                     return a.ids.size() < b.ids.size();
+                   });
   std::vector<data::Batch> batches;
   size_t begin = 0;
   while (begin < sequences.size()) {
@@ -78,7 +79,7 @@ std::vector<data::Batch> make_batches(std::vector<Sequence> sequences, data::Tas
     auto* padding = batch.padding.data_ptr<bool>();
     auto* positions = batch.positions.data_ptr<int64_t>();
     for (int64_t r = 0; r < rows; ++r) {
-      const Sequence& s = sequences[begin + static_cast<size_t>(r)];
+      const HeldoutSequence& s = sequences[begin + static_cast<size_t>(r)];
       const auto n = static_cast<int64_t>(s.ids.size());
       std::vector<int64_t> candidates;
       for (int64_t i = 0; i < n; ++i) {
@@ -190,9 +191,9 @@ Validator::Validator(const config::Config& config, const std::vector<HeldoutPair
       }
     }
     const int64_t max_len = config.data.mono.max_len;
-    std::vector<Sequence> sequences;
+    std::vector<HeldoutSequence> sequences;
     for (const auto& [language, sentences] : by_language) {
-      Sequence current{{bos}, 0};
+      HeldoutSequence current{{bos}, 0};
       for (const auto* sentence : sentences) {
         const auto room = static_cast<size_t>(max_len - 2);
         if (current.ids.size() > 1 && current.ids.size() - 1 + sentence->size() > room) {
@@ -216,13 +217,13 @@ Validator::Validator(const config::Config& config, const std::vector<HeldoutPair
 
   // TRTD: <s> e </s> f </s>, the longer side cut first when over data.para.max_len.
   if (!objectives_.term_names(data::Task::kPara).empty()) {
-    std::vector<Sequence> sequences;
+    std::vector<HeldoutSequence> sequences;
     for (const auto& pair : pairs) {
       for (size_t i = 0; i < pair.a.size(); ++i) {
         size_t e = pair.a[i].size(), f = pair.b[i].size();
         if (e == 0 || f == 0) continue;
         while (static_cast<int64_t>(e + f + 3) > config.data.para.max_len) (e >= f ? e : f) -= 1;
-        Sequence s;
+        HeldoutSequence s;
         s.ids.push_back(bos);
         s.ids.insert(s.ids.end(), pair.a[i].begin(),
                      pair.a[i].begin() + static_cast<std::ptrdiff_t>(e));

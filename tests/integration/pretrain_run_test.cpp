@@ -44,6 +44,24 @@ void write_corpus(const std::string& dir) {
   write_file(dir + "/para/en-de.de", de);
   write_file(dir + "/para/en-fr.en", en);
   write_file(dir + "/para/en-fr.fr", fr);
+  // Held-out pairs: the first 60 lines' relation on new sentences (words drawn afresh).
+  std::string hen, hde, hfr;
+  for (int line = 0; line < 60; ++line) {
+    for (int w = 0; w < 6; ++w) {
+      const std::string& word = words[next() % words.size()];
+      const char* sep = w ? " " : "";
+      hen += sep + word;
+      hde += sep + word + "en";
+      hfr += sep + ("le" + word);
+    }
+    hen += "\n";
+    hde += "\n";
+    hfr += "\n";
+  }
+  write_file(dir + "/heldout/en-de.en", hen);
+  write_file(dir + "/heldout/en-de.de", hde);
+  write_file(dir + "/heldout/en-fr.en", hen);
+  write_file(dir + "/heldout/en-fr.fr", hfr);
 }
 
 // The value of `key` in a metrics line.
@@ -68,7 +86,6 @@ TEST(PretrainRun, DemoConfigLearnsOnARealPipeline) {
   const std::vector<std::string> args{"--config", "configs/pretrain/demo.yaml",
                                       "--set",    tokenizer,
                                       "--set",    "data.shards=" + (dir / "shards"),
-                                      "--set",    "run.out_dir=" + (dir / "run"),
                                       "--set",    "train.steps=40",
                                       "--set",    "train.warmup_steps=4",
                                       "--set",    "train.lr=2e-3",
@@ -77,17 +94,33 @@ TEST(PretrainRun, DemoConfigLearnsOnARealPipeline) {
                                       "--set",    "data.mono.max_len=64",
                                       "--set",    "data.para.max_len=64",
                                       "--set",    "train.micro_batch_tokens=1024",
-                                      "--set",    "train.tokens_per_task=1024"};
+                                      "--set",    "train.tokens_per_task=1024",
+                                      "--set",    "data.heldout.dir=" + (dir / "raw/heldout"),
+                                      "--set",    "data.heldout.pairs=[en-de, en-fr]",
+                                      "--set",    "run.out_dir=" + (dir / "run")};
   r = run_tool("xlme-pretrain", args);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(contains_all(r.err, {"step 1/40 | lr", "step 40/40", "done: 40 steps"}));
+  EXPECT_TRUE(contains_all(
+      r.err, {"start-up dry run", "validation step 0 | mlm", "retrieval@1 layer 1:", "(2 pairs;",
+              "step 1/40 | lr", "step 40/40", "| mem ", "validation step 40 |", "done: 40 steps"}));
   EXPECT_TRUE(std::filesystem::exists(dir / "run/checkpoints/step_00000020/manifest.yaml"));
   EXPECT_TRUE(std::filesystem::exists(dir / "run/checkpoints/step_00000040/tokenizer.model"));
 
-  std::vector<std::string> lines;
+  std::vector<std::string> lines, validations;
   std::istringstream metrics(read_file(dir / "run/metrics.jsonl"));
-  for (std::string line; std::getline(metrics, line);) lines.push_back(line);
-  ASSERT_EQ(lines.size(), 9u);  // steps 1, 5, 10, ..., 40
+  for (std::string line; std::getline(metrics, line);) {
+    (line.find("\"kind\": \"validation\"") != std::string::npos ? validations : lines)
+        .push_back(line);
+  }
+  ASSERT_EQ(lines.size(), 9u);        // steps 1, 5, 10, ..., 40
+  ASSERT_EQ(validations.size(), 2u);  // before step 1 and at the last step
+  EXPECT_TRUE(contains_all(validations.front(),
+                           {"{\"step\": 0,", "\"f1/mrtd\": ", "\"retrieval/en-de/a_to_b\": ",
+                            "\"retrieval/mean\": ", "\"probe_layer\": 1"}));
+  EXPECT_TRUE(contains_all(lines.back(), {"\"peak_memory_mib\": ", "\"mfu\": null"}));
+  for (const char* loss : {"loss/mlm", "loss/tlm", "loss/mrtd", "loss/trtd"}) {
+    EXPECT_LT(metric(validations.back(), loss), metric(validations.front(), loss)) << loss;
+  }
   for (const char* loss : {"loss/mlm", "loss/tlm", "loss/mrtd", "loss/trtd"}) {
     EXPECT_LT(metric(lines.back(), loss), metric(lines.front(), loss)) << loss;
   }

@@ -4,6 +4,7 @@
 // every language's micro-batches trained on, over both runs, are exactly the first ones of its
 // global sequence (none twice, none skipped), and the abandoned step's micro-batches are trained
 // on after the resume.
+#include "xlme/common/app.h"
 #include "xlme/data/batches.h"
 #include "xlme/data/binarize.h"
 #include "xlme/train/pretrain.h"
@@ -69,10 +70,11 @@ config::Config resplit_config(const std::string& dir, int64_t steps) {
   c.data.tokenizer = dir + "/spm.model";
   c.data.shards = dir + "/shards";
   c.data.bucket_pool = 8;  // many pools, so that cursors cross pool boundaries
-  c.data.mono.max_len = 16;
-  c.data.para.max_len = 16;
-  c.train.micro_batch_tokens = 32;
-  c.train.tokens_per_task = 2 * 2 * 32;  // 2 ranks x 2 micro-batches, or 1 rank x 4
+  c.data.mono.max_len = 32;
+  c.data.para.max_len = 32;
+  c.data.too_long = "truncate";
+  c.train.micro_batch_tokens = 64;
+  c.train.tokens_per_task = 2 * 2 * 64;  // 2 ranks x 2 micro-batches, or 1 rank x 4
   c.train.steps = steps;
   c.train.warmup_steps = 1;
   c.train.log_every = 1;
@@ -109,7 +111,7 @@ std::vector<std::pair<std::string, std::string>> read_log(const std::string& pat
   return out;
 }
 
-void write_corpus(const std::string& dir) {
+void write_resplit_corpus(const std::string& dir) {
   unsigned state = 11;
   auto next = [&state] { return (state = state * 1103515245u + 12345u) >> 16; };
   std::string en, de, fr;
@@ -134,7 +136,7 @@ void write_corpus(const std::string& dir) {
 TEST(TrainResplit, TwoRanksStoppedMidStepResumeAsOneWithoutRepeatingOrSkippingData) {
   TempDir tmp;
   const std::string dir = tmp.path().string();
-  write_corpus(dir);
+  write_resplit_corpus(dir);
   data::SpmTrainingOptions spm;
   spm.corpus_dir = dir + "/raw";
   spm.out_model = dir + "/spm.model";
@@ -170,7 +172,7 @@ TEST(TrainResplit, TwoRanksStoppedMidStepResumeAsOneWithoutRepeatingOrSkippingDa
 
   // One process continues to step 5 (4 micro-batches per task and step).
   auto c = resplit_config(dir, 5);
-  ASSERT_EQ(run_rank(c, dist::LaunchInfo{}, dir + "/single.log", 0), kExitOk);
+  ASSERT_EQ(run_rank(c, dist::LaunchInfo{}, dir + "/single.log", 0), xlme::kExitOk);
   const auto single = read_log(dir + "/single.log");
   ASSERT_EQ(single.size(), 3u * 8u);
 

@@ -59,7 +59,7 @@ TEST(Pretrain, StoppedAndResumedRunEndsLikeTheUninterruptedOne) {
   TempDir dir;
   const auto straight = run_config(dir / "straight", 0);
   SignallingBatches never(straight, -1);
-  ASSERT_EQ(pretrain(straight, {"auto"}, never, xlme::testing::single_process()), kExitOk);
+  ASSERT_EQ(pretrain(straight, PretrainOptions{}, never, xlme::testing::single_process()), kExitOk);
   EXPECT_TRUE(contains_all(
       read_file(dir / "straight/metrics.jsonl"),
       {"{\"step\": 1, \"kind\": \"train\"", "\"loss/mlm\": ", "\"f1/mrtd\": ", "{\"step\": 6, "}));
@@ -68,14 +68,15 @@ TEST(Pretrain, StoppedAndResumedRunEndsLikeTheUninterruptedOne) {
   // 2 micro-batches (mono + para) per step: the 5th read is in step 3, which is given up after
   // its first micro-batch; step 2's periodic checkpoint is the one to resume from.
   SignallingBatches signalled(stopped, 5);
-  ASSERT_EQ(pretrain(stopped, {"auto"}, signalled, xlme::testing::single_process()),
+  ASSERT_EQ(pretrain(stopped, PretrainOptions{}, signalled, xlme::testing::single_process()),
             kExitPreempted);
   EXPECT_TRUE(fs::exists(dir / "stopped/checkpoints/step_00000002"));
   EXPECT_FALSE(fs::exists(dir / "stopped/checkpoints/step_00000003"));
 
   torch::manual_seed(12345);  // a new process: other random state
   SignallingBatches resumed(stopped, -1);
-  ASSERT_EQ(pretrain(stopped, {"auto"}, resumed, xlme::testing::single_process()), kExitOk);
+  ASSERT_EQ(pretrain(stopped, PretrainOptions{}, resumed, xlme::testing::single_process()),
+            kExitOk);
   auto a = final_model(straight);
   auto b = final_model(stopped);
   xlme::testing::expect_same_parameters(a, b, /*atol=*/0);
@@ -85,15 +86,16 @@ TEST(Pretrain, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   TempDir dir;
   const auto straight = run_config(dir / "straight", 0);
   SignallingBatches never(straight, -1);
-  ASSERT_EQ(pretrain(straight, {"auto"}, never, xlme::testing::single_process()), kExitOk);
+  ASSERT_EQ(pretrain(straight, PretrainOptions{}, never, xlme::testing::single_process()), kExitOk);
 
   const auto stopped = run_config(dir / "stopped", 2);
   SignallingBatches signalled(stopped, 7);  // gives up step 4: saves step 3 (2 is periodic)
-  ASSERT_EQ(pretrain(stopped, {"auto"}, signalled, xlme::testing::single_process()),
+  ASSERT_EQ(pretrain(stopped, PretrainOptions{}, signalled, xlme::testing::single_process()),
             kExitPreempted);
   fs::resize_file(dir / "stopped/checkpoints/step_00000003/model.pt", 100);  // truncated
   SignallingBatches resumed(stopped, -1);
-  ASSERT_EQ(pretrain(stopped, {"auto"}, resumed, xlme::testing::single_process()), kExitOk);
+  ASSERT_EQ(pretrain(stopped, PretrainOptions{}, resumed, xlme::testing::single_process()),
+            kExitOk);
   auto a = final_model(straight);
   auto b = final_model(stopped);
   xlme::testing::expect_same_parameters(a, b, /*atol=*/0);
@@ -119,8 +121,8 @@ TEST(Pretrain, LoggedStatisticsPoolTheWholeInterval) {
   auto every_other = run_config(dir / "other", 0);
   every_other.train.log_every = 2;
   SignallingBatches a(every_step, -1), b(every_other, -1);
-  ASSERT_EQ(pretrain(every_step, {"auto"}, a, xlme::testing::single_process()), kExitOk);
-  ASSERT_EQ(pretrain(every_other, {"auto"}, b, xlme::testing::single_process()), kExitOk);
+  ASSERT_EQ(pretrain(every_step, PretrainOptions{}, a, xlme::testing::single_process()), kExitOk);
+  ASSERT_EQ(pretrain(every_other, PretrainOptions{}, b, xlme::testing::single_process()), kExitOk);
   for (const char* key : {"loss/mlm", "loss/mrtd", "accuracy/mrtd"}) {
     const double step3 = logged(dir / "every/metrics.jsonl", 3, key);
     const double step4 = logged(dir / "every/metrics.jsonl", 4, key);

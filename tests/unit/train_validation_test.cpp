@@ -82,8 +82,12 @@ TEST_F(Validation, BatchesCoverEveryPairAndMaskOnlyPieces) {
   std::set<std::vector<int32_t>> distinct;
   for (const auto& p : pairs) {
     for (size_t i = 0; i < p.a.size(); ++i) {
-      if (distinct.insert(p.a[i]).second) mono_pieces += static_cast<int64_t>(p.a[i].size());
-      mono_pieces += static_cast<int64_t>(p.b[i].size());  // de and fr lines are distinct
+      // A sentence longer than max_len - 2 is cut to fill a sequence alone.
+      auto kept = [&](const std::vector<int32_t>& s) {
+        return std::min<int64_t>(static_cast<int64_t>(s.size()), c.data.mono.max_len - 2);
+      };
+      if (distinct.insert(p.a[i]).second) mono_pieces += kept(p.a[i]);
+      mono_pieces += kept(p.b[i]);  // de and fr lines are distinct
     }
   }
   int64_t seen_mono_pieces = 0;
@@ -105,7 +109,7 @@ TEST_F(Validation, BatchesCoverEveryPairAndMaskOnlyPieces) {
     }
   }
   EXPECT_EQ(para_rows, 60);  // every pair line of both pairs, once (none is over 24 tokens)
-  EXPECT_EQ(seen_mono_pieces, mono_pieces);  // English once, de and fr, nothing cut
+  EXPECT_EQ(seen_mono_pieces, mono_pieces);  // English once, de and fr
   EXPECT_EQ(validator.probe_layer(), 1);     // model.layers / 2
 }
 
@@ -175,7 +179,8 @@ TEST_F(Validation, EqualsADirectComputationAndLeavesTrainingUntouched) {
   for (const auto& [name, term] : sums) {
     const auto expected = objectives::summarize(term);
     for (const auto& [key, value] : expected) {
-      EXPECT_NEAR(first.terms.at(name).at(key), value, 1e-9 * std::max(1.0, std::abs(value)))
+      // Loss sums: float64 over micro-batches there, float32 here.
+      EXPECT_NEAR(first.terms.at(name).at(key), value, 1e-6 * std::max(1.0, std::abs(value)))
           << name << " " << key;
     }
   }
