@@ -92,24 +92,24 @@ TEST(Cli, VersionNamesLibTorch) {
   EXPECT_TRUE(contains_all(r.out, {"xlme " XLME_VERSION, "LibTorch"}));
 }
 
-TEST(Cli, UnbuiltJobsSayIssueAndExitWithThree) {
+TEST(Cli, AJobThatFailsSaysWhyAndExitsWithOne) {
   TempDir dir;
-  const Result r = run("xlme-finetune", {"--config", "configs/pretrain/demo.yaml", "--set",
+  const Result r = run("xlme-finetune", {"--config", "configs/finetune/xnli.yaml", "--set",
                                          "run.out_dir=" + (dir / "run")});
-  EXPECT_EQ(r.code, 3);
-  EXPECT_TRUE(contains_all(r.err, {"fine-tuning is not implemented yet (issue #6)"}));
-  // The run folder holds rank 0's log, with the start-up lines.
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains_all(r.err, {"finetune.init is empty"}));
+  // The run folder holds rank 0's log, with the start-up lines and the error.
   EXPECT_TRUE(contains_all(read_file(dir / "run/logs/rank0.log"),
-                           {"xlme-finetune - xlme", "threads: ", "not implemented yet"}));
+                           {"xlme-finetune - xlme", "threads: ", "finetune.init is empty"}));
 }
 
 TEST(Cli, OtherRanksLogToTheirFileAndKeepTheConsoleForErrors) {
   TempDir dir;
   const Result r = run("xlme-finetune", {"--set", "run.out_dir=" + (dir / "run")},
                        "RANK=2 WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500");
-  EXPECT_EQ(r.code, 3);
+  EXPECT_EQ(r.code, 1);
   EXPECT_EQ(r.err.find("threads:"), std::string::npos) << r.err;  // info lines stay in the file
-  EXPECT_TRUE(contains_all(r.err, {"[rank 2]", "not implemented yet"}));
+  EXPECT_TRUE(contains_all(r.err, {"[rank 2]", "finetune.init is empty"}));
   EXPECT_TRUE(contains_all(read_file(dir / "run/logs/rank2.log"), {"threads: "}));
   EXPECT_FALSE(std::filesystem::exists(dir / "run/logs/rank0.log"));
 }

@@ -16,7 +16,6 @@ namespace xlme {
 constexpr int kExitOk = 0;
 constexpr int kExitError = 1;           // bad input, bad config, a failed run: see the message
 constexpr int kExitUsage = 2;           // bad command line
-constexpr int kExitNotImplemented = 3;  // the binary's job is not built yet
 
 struct AppSpec {
   std::string name;       // "xlme-pretrain"
