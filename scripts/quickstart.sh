@@ -124,5 +124,5 @@ print()
 print(f"curves: {run}/plots/*.png; export: {run}/export/; retrieval: {run}/retrieval/results.json")
 print("A ~10M-token CPU run is far too small for cross-lingual transfer: expect the trained")
 print("model's retrieval at or below the untrained one, whose random embeddings already match")
-print("shared sub-words (README.md, \"Quickstart\"). The GPU command there trains enough tokens.")
+print("shared sub-words (README.md, \"Fine-tuning and evaluation\", has a GPU command that trains enough).")
 PY

@@ -11,9 +11,9 @@
 #include "xlme/train/checkpoint.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 
@@ -94,8 +94,8 @@ int run_finetune(const config::Config& config) {
     auto report = run_probe(settings, model->discriminator, tokenizer, device, predictions);
     results = {{"task", settings.task}, {"init", init}, {"step", pretrained.step}};
     results[settings.untrained ? "untrained" : "trained"] = report.results;
-    table = fmt::format("{} ({}):\n{}", settings.untrained ? "untrained" : "pre-trained",
-                        init, report.table);
+    table = fmt::format("{} ({}):\n{}", settings.untrained ? "untrained" : "pre-trained", init,
+                        report.table);
     if (settings.compare_untrained && !settings.untrained) {
       torch::manual_seed(static_cast<uint64_t>(config.run.seed));
       auto fresh = fresh_discriminator(pretrained, 0.0, /*untrained=*/true);
@@ -117,9 +117,9 @@ int run_finetune(const config::Config& config) {
     };
     std::vector<SeedResult> seeds;
     for (int64_t seed : settings.seeds) {
-      seeds.push_back(train_and_evaluate(
-          settings, *task, factory, seed, device,
-          seed_folder(config.run.out_dir, settings.seeds.size(), seed)));
+      seeds.push_back(
+          train_and_evaluate(settings, *task, factory, seed, device,
+                             seed_folder(config.run.out_dir, settings.seeds.size(), seed)));
     }
     write_file_atomic((fs::path(config.run.out_dir) / "results.json").string(),
                       results_json(config, seeds));

@@ -48,13 +48,14 @@ std::vector<torch::Tensor> embed(model::Encoder& encoder, const data::Tokenizer&
   options.batch_size = settings.eval_batch_size;
   options.pad_id = tokenizer.special_ids().pad;
   options.device = device;
-  const int64_t max_len =
-      std::min(settings.retrieval_max_len, encoder->options().max_positions);
+  const int64_t max_len = std::min(settings.retrieval_max_len, encoder->options().max_positions);
   return eval::sentence_embeddings(encoder, eval::sentence_ids(tokenizer, sentences, max_len),
                                    options);
 }
 
-std::string layer_name(int64_t layer) { return fmt::format("layer {}", layer); }
+std::string layer_name(int64_t layer) {
+  return fmt::format("layer {}", layer);
+}
 
 // A table with one row per language (pair) and the mean, one column per layer.
 std::string score_table(const Json& by_layer, const std::string& score, const std::string& title) {
@@ -105,7 +106,7 @@ Json score_aligned(const SentencePairs& pairs, model::Encoder& encoder,
     by_layer[layer_name(layers[l])] = {
         {pairs.source_language + "_to_" + pairs.target_language, 100.0 * accuracy.a_to_b},
         {pairs.target_language + "_to_" + pairs.source_language, 100.0 * accuracy.b_to_a},
-                                       {"accuracy", 100.0 * accuracy.mean}};
+        {"accuracy", 100.0 * accuracy.mean}};
     if (source_to_target) source_to_target->push_back(eval::nearest_neighbours(b[l], a[l]));
   }
   return by_layer;
@@ -209,10 +210,10 @@ ProbeReport run_bucc(const config::FinetuneConfig& settings, model::Encoder& enc
     auto test_source = embed(encoder, tokenizer, texts(test.source), layers, settings, device);
     auto test_english = embed(encoder, tokenizer, texts(test.english), layers, settings, device);
     for (size_t l = 0; l < layers.size(); ++l) {
-      const double threshold = bucc_optimize_threshold(
-          bucc_candidates(dev, dev_source[l], dev_english[l]), dev.gold);
-      const auto mined = bucc_extract(bucc_candidates(test, test_source[l], test_english[l]),
-                                      threshold);
+      const double threshold =
+          bucc_optimize_threshold(bucc_candidates(dev, dev_source[l], dev_english[l]), dev.gold);
+      const auto mined =
+          bucc_extract(bucc_candidates(test, test_source[l], test_english[l]), threshold);
       if (layers[l] == settings.layer && !predictions_dir.empty()) {
         write_pair_predictions(prediction_path(predictions_dir, "bucc", language), mined);
       }
@@ -226,8 +227,9 @@ ProbeReport run_bucc(const config::FinetuneConfig& settings, model::Encoder& enc
   }
   ProbeReport report;
   if (by_layer.empty()) {
-    report.table = "bucc: predictions written; the test gold is not in XTREME's download (set "
-                   "finetune.gold_dir to BUCC's files)\n";
+    report.table =
+        "bucc: predictions written; the test gold is not in XTREME's download (set "
+        "finetune.gold_dir to BUCC's files)\n";
     return report;
   }
   for (auto& [layer, languages] : by_layer.items()) add_means(languages);
@@ -256,9 +258,8 @@ ProbeReport run_alignment(const config::FinetuneConfig& settings, model::Encoder
         auto t = word_vectors(encoder, tokenizer, sentence.target_words, layer, device);
         auto similarity = torch::matmul(torch::nn::functional::normalize(s),
                                         torch::nn::functional::normalize(t).t());
-        predicted.push_back(settings.alignment_method == "ot"
-                                ? align_optimal_transport(similarity)
-                                : align_argmax(similarity));
+        predicted.push_back(settings.alignment_method == "ot" ? align_optimal_transport(similarity)
+                                                              : align_argmax(similarity));
       }
       const auto scores = alignment_error_rate(gold, predicted);
       by_layer[layer_name(layer)][pair] = {
@@ -354,10 +355,10 @@ ProbeReport run_probe(const config::FinetuneConfig& settings, model::Encoder& en
   if (settings.task == "tatoeba") {
     return run_tatoeba(settings, encoder, tokenizer, device, predictions_dir);
   }
-  if (settings.task == "bucc") return run_bucc(settings, encoder, tokenizer, device, predictions_dir);
+  if (settings.task == "bucc")
+    return run_bucc(settings, encoder, tokenizer, device, predictions_dir);
   if (settings.task == "alignment") return run_alignment(settings, encoder, tokenizer, device);
-  XLME_FAIL("finetune.task {} is not a probe (tatoeba, bucc, retrieval, alignment)",
-            settings.task);
+  XLME_FAIL("finetune.task {} is not a probe (tatoeba, bucc, retrieval, alignment)", settings.task);
 }
 
 }  // namespace xlme::finetune

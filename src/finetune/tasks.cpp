@@ -6,9 +6,9 @@
 #include "xlme/finetune/xtreme_io.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <filesystem>
@@ -79,7 +79,9 @@ class EvalSets {
   const config::FinetuneConfig& settings_;
 };
 
-bool file_exists(const std::string& path) { return fs::is_regular_file(path); }
+bool file_exists(const std::string& path) {
+  return fs::is_regular_file(path);
+}
 
 // ---- Sentence pairs --------------------------------------------------------------------------
 
@@ -103,7 +105,8 @@ class PairTask : public TrainableTask {
   torch::Tensor loss(FinetuneModel& model, const std::vector<int64_t>& indices,
                      const torch::Device& device) override {
     auto batch = collate(train_, indices, tokenizer_.special_ids().pad);
-    return torch::nn::functional::cross_entropy(run_model(model, batch, device), batch.labels.to(device));
+    return torch::nn::functional::cross_entropy(run_model(model, batch, device),
+                                                batch.labels.to(device));
   }
 
   Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
@@ -111,12 +114,13 @@ class PairTask : public TrainableTask {
     const auto& examples = load(language, split);
     auto features = featurize_pairs(examples, labels_, tokenizer_, settings_.max_len);
     std::vector<std::string> predicted, gold;
-    for (const auto& indices : eval_batches(static_cast<int64_t>(features.size()),
-                                            settings_.eval_batch_size)) {
+    for (const auto& indices :
+         eval_batches(static_cast<int64_t>(features.size()), settings_.eval_batch_size)) {
       auto batch = collate(features, indices, tokenizer_.special_ids().pad);
       auto best = run_model(model, batch, device).argmax(1).cpu();
       for (size_t i = 0; i < indices.size(); ++i) {
-        predicted.push_back(labels_.at(static_cast<size_t>(best[static_cast<int64_t>(i)].item<int64_t>())));
+        predicted.push_back(
+            labels_.at(static_cast<size_t>(best[static_cast<int64_t>(i)].item<int64_t>())));
       }
     }
     if (predictions) {
@@ -128,21 +132,21 @@ class PairTask : public TrainableTask {
   }
 
   std::vector<std::string> languages(Split split) const override {
-    return EvalSets(settings_).available(split, [&](const std::string& language,
-                                                    std::string& missing) {
-      try {
-        if (split == Split::kTest && !settings_.gold_dir.empty()) {
-          const auto path = gold_path(language);
-          missing = path;
-          return file_exists(path);
-        }
-        missing = pair_file(settings_.data_dir, settings_.task, split_name(split), language);
-        return true;
-      } catch (const Error& e) {
-        missing = e.what();
-        return false;
-      }
-    });
+    return EvalSets(settings_).available(
+        split, [&](const std::string& language, std::string& missing) {
+          try {
+            if (split == Split::kTest && !settings_.gold_dir.empty()) {
+              const auto path = gold_path(language);
+              missing = path;
+              return file_exists(path);
+            }
+            missing = pair_file(settings_.data_dir, settings_.task, split_name(split), language);
+            return true;
+          } catch (const Error& e) {
+            missing = e.what();
+            return false;
+          }
+        });
   }
 
   std::string prediction_file(const std::string& language, Split split) const override {
@@ -217,8 +221,8 @@ class TaggingTask : public TrainableTask {
     const auto& sentences = load(language, split);
     auto features = featurize_tagging(sentences, labels_, tokenizer_, options_);
     std::vector<std::vector<int64_t>> per_token(features.size());
-    for (const auto& indices : eval_batches(static_cast<int64_t>(features.size()),
-                                            settings_.eval_batch_size)) {
+    for (const auto& indices :
+         eval_batches(static_cast<int64_t>(features.size()), settings_.eval_batch_size)) {
       auto batch = collate(features, indices, tokenizer_.special_ids().pad);
       auto best = run_model(model, batch, device).argmax(2).cpu().contiguous();  // [B, T]
       for (size_t i = 0; i < indices.size(); ++i) {
@@ -251,24 +255,24 @@ class TaggingTask : public TrainableTask {
   }
 
   std::vector<std::string> languages(Split split) const override {
-    return EvalSets(settings_).available(split, [&](const std::string& language,
-                                                    std::string& missing) {
-      try {
-        if (split == Split::kTest && !settings_.gold_dir.empty()) {
-          if (settings_.task == "panx") {
-            missing = (fs::path(settings_.gold_dir) / language / "test").string();
-            return file_exists(missing);
+    return EvalSets(settings_).available(
+        split, [&](const std::string& language, std::string& missing) {
+          try {
+            if (split == Split::kTest && !settings_.gold_dir.empty()) {
+              if (settings_.task == "panx") {
+                missing = (fs::path(settings_.gold_dir) / language / "test").string();
+                return file_exists(missing);
+              }
+              missing = settings_.gold_dir;
+              return !ud_conllu_files(settings_.gold_dir, language, "test").empty();
+            }
+            missing = tagging_file(settings_.data_dir, settings_.task, split_name(split), language);
+            return true;
+          } catch (const Error& e) {
+            missing = e.what();
+            return false;
           }
-          missing = settings_.gold_dir;
-          return !ud_conllu_files(settings_.gold_dir, language, "test").empty();
-        }
-        missing = tagging_file(settings_.data_dir, settings_.task, split_name(split), language);
-        return true;
-      } catch (const Error& e) {
-        missing = e.what();
-        return false;
-      }
-    });
+        });
   }
 
   std::string prediction_file(const std::string& language, Split split) const override {
@@ -319,9 +323,9 @@ class QaTask : public TrainableTask {
     // XQuAD and MLQA are predicted by a model trained on SQuAD v1.1; TyDiQA by one trained on
     // its English GoldP train set (XTREME.md §5).
     const std::string train_task = settings.task == "tydiqa" ? "tydiqa" : "squad";
-    auto data = read_squad_json(
-        qa_file(settings.data_dir, train_task, "train", settings.train_language),
-        /*skip_mismatched=*/true);
+    auto data =
+        read_squad_json(qa_file(settings.data_dir, train_task, "train", settings.train_language),
+                        /*skip_mismatched=*/true);
     keep_first(data.examples, settings.max_train_examples);
     auto features = featurize_qa(data.examples, tokenizer_, options_, /*training=*/true);
     spdlog::info("{} train: {} questions ({} skipped: answer not in its context), {} windows",
@@ -351,8 +355,8 @@ class QaTask : public TrainableTask {
     const auto& gold = load(language, split);
     auto features = featurize_qa(gold, tokenizer_, options_, /*training=*/false);
     std::vector<QaLogits> logits(features.features.size());
-    for (const auto& indices : eval_batches(static_cast<int64_t>(features.features.size()),
-                                            settings_.eval_batch_size)) {
+    for (const auto& indices :
+         eval_batches(static_cast<int64_t>(features.features.size()), settings_.eval_batch_size)) {
       auto batch = collate(features.features, indices, tokenizer_.special_ids().pad);
       auto out = run_model(model, batch, device).to(torch::kFloat).cpu().contiguous();
       for (size_t i = 0; i < indices.size(); ++i) {
@@ -379,16 +383,16 @@ class QaTask : public TrainableTask {
   }
 
   std::vector<std::string> languages(Split split) const override {
-    return EvalSets(settings_).available(split, [&](const std::string& language,
-                                                    std::string& missing) {
-      try {
-        missing = path(language, split);
-        return file_exists(missing);
-      } catch (const Error& e) {
-        missing = e.what();
-        return false;
-      }
-    });
+    return EvalSets(settings_).available(split,
+                                         [&](const std::string& language, std::string& missing) {
+                                           try {
+                                             missing = path(language, split);
+                                             return file_exists(missing);
+                                           } catch (const Error& e) {
+                                             missing = e.what();
+                                             return false;
+                                           }
+                                         });
   }
 
   std::string prediction_file(const std::string& language, Split split) const override {
@@ -427,8 +431,7 @@ class QaTask : public TrainableTask {
 }  // namespace
 
 bool is_trainable_task(const std::string& task) {
-  return task == "xnli" || task == "pawsx" || task == "udpos" || task == "panx" ||
-         is_qa_task(task);
+  return task == "xnli" || task == "pawsx" || task == "udpos" || task == "panx" || is_qa_task(task);
 }
 
 std::vector<std::string> evaluated_languages(const config::FinetuneConfig& settings) {

@@ -42,13 +42,12 @@ class FinetuneTasks : public ::testing::Test {
 
   // A config for `task` reading fixtures under the test's folder.
   config::Config config_for(const std::string& task, std::vector<std::string> sets) {
-    sets.insert(sets.begin(), {"finetune.task=" + task, "finetune.init=" + *checkpoint_,
-                               "finetune.data_dir=" + (data_.path() / "download").string(),
-                               "finetune.gold_dir=" + (data_.path() / "gold").string(),
-                               "run.out_dir=" + (data_.path() / "out").string(),
-                               "run.device=cpu",
-                               "finetune.max_len=64", "finetune.dropout=0",
-                               "finetune.eval_batch_size=16"});
+    sets.insert(sets.begin(),
+                {"finetune.task=" + task, "finetune.init=" + *checkpoint_,
+                 "finetune.data_dir=" + (data_.path() / "download").string(),
+                 "finetune.gold_dir=" + (data_.path() / "gold").string(),
+                 "run.out_dir=" + (data_.path() / "out").string(), "run.device=cpu",
+                 "finetune.max_len=64", "finetune.dropout=0", "finetune.eval_batch_size=16"});
     return config::load_config("", sets);
   }
 
@@ -124,8 +123,7 @@ TEST_F(FinetuneTasks, XnliTrainsSelectsOnEnglishDevAndScoresUpstreamGold) {
   EXPECT_EQ(json["test"]["main"], "accuracy");
   // The rule is learnt: well above chance (33) on held-out English dev and on the gold test.
   EXPECT_GT(json["dev"]["languages"]["en"]["accuracy"]["mean"].get<double>(), 60.0) << json.dump();
-  EXPECT_GT(json["test"]["languages"]["de"]["accuracy"]["mean"].get<double>(), 60.0)
-      << json.dump();
+  EXPECT_GT(json["test"]["languages"]["de"]["accuracy"]["mean"].get<double>(), 60.0) << json.dump();
   // Dev is checked every 30 steps and at the last one; the kept step is one of those.
   ASSERT_EQ(json["selection"].size(), 2u);
   const auto kept = json["selection"][0]["kept_step"].get<int64_t>();
@@ -167,8 +165,8 @@ TEST_F(FinetuneTasks, TaggingTasksScoreSeqevalOnProcessedAndUpstreamGold) {
     conllu += "# sent_id = " + std::to_string(s) + "\n";
     for (int w = 0; w < 6; ++w) {
       const size_t k = rng() % words.size();
-      conllu += std::to_string(w + 1) + "\t" + words[k] + "\t_\t" + pos[k % 3] +
-                "\t_\t_\t" + (w ? "1" : "0") + "\t" + (w ? "dep" : "root") + "\t_\t_\n";
+      conllu += std::to_string(w + 1) + "\t" + words[k] + "\t_\t" + pos[k % 3] + "\t_\t_\t" +
+                (w ? "1" : "0") + "\t" + (w ? "dep" : "root") + "\t_\t_\n";
     }
     conllu += "\n";
   }
@@ -231,10 +229,10 @@ TEST_F(FinetuneTasks, QaTrainsOnSquadAndScoresBlankedTestsFromGold) {
   write_file(file("download/squad/train-v1.1.json"), squad_json(60, 1, false));
   write_file(file("download/xquad/xquad.de.json"), squad_json(20, 2, true));
   write_file(file("gold/xquad.de.json"), squad_json(20, 2, false));
-  auto json = run(config_for(
-      "xquad", {"finetune.languages=[de]", "finetune.epochs=20", "finetune.batch_size=8",
-                "finetune.lr=3e-3", "finetune.warmup_steps=10", "finetune.doc_stride=16",
-                "finetune.max_query_len=16", "finetune.select=last"}));
+  auto json = run(
+      config_for("xquad", {"finetune.languages=[de]", "finetune.epochs=20", "finetune.batch_size=8",
+                           "finetune.lr=3e-3", "finetune.warmup_steps=10", "finetune.doc_stride=16",
+                           "finetune.max_query_len=16", "finetune.select=last"}));
   EXPECT_EQ(json["test"]["main"], "f1");
   const double f1 = json["test"]["languages"]["de"]["f1"]["mean"].get<double>();
   // A random span of these 10-word contexts scores ~5; the cue word is learnt in part.

@@ -14,8 +14,8 @@ namespace xlme {
 
 // Exit codes of every binary (README.md, "Exit codes").
 constexpr int kExitOk = 0;
-constexpr int kExitError = 1;           // bad input, bad config, a failed run: see the message
-constexpr int kExitUsage = 2;           // bad command line
+constexpr int kExitError = 1;  // bad input, bad config, a failed run: see the message
+constexpr int kExitUsage = 2;  // bad command line
 
 struct AppSpec {
   std::string name;       // "xlme-pretrain"

@@ -7,8 +7,8 @@
 #include "xlme/data/tokenizer.h"
 #include "xlme/model/encoder.h"
 
-#include <nlohmann/json.hpp>
 #include <torch/types.h>
+#include <nlohmann/json.hpp>
 
 #include <string>
 #include <vector>
