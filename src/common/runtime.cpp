@@ -4,6 +4,9 @@
 #include "xlme/common/torch_compat.h"
 
 #include <dlfcn.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <sched.h>
 #include <unistd.h>
 
@@ -85,6 +88,15 @@ void ensure_passive_omp_wait_policy(char** argv) {
   execv("/proc/self/exe", argv);
   // Only reached when the re-execution failed; the caller goes on with spinning threads.
   unsetenv("OMP_WAIT_POLICY");
+}
+
+bool release_free_memory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+  return true;
+#else
+  return false;
+#endif
 }
 
 std::string build_description() {

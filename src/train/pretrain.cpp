@@ -2,6 +2,7 @@
 
 #include "xlme/common/app.h"
 #include "xlme/common/error.h"
+#include "xlme/common/runtime.h"
 #include "xlme/data/batches.h"
 #include "xlme/data/tokenizer.h"
 #include "xlme/train/checkpoint.h"
@@ -193,8 +194,12 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
     metrics =
         std::make_unique<MetricsWriter>((fs::path(config.run.out_dir) / "metrics.jsonl").string());
   }
+  // train.release_memory: CPU tensors live in the C heap, which keeps what they free, fragmented
+  // by the changing micro-batch shapes (runtime::release_free_memory).
+  const bool release_memory = config.train.release_memory && !trainer.device().is_cuda();
   auto validate = [&](int64_t step) {
     ValidationResult v = validator->run(trainer.model(), *comm, trainer.device(), trainer.bf16());
+    if (release_memory) runtime::release_free_memory();
     v.step = step;
     spdlog::info("{}", validation_line(v));
     if (metrics) metrics->write(validation_metrics(v));
@@ -206,6 +211,7 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
   IntervalSums interval;
   while (trainer.step() < config.train.steps) {
     const StepRecord record = trainer.train_step();
+    if (release_memory) runtime::release_free_memory();
     if (record.interrupted) {
       // The step was abandoned on every rank: save the last finished one (unless saved already).
       bool saved = false;

@@ -111,6 +111,22 @@ TEST(Runtime, LibTorchUsesAnOptimizedBlas) {
   }
 }
 
+TEST(Runtime, ReleaseFreeMemoryTrimsTheGlibcHeapAndKeepsLiveTensors) {
+  // The trainer relies on it after each CPU step; a silent no-op here (the glibc branch compiled
+  // out) would bring back the resident set growing with the free, fragmented heap.
+  auto kept = torch::arange(1 << 16, torch::kFloat32);
+  for (int64_t i = 0; i < 64; ++i) {
+    const auto dropped = torch::ones({1000 + 37 * i, 16});  // freed at once, of changing sizes
+    EXPECT_EQ(dropped.size(0), 1000 + 37 * i);
+  }
+#if defined(__GLIBC__)
+  EXPECT_TRUE(runtime::release_free_memory());
+#else
+  EXPECT_FALSE(runtime::release_free_memory());
+#endif
+  EXPECT_TRUE(kept.equal(torch::arange(1 << 16, torch::kFloat32)));
+}
+
 TEST(TorchCompat, VersionMacrosMatchTheLibrary) {
   EXPECT_TRUE(XLME_TORCH_AT_LEAST(1, 13));
   EXPECT_FALSE(XLME_TORCH_AT_LEAST(TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR + 1));

@@ -283,6 +283,7 @@ struct TrainConfig {
   int64_t keep_last = 3;
   int64_t keep_every = 0;
   int64_t max_bad_steps = 20;
+  bool release_memory = false;
 
   template <class V>
   void visit(V& v) {
@@ -322,6 +323,11 @@ struct TrainConfig {
             "also keep every checkpoint whose step is a multiple of this; 0 = none");
     v.field("max_bad_steps", max_bad_steps, IntRange{1, kNoLimit},
             "non-finite steps in a row before the run stops");
+    v.field("release_memory", release_memory,
+            "CPU: after every step and validation, hand the free pages of the C heap back to the "
+            "OS (glibc malloc_trim). Without it the resident set grows with the fragmented heap "
+            "(demo: 0.7 -> 1.7 GiB over 600 steps, < 0.1 GiB in use); with it it stays at about "
+            "one step's working set, for ~20% of the tiny model's CPU throughput");
   }
 };
 
