@@ -2,7 +2,7 @@
 # The main job, from a fresh Debian 12 machine: install and build, build the offline demo corpus
 # from Debian's translation catalogs, train a SentencePiece model, binarize, pre-train the tiny
 # XLM-E of configs/pretrain/demo.yaml on the CPU, export it, evaluate retrieval on the held-out
-# test pairs for the trained and the untrained model, and plot the curves (about 15 minutes on 2
+# test pairs for the trained and the untrained model, and plot the curves (about 12 minutes on 2
 # cores after the build). A second run reuses every finished stage.
 #
 #   scripts/quickstart.sh
