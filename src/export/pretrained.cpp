@@ -34,19 +34,6 @@ std::string list_weight_names(const std::vector<std::string>& names) {
   return out;
 }
 
-void flatten_module_archive(torch::serialize::InputArchive& archive, const std::string& prefix,
-                            std::map<std::string, torch::Tensor>& out) {
-  for (const auto& key : archive.keys()) {
-    torch::Tensor tensor;
-    if (archive.try_read(key, tensor)) {
-      out.emplace(prefix + key, tensor.detach());
-      continue;
-    }
-    torch::serialize::InputArchive child;
-    if (archive.try_read(key, child)) flatten_module_archive(child, prefix + key + ".", out);
-  }
-}
-
 std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   XLME_CHECK(in.good(), "cannot read '{}'", path);
@@ -156,7 +143,7 @@ std::map<std::string, torch::Tensor> read_checkpoint(const std::string& path,
   }
   const std::string tokenizer = (fs::path(path) / kCheckpointTokenizerFile).string();
   p.tokenizer_path = fs::is_regular_file(tokenizer) ? tokenizer : options.fallback_tokenizer;
-  auto weights = read_module_archive((fs::path(path) / kCheckpointModelFile).string());
+  auto weights = train::read_module_archive((fs::path(path) / kCheckpointModelFile).string());
   // The trainer's vocabulary: <mask> last, the others fixed (data::SpecialIds).
   p.special_ids = data::SpecialIds::for_vocab(p.model.vocab_size);
   return weights;
@@ -193,19 +180,6 @@ bool is_generator_weight(const std::string& name) {
     if (name.rfind(prefix, 0) == 0) return true;
   }
   return false;
-}
-
-std::map<std::string, torch::Tensor> read_module_archive(const std::string& path) {
-  XLME_CHECK(fs::is_regular_file(path), "model file '{}' not found", path);
-  torch::serialize::InputArchive archive;
-  try {
-    archive.load_from(path, torch::kCPU);
-  } catch (const c10::Error& e) {
-    XLME_FAIL("cannot read the model file '{}': {}", path, e.what_without_backtrace());
-  }
-  std::map<std::string, torch::Tensor> out;
-  flatten_module_archive(archive, "", out);
-  return out;
 }
 
 PretrainedSource detect_pretrained_source(const std::string& path) {

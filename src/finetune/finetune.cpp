@@ -9,6 +9,7 @@
 #include "xlme/finetune/tasks.h"
 #include "xlme/model/discriminator.h"
 #include "xlme/train/checkpoint.h"
+#include "xlme/train/trainer.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -22,15 +23,6 @@ namespace xlme::finetune {
 namespace fs = std::filesystem;
 
 namespace {
-
-torch::Device finetune_device(const std::string& device) {
-  if (device == "cpu") return torch::kCPU;
-  const bool cuda = torch::cuda::is_available();
-  XLME_CHECK(cuda || device == "auto",
-             "run.device is cuda but no CUDA device is available to this build; use run.device=cpu "
-             "or auto");
-  return cuda ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
-}
 
 // A fresh copy of the pre-trained discriminator (or, untrained, the same architecture with new
 // weights), with fine-tuning's dropout.
@@ -79,7 +71,7 @@ int run_finetune(const config::Config& config) {
              init);
   const data::Tokenizer tokenizer(pretrained.tokenizer_path,
                                   data::parse_vocab_layout(pretrained.vocab_layout));
-  const auto device = finetune_device(config.run.device);
+  const auto device = train::choose_device(config.run.device, /*local_rank=*/0);
   spdlog::info("{}: {} (step {}, {} tokens seen){}, on {}", settings.task, init, pretrained.step,
                pretrained.tokens_seen, settings.untrained ? ", untrained weights" : "",
                device.str());

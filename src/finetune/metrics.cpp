@@ -500,15 +500,6 @@ double retrieval_accuracy(const std::vector<int64_t>& predicted, const std::vect
   return 100.0 * static_cast<double>(correct) / static_cast<double>(predicted.size());
 }
 
-std::vector<int64_t> nearest_neighbors(const torch::Tensor& queries, const torch::Tensor& keys) {
-  const auto q = xmetric::l2_normalized(queries, "query");
-  const auto k = xmetric::l2_normalized(keys, "key");
-  XLME_CHECK(q.size(1) == k.size(1), "nearest neighbours: queries have width {}, keys {}",
-             q.size(1), k.size(1));
-  const auto idx = xmetric::top_k(q, k, 1).second.contiguous();
-  return std::vector<int64_t>(idx.data_ptr<int64_t>(), idx.data_ptr<int64_t>() + idx.numel());
-}
-
 std::vector<MinedPair> margin_mine(const torch::Tensor& x_in, const torch::Tensor& y_in,
                                    int64_t k) {
   torch::NoGradGuard no_grad;

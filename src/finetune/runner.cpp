@@ -16,7 +16,6 @@
 #include <filesystem>
 #include <numeric>
 #include <random>
-#include <set>
 
 namespace xlme::finetune {
 

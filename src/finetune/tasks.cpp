@@ -54,7 +54,8 @@ class EvalSets {
  public:
   explicit EvalSets(const config::FinetuneConfig& settings) : settings_(settings) {}
 
-  // Languages of `split` for which `exists(language, missing)` holds. A test set of a language
+  // Languages of `split` for which `exists(language, missing)` holds; an xlme::Error from it
+  // (a reader that finds no file) counts as missing, with its message. A test set of a language
   // named in finetune.languages must exist (the error says which file is missing); other missing
   // sets are skipped (XTREME has no dev set for some tasks and languages).
   template <class Exists>
@@ -62,7 +63,13 @@ class EvalSets {
     std::vector<std::string> out;
     for (const auto& language : evaluated_languages(settings_)) {
       std::string missing;
-      if (exists(language, missing)) {
+      bool found = false;
+      try {
+        found = exists(language, missing);
+      } catch (const Error& e) {
+        missing = e.what();
+      }
+      if (found) {
         out.push_back(language);
       } else if (!settings_.languages.empty() && split == Split::kTest) {
         XLME_FAIL("finetune.languages names {} but its {} data is missing: {}", language,
@@ -82,6 +89,33 @@ class EvalSets {
 bool file_exists(const std::string& path) {
   return fs::is_regular_file(path);
 }
+
+// Evaluation sets by (language, split), read and featurized once: dev is evaluated every
+// finetune.eval_every steps.
+template <class Example, class Features>
+class EvalCache {
+ public:
+  struct Set {
+    std::vector<Example> examples;  // the first finetune.max_eval_examples
+    Features features;
+  };
+
+  template <class Read, class Featurize>
+  const Set& get(const std::string& language, Split split, int64_t max_examples, const Read& read,
+                 const Featurize& featurize) {
+    const auto key = std::make_pair(language, split);
+    auto it = sets_.find(key);
+    if (it != sets_.end()) return it->second;
+    Set set;
+    set.examples = read();
+    keep_first(set.examples, max_examples);
+    set.features = featurize(set.examples);
+    return sets_.emplace(key, std::move(set)).first->second;
+  }
+
+ private:
+  std::map<std::pair<std::string, Split>, Set> sets_;
+};
 
 // ---- Sentence pairs --------------------------------------------------------------------------
 
@@ -111,16 +145,15 @@ class PairTask : public TrainableTask {
 
   Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
                   const torch::Device& device, std::string* predictions) override {
-    const auto& examples = load(language, split);
-    auto features = featurize_pairs(examples, labels_, tokenizer_, settings_.max_len);
+    const auto& [examples, features] = load(language, split);
     std::vector<std::string> predicted, gold;
     for (const auto& indices :
          eval_batches(static_cast<int64_t>(features.size()), settings_.eval_batch_size)) {
       auto batch = collate(features, indices, tokenizer_.special_ids().pad);
-      auto best = run_model(model, batch, device).argmax(1).cpu();
+      auto best = run_model(model, batch, device).argmax(1).cpu().contiguous();  // [B]
+      const int64_t* ids = best.data_ptr<int64_t>();
       for (size_t i = 0; i < indices.size(); ++i) {
-        predicted.push_back(
-            labels_.at(static_cast<size_t>(best[static_cast<int64_t>(i)].item<int64_t>())));
+        predicted.push_back(labels_.at(static_cast<size_t>(ids[i])));
       }
     }
     if (predictions) {
@@ -134,18 +167,12 @@ class PairTask : public TrainableTask {
   std::vector<std::string> languages(Split split) const override {
     return EvalSets(settings_).available(
         split, [&](const std::string& language, std::string& missing) {
-          try {
-            if (split == Split::kTest && !settings_.gold_dir.empty()) {
-              const auto path = gold_path(language);
-              missing = path;
-              return file_exists(path);
-            }
-            missing = pair_file(settings_.data_dir, settings_.task, split_name(split), language);
-            return true;
-          } catch (const Error& e) {
-            missing = e.what();
-            return false;
+          if (split == Split::kTest && !settings_.gold_dir.empty()) {
+            missing = gold_path(language);
+            return file_exists(missing);
           }
+          missing = pair_file(settings_.data_dir, settings_.task, split_name(split), language);
+          return true;
         });
   }
 
@@ -165,20 +192,20 @@ class PairTask : public TrainableTask {
                : (fs::path(settings_.gold_dir) / "x-final" / language / "test_2k.tsv").string();
   }
 
-  const std::vector<PairExample>& load(const std::string& language, Split split) {
-    auto key = std::make_pair(language, split);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) return it->second;
-    std::vector<PairExample> examples;
-    if (split == Split::kTest && !settings_.gold_dir.empty()) {
-      examples = settings_.task == "xnli" ? read_xnli_gold(gold_path(language), language)
-                                          : read_pawsx_gold(gold_path(language));
-    } else {
-      examples = read_pair_split(settings_.data_dir, settings_.task, split_name(split), language,
-                                 quoting_);
-    }
-    keep_first(examples, settings_.max_eval_examples);
-    return cache_[key] = std::move(examples);
+  using Cache = EvalCache<PairExample, std::vector<ClassificationFeature>>;
+
+  const Cache::Set& load(const std::string& language, Split split) {
+    auto read = [&] {
+      if (split == Split::kTest && !settings_.gold_dir.empty()) {
+        return settings_.task == "xnli" ? read_xnli_gold(gold_path(language), language)
+                                        : read_pawsx_gold(gold_path(language));
+      }
+      return read_pair_split(settings_.data_dir, settings_.task, split_name(split), language,
+                             quoting_);
+    };
+    return cache_.get(language, split, settings_.max_eval_examples, read, [&](const auto& e) {
+      return featurize_pairs(e, labels_, tokenizer_, settings_.max_len);
+    });
   }
 
   const config::FinetuneConfig& settings_;
@@ -186,7 +213,7 @@ class PairTask : public TrainableTask {
   std::vector<std::string> labels_;
   TsvQuoting quoting_;
   std::vector<ClassificationFeature> train_;
-  std::map<std::pair<std::string, Split>, std::vector<PairExample>> cache_;
+  Cache cache_;
 };
 
 // ---- Tagging ---------------------------------------------------------------------------------
@@ -218,8 +245,7 @@ class TaggingTask : public TrainableTask {
 
   Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
                   const torch::Device& device, std::string* predictions) override {
-    const auto& sentences = load(language, split);
-    auto features = featurize_tagging(sentences, labels_, tokenizer_, options_);
+    const auto& [sentences, features] = load(language, split);
     std::vector<std::vector<int64_t>> per_token(features.size());
     for (const auto& indices :
          eval_batches(static_cast<int64_t>(features.size()), settings_.eval_batch_size)) {
@@ -257,21 +283,16 @@ class TaggingTask : public TrainableTask {
   std::vector<std::string> languages(Split split) const override {
     return EvalSets(settings_).available(
         split, [&](const std::string& language, std::string& missing) {
-          try {
-            if (split == Split::kTest && !settings_.gold_dir.empty()) {
-              if (settings_.task == "panx") {
-                missing = (fs::path(settings_.gold_dir) / language / "test").string();
-                return file_exists(missing);
-              }
-              missing = settings_.gold_dir;
-              return !ud_conllu_files(settings_.gold_dir, language, "test").empty();
+          if (split == Split::kTest && !settings_.gold_dir.empty()) {
+            if (settings_.task == "panx") {
+              missing = (fs::path(settings_.gold_dir) / language / "test").string();
+              return file_exists(missing);
             }
-            missing = tagging_file(settings_.data_dir, settings_.task, split_name(split), language);
-            return true;
-          } catch (const Error& e) {
-            missing = e.what();
-            return false;
+            missing = settings_.gold_dir;
+            return !ud_conllu_files(settings_.gold_dir, language, "test").empty();
           }
+          missing = tagging_file(settings_.data_dir, settings_.task, split_name(split), language);
+          return true;
         });
   }
 
@@ -280,27 +301,28 @@ class TaggingTask : public TrainableTask {
   }
 
  private:
-  const std::vector<TaggedSentence>& load(const std::string& language, Split split) {
-    auto key = std::make_pair(language, split);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) return it->second;
-    std::vector<TaggedSentence> sentences;
-    if (split == Split::kTest && !settings_.gold_dir.empty()) {
-      if (settings_.task == "panx") {
-        sentences = read_panx_raw((fs::path(settings_.gold_dir) / language / "test").string());
-      } else {
-        for (const auto& file : ud_conllu_files(settings_.gold_dir, language, "test")) {
-          auto part = read_conllu(file, language);
-          sentences.insert(sentences.end(), part.begin(), part.end());
-        }
+  using Cache = EvalCache<TaggedSentence, std::vector<TaggingFeature>>;
+
+  const Cache::Set& load(const std::string& language, Split split) {
+    auto read = [&] {
+      if (split != Split::kTest || settings_.gold_dir.empty()) {
+        return read_conll_tsv(
+            tagging_file(settings_.data_dir, settings_.task, split_name(split), language),
+            settings_.task);
       }
-    } else {
-      sentences = read_conll_tsv(
-          tagging_file(settings_.data_dir, settings_.task, split_name(split), language),
-          settings_.task);
-    }
-    keep_first(sentences, settings_.max_eval_examples);
-    return cache_[key] = std::move(sentences);
+      if (settings_.task == "panx") {
+        return read_panx_raw((fs::path(settings_.gold_dir) / language / "test").string());
+      }
+      std::vector<TaggedSentence> sentences;
+      for (const auto& file : ud_conllu_files(settings_.gold_dir, language, "test")) {
+        auto part = read_conllu(file, language);
+        sentences.insert(sentences.end(), part.begin(), part.end());
+      }
+      return sentences;
+    };
+    return cache_.get(language, split, settings_.max_eval_examples, read, [&](const auto& e) {
+      return featurize_tagging(e, labels_, tokenizer_, options_);
+    });
   }
 
   const config::FinetuneConfig& settings_;
@@ -308,7 +330,7 @@ class TaggingTask : public TrainableTask {
   std::vector<std::string> labels_;
   TaggingOptions options_;
   std::vector<TaggingFeature> train_;
-  std::map<std::pair<std::string, Split>, std::vector<TaggedSentence>> cache_;
+  Cache cache_;
 };
 
 // ---- Extractive QA ---------------------------------------------------------------------------
@@ -352,8 +374,7 @@ class QaTask : public TrainableTask {
 
   Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
                   const torch::Device& device, std::string* predictions) override {
-    const auto& gold = load(language, split);
-    auto features = featurize_qa(gold, tokenizer_, options_, /*training=*/false);
+    const auto& [gold, features] = load(language, split);
     std::vector<QaLogits> logits(features.features.size());
     for (const auto& indices :
          eval_batches(static_cast<int64_t>(features.features.size()), settings_.eval_batch_size)) {
@@ -385,13 +406,8 @@ class QaTask : public TrainableTask {
   std::vector<std::string> languages(Split split) const override {
     return EvalSets(settings_).available(split,
                                          [&](const std::string& language, std::string& missing) {
-                                           try {
-                                             missing = path(language, split);
-                                             return file_exists(missing);
-                                           } catch (const Error& e) {
-                                             missing = e.what();
-                                             return false;
-                                           }
+                                           missing = path(language, split);
+                                           return file_exists(missing);
                                          });
   }
 
@@ -412,20 +428,22 @@ class QaTask : public TrainableTask {
     return processed;
   }
 
-  const std::vector<QaExample>& load(const std::string& language, Split split) {
-    auto key = std::make_pair(language, split);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) return it->second;
-    auto data = read_squad_json(path(language, split), /*skip_mismatched=*/false);
-    keep_first(data.examples, settings_.max_eval_examples);
-    return cache_[key] = std::move(data.examples);
+  using Cache = EvalCache<QaExample, QaFeatures>;
+
+  const Cache::Set& load(const std::string& language, Split split) {
+    auto read = [&] {
+      return read_squad_json(path(language, split), /*skip_mismatched=*/false).examples;
+    };
+    return cache_.get(language, split, settings_.max_eval_examples, read, [&](const auto& e) {
+      return featurize_qa(e, tokenizer_, options_, /*training=*/false);
+    });
   }
 
   const config::FinetuneConfig& settings_;
   const data::Tokenizer& tokenizer_;
   QaOptions options_;
   std::vector<QaFeature> train_;
-  std::map<std::pair<std::string, Split>, std::vector<QaExample>> cache_;
+  Cache cache_;
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <torch/serialize.h>
 #include <yaml-cpp/yaml.h>
 #include <zlib.h>
 
@@ -32,7 +33,33 @@ int64_t step_of(const std::string& name) {
   return std::stoll(match[1].str());
 }
 
+void flatten_module_archive(torch::serialize::InputArchive& archive, const std::string& prefix,
+                            std::map<std::string, torch::Tensor>& out) {
+  for (const auto& key : archive.keys()) {
+    torch::Tensor tensor;
+    if (archive.try_read(key, tensor)) {
+      out.emplace(prefix + key, tensor.detach());
+      continue;
+    }
+    torch::serialize::InputArchive child;
+    if (archive.try_read(key, child)) flatten_module_archive(child, prefix + key + ".", out);
+  }
+}
+
 }  // namespace
+
+std::map<std::string, torch::Tensor> read_module_archive(const std::string& path) {
+  XLME_CHECK(fs::is_regular_file(path), "model file '{}' not found", path);
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(path, torch::kCPU);
+  } catch (const c10::Error& e) {
+    XLME_FAIL("cannot read the model file '{}': {}", path, e.what_without_backtrace());
+  }
+  std::map<std::string, torch::Tensor> out;
+  flatten_module_archive(archive, "", out);
+  return out;
+}
 
 uint32_t file_crc32(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -19,19 +19,6 @@ std::string shape_text(const torch::Tensor& t) {
 }
 
 // Tensors of a module archive and of its submodule archives, as dotted names.
-void collect(torch::serialize::InputArchive& archive, const std::string& prefix,
-             std::map<std::string, torch::Tensor>& out) {
-  for (const auto& key : archive.keys()) {
-    torch::Tensor tensor;
-    if (archive.try_read(key, tensor)) {
-      out[prefix + key] = tensor;
-      continue;
-    }
-    torch::serialize::InputArchive child;
-    if (archive.try_read(key, child)) collect(child, prefix + key + ".", out);
-  }
-}
-
 bool in_parts(const std::string& name, const std::string& parts) {
   auto under = [&](const char* prefix) { return name.rfind(prefix, 0) == 0; };
   if (parts == "all") return true;
@@ -50,10 +37,7 @@ std::map<std::string, torch::Tensor> checkpoint_weights(const std::string& folde
              "runs/demo/checkpoints/step_600",
              folder);
   CheckpointManager::verify(folder);
-  torch::serialize::InputArchive archive;
-  archive.load_from((fs::path(folder) / "model.pt").string());
-  std::map<std::string, torch::Tensor> out;
-  collect(archive, "", out);
+  auto out = read_module_archive((fs::path(folder) / "model.pt").string());
   XLME_CHECK(!out.empty(), "--init-from {}: model.pt holds no tensors", folder);
   return out;
 }

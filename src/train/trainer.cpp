@@ -32,19 +32,6 @@ int task_index(data::Task task) {
   return task == data::Task::kMono ? 0 : 1;
 }
 
-// CPU, or the GPU of this process's local rank (one process per GPU, as torchrun and SLURM
-// launch them).
-torch::Device choose_device(const std::string& device, int local_rank) {
-  if (device == "cpu") return torch::kCPU;
-  const bool cuda = torch::cuda::is_available();
-  XLME_CHECK(cuda || device == "auto",
-             "run.device is cuda but no CUDA device is available to this build; use run.device=cpu "
-             "or auto");
-  if (!cuda) return torch::kCPU;
-  const auto gpus = static_cast<int>(torch::cuda::device_count());
-  return torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(local_rank % gpus));
-}
-
 // A term's sums accumulated over the micro-batches of a step.
 struct TermSums {
   double weight = 1;
@@ -57,6 +44,17 @@ std::string rank_file(const std::string& folder, int rank) {
 }
 
 }  // namespace
+
+torch::Device choose_device(const std::string& device, int local_rank) {
+  if (device == "cpu") return torch::kCPU;
+  const bool cuda = torch::cuda::is_available();
+  XLME_CHECK(cuda || device == "auto",
+             "run.device is cuda but no CUDA device is available to this build; use run.device=cpu "
+             "or auto");
+  if (!cuda) return torch::kCPU;
+  const auto gpus = static_cast<int>(torch::cuda::device_count());
+  return torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(local_rank % gpus));
+}
 
 // --- SyntheticBatches ---------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@
 // invocation resumes at the end and has nothing left to do.
 #include "test_util.h"
 
+#include <array>
 #include <regex>
 #include <sstream>
 
@@ -24,19 +25,22 @@ void write_corpus(const std::string& dir) {
   for (auto& word : words) {
     for (unsigned n = 4 + next() % 4; n > 0; --n) word += static_cast<char>('a' + next() % 26);
   }
-  std::string en, de, fr;
-  for (int line = 0; line < 600; ++line) {
-    for (int w = 0; w < 8; ++w) {
-      const std::string& word = words[next() % words.size()];
-      const char* sep = w ? " " : "";
-      en += sep + word;
-      de += sep + word + "en";
-      fr += sep + ("le" + word);
+  // `lines` lines of `length` words: English, its "German" (suffix en) and "French" (prefix le).
+  auto sentences = [&](int lines, int length) {
+    std::array<std::string, 3> out;
+    for (int line = 0; line < lines; ++line) {
+      for (int w = 0; w < length; ++w) {
+        const std::string& word = words[next() % words.size()];
+        const char* sep = w ? " " : "";
+        out[0] += sep + word;
+        out[1] += sep + word + "en";
+        out[2] += sep + ("le" + word);
+      }
+      for (auto& text : out) text += "\n";
     }
-    en += "\n";
-    de += "\n";
-    fr += "\n";
-  }
+    return out;
+  };
+  const auto [en, de, fr] = sentences(600, 8);
   write_file(dir + "/mono/en.txt", en);
   write_file(dir + "/mono/de.txt", de);
   write_file(dir + "/mono/fr.txt", fr);
@@ -44,20 +48,8 @@ void write_corpus(const std::string& dir) {
   write_file(dir + "/para/en-de.de", de);
   write_file(dir + "/para/en-fr.en", en);
   write_file(dir + "/para/en-fr.fr", fr);
-  // Held-out pairs: the first 60 lines' relation on new sentences (words drawn afresh).
-  std::string hen, hde, hfr;
-  for (int line = 0; line < 60; ++line) {
-    for (int w = 0; w < 6; ++w) {
-      const std::string& word = words[next() % words.size()];
-      const char* sep = w ? " " : "";
-      hen += sep + word;
-      hde += sep + word + "en";
-      hfr += sep + ("le" + word);
-    }
-    hen += "\n";
-    hde += "\n";
-    hfr += "\n";
-  }
+  // Held-out pairs: the same relation on new sentences (words drawn afresh).
+  const auto [hen, hde, hfr] = sentences(60, 6);
   write_file(dir + "/heldout/en-de.en", hen);
   write_file(dir + "/heldout/en-de.de", hde);
   write_file(dir + "/heldout/en-fr.en", hen);

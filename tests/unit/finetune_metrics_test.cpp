@@ -3,6 +3,8 @@
 // segmentation, unanswered questions, BUCC's threshold midpoint).
 #include "xlme/finetune/metrics.h"
 
+#include "xlme/eval/retrieval.h"
+
 #include "test_util.h"
 
 #include <torch/torch.h>
@@ -185,7 +187,9 @@ TEST(Retrieval, AccuracyAgainstIdentityOrGivenGold) {
   EXPECT_DOUBLE_EQ(retrieval_accuracy({1, 0}, {1, 0}), 100.0);
   const auto q = torch::tensor({1.0f, 0.0f, 0.0f, 1.0f}).view({2, 2});
   const auto k = torch::tensor({0.0f, 2.0f, 3.0f, 0.1f}).view({2, 2});
-  EXPECT_EQ(nearest_neighbors(q, k), (std::vector<int64_t>{1, 0}));
+  const auto found = eval::nearest_neighbours(q, k);
+  EXPECT_EQ(std::vector<int64_t>(found.data_ptr<int64_t>(), found.data_ptr<int64_t>() + 2),
+            (std::vector<int64_t>{1, 0}));
 }
 
 TEST(Bucc, RatioMarginScoresMatchTheHandComputation) {

@@ -57,8 +57,4 @@ Pretrained load_pretrained(const std::string& path, const PretrainedOptions& opt
 // Weights only the whole ELECTRA model has: generator.*, generator_head.*, mlm_head.*.
 bool is_generator_weight(const std::string& name);
 
-// The flat "a.b.c" -> tensor map of a module saved with torch::save(module) (a checkpoint's
-// model.pt), read without building the module.
-std::map<std::string, torch::Tensor> read_module_archive(const std::string& path);
-
 }  // namespace xlme::export_

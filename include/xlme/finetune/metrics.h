@@ -89,9 +89,8 @@ QaScores qa_scores(const std::vector<QaExample>& gold,
 double retrieval_accuracy(const std::vector<int64_t>& predicted,
                           const std::vector<int64_t>& gold = {});
 
-// For each query row, the key row with the highest cosine similarity (XTREME's exact L2 index over
-// normalized embeddings). queries [N, H], keys [M, H], float; any device.
-std::vector<int64_t> nearest_neighbors(const torch::Tensor& queries, const torch::Tensor& keys);
+// (Cosine nearest neighbours, XTREME's exact L2 index over normalized embeddings:
+// eval::nearest_neighbours in xlme/eval/retrieval.h.)
 
 // A mined pair of row indices with its margin score.
 struct MinedPair {

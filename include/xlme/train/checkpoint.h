@@ -7,8 +7,11 @@
 // at any point leaves either the finished checkpoint or a temporary folder that is ignored.
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -59,6 +62,10 @@ class CheckpointManager {
   int64_t keep_last_;
   int64_t keep_every_;
 };
+
+// The flat "a.b.c" -> tensor map of a module saved with torch::save(module) (a checkpoint's
+// model.pt), on the CPU, read without building the module.
+std::map<std::string, torch::Tensor> read_module_archive(const std::string& path);
 
 // CRC32 (zlib's polynomial) of a whole file, read in chunks.
 uint32_t file_crc32(const std::string& path);

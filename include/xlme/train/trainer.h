@@ -49,6 +49,10 @@ class SyntheticBatches : public data::BatchSource {
   int64_t cursor_[2] = {0, 0};  // per task: the stream position of the next micro-batch
 };
 
+// run.device resolved: CPU, or the GPU of this process's local rank (one process per GPU, as
+// torchrun and SLURM launch them); "cuda" without a CUDA device is an error.
+torch::Device choose_device(const std::string& device, int local_rank);
+
 struct StepRecord {
   int64_t step = 0;  // updates done, this one included
   double lr = 0;
