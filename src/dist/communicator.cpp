@@ -16,7 +16,9 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <string_view>
 #include <thread>
+#include <type_traits>
 
 namespace xlme::dist {
 namespace {
@@ -43,6 +45,33 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master
     return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   }
   return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// TCPStoreOptions::useLibUV exists from LibTorch 2.2 and defaults to true from 2.4, but a LibTorch
+// built without libuv (Debian's 2.x packages) refuses it. Detected by member, not by version.
+template <typename Options, typename = void>
+struct HasLibUvOption : std::false_type {};
+template <typename Options>
+struct HasLibUvOption<Options, std::void_t<decltype(std::declval<Options&>().useLibUV)>>
+    : std::true_type {};
+
+// The store with LibTorch's default server backend (libuv where it has it), else the classic
+// one. The refusal comes before any socket is opened, so the retry binds the port only once.
+// A template so that the branch on useLibUV compiles only where the member exists.
+template <typename Options>
+c10::intrusive_ptr<c10d::TCPStore> make_store(const std::string& host, Options options) {
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, options);
+  } catch (const std::exception& e) {
+    if constexpr (HasLibUvOption<Options>::value) {
+      if (options.useLibUV && std::string_view(e.what()).find("libuv") != std::string_view::npos) {
+        spdlog::debug("this LibTorch has no libuv TCPStore backend; using the classic one");
+        options.useLibUV = false;
+        return c10::make_intrusive<c10d::TCPStore>(host, options);
+      }
+    }
+    throw;
+  }
 }
 
 }  // namespace
@@ -84,7 +113,7 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
   options.waitWorkers = false;
   options.timeout = timeout;
   try {
-    group.store = c10::make_intrusive<c10d::TCPStore>(launch.master_addr, options);
+    group.store = make_store(launch.master_addr, options);
   } catch (const std::exception& e) {
     XLME_FAIL(
         "rank {} of {}: cannot {} the rendezvous at {} within {} s ({}); check MASTER_ADDR and "

@@ -14,6 +14,7 @@
 #include <numeric>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -117,7 +118,7 @@ int64_t byte_offset_of_code_point(const std::string& text, int64_t cp) {
 }
 
 const nlohmann::json& field(const nlohmann::json& j, const char* key, nlohmann::json::value_t type,
-                            const std::string& path, const std::string& at) {
+                            const std::string& path, std::string_view at) {
   const auto it = j.find(key);
   XLME_CHECK(it != j.end(), "{}: {}.{} is missing; is this a SQuAD v1.1 JSON file?", path, at, key);
   const bool ok = type == nlohmann::json::value_t::number_integer ? it->is_number_integer()
@@ -528,7 +529,7 @@ std::vector<TaggedSentence> read_conllu(const std::string& path, const std::stri
   std::vector<xio::UdWord> words;
   std::vector<xio::UdRange> ranges;
   int64_t first_line = 0;
-  const auto& upos_set = task_labels("udpos");
+  const auto upos_set = task_labels("udpos");  // a copy: GCC 14 flags a reference here
   auto flush = [&] {
     if (!words.empty()) {
       TaggedSentence s;

@@ -193,17 +193,38 @@ TEST(AttentionKernel, SdpaMatchesMath) {
                  << compat::kTorchVersion;
   }
   const auto c = make_case(2, 3, 7, 4);
+  const auto weights = torch::randn_like(c.q);  // a loss that weighs every output differently
   for (const bool gated : {true, false}) {
-    PositionBias bias;
-    bias.table = toeplitz_bias(c.d, c.flat_buckets, c.length);
-    if (gated) {
-      bias.gate_u = c.u;
-      bias.gate_v = c.gv;
-      bias.gate_w = c.w;
+    // The outputs and the gradients w.r.t. q, k, v and every bias parameter.
+    auto forward_backward = [&](AttentionKernel kernel) {
+      std::vector<torch::Tensor> leaves;
+      for (const auto& t : {c.q, c.k, c.v, c.d, c.u, c.gv, c.w}) {
+        leaves.push_back(t.detach().clone().requires_grad_(true));
+      }
+      PositionBias bias;
+      bias.table = toeplitz_bias(leaves[3], c.flat_buckets, c.length);
+      if (gated) {
+        bias.gate_u = leaves[4];
+        bias.gate_v = leaves[5];
+        bias.gate_w = leaves[6];
+      }
+      auto out = attention(leaves[0], leaves[1], leaves[2], c.padding, bias, 0.0, false, kernel);
+      (out * weights).sum().backward();
+      std::vector<torch::Tensor> results{out.detach()};
+      for (const auto& leaf : leaves) {
+        results.push_back(leaf.grad().defined() ? leaf.grad() : torch::zeros_like(leaf));
+      }
+      return results;
+    };
+    const auto math = forward_backward(AttentionKernel::kMath);
+    const auto sdpa = forward_backward(AttentionKernel::kSdpa);
+    const char* names[] = {"output", "dq", "dk", "dv", "dd", "du", "dv_gate", "dw"};
+    for (size_t i = 0; i < math.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(math[i], sdpa[i], 1e-10, 1e-10))
+          << names[i] << ", gated " << gated;
     }
-    const auto math = attention(c.q, c.k, c.v, c.padding, bias, 0.0, false, AttentionKernel::kMath);
-    const auto sdpa = attention(c.q, c.k, c.v, c.padding, bias, 0.0, false, AttentionKernel::kSdpa);
-    EXPECT_TRUE(torch::allclose(math, sdpa, 1e-10, 1e-10)) << "gated " << gated;
+    // The gate parameters get gradients exactly when the gate is on.
+    EXPECT_EQ(math[5].abs().sum().item<double>() > 0, gated);
   }
 }
 
