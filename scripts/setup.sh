@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages xlme needs (skipped when all are present), then configures and
 # builds xlme. Safe to run again: it only does what is missing or out of date.
+# --print-packages prints the Debian packages and exits (scripts/check_torch2.sh uses it).
 #
-#   scripts/setup.sh [--no-build] [-- EXTRA CMAKE ARGS]
+#   scripts/setup.sh [--no-build] [--print-packages] [-- EXTRA CMAKE ARGS]
 #
 # Environment:
 #   XLME_BUILD_DIR     build folder (default: build)
@@ -14,12 +15,14 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${XLME_BUILD_DIR:-build}
 case "$build_dir" in /*) ;; *) build_dir="$root/$build_dir" ;; esac
 build=1
+print_packages=0
 cmake_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-build) build=0 ;;
+    --print-packages) print_packages=1 ;;
     --) shift; cmake_args=("$@"); break ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -41,6 +44,10 @@ packages=(
   python3-torch python3-numpy python3-matplotlib
 )
 
+if [ "$print_packages" -eq 1 ]; then
+  printf '%s\n' "${packages[@]}"
+  exit 0
+fi
 "$root/scripts/install_packages.sh" "${packages[@]}"
 
 [ "$build" -eq 1 ] || exit 0

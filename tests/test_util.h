@@ -16,6 +16,7 @@
 #include <functional>
 #include <initializer_list>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,33 @@ inline ::testing::AssertionResult contains_all(const std::string& text,
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+// gtest reports a failure in SetUpTestSuite as *skipped* tests, and CTest counts them as skipped,
+// not failed. So a fixture runs its suite-wide set-up through SuiteSetUp::run, which keeps the
+// failure, and its SetUp() calls SuiteSetUp::check, which fails every test with it.
+class SuiteSetUp {
+ public:
+  void run(const std::function<void()>& setup) {
+    try {
+      setup();
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
+  }
+  // A fatal failure (the test body does not run) that names what the set-up hit.
+  void check() const { ASSERT_TRUE(error_.empty()) << "the suite's set-up failed: " << error_; }
+
+ private:
+  std::string error_;
+};
+
+// Runs `command` through the shell with its output going to `log`; throws with the command and
+// that output when it fails.
+inline void run_or_throw(const std::string& command, const std::string& log) {
+  if (std::system((command + " >" + log + " 2>&1").c_str()) != 0) {
+    throw std::runtime_error("'" + command + "' failed:\n" + read_file(log));
+  }
 }
 
 // The shell's single-quoted form of `s`.

@@ -9,10 +9,15 @@
 #include <memory>
 #include <unordered_map>
 
-// Declared in SentencePiece's internal common.h, exported by libsentencepiece.so.
-namespace sentencepiece::logging {
-void SetMinLogLevel(int v);
-}  // namespace sentencepiece::logging
+// SentencePiece's log level: 0.1 (Debian 12) exports only the internal logging::SetMinLogLevel
+// (common.h), 0.2.2 only the public SetMinLogLevel, 0.2.0 both. Weak references take whichever
+// this libsentencepiece has.
+namespace sentencepiece {
+__attribute__((weak)) void SetMinLogLevel(int v);
+namespace logging {
+__attribute__((weak)) void SetMinLogLevel(int v);
+}  // namespace logging
+}  // namespace sentencepiece
 
 namespace {
 
@@ -53,7 +58,12 @@ std::string encode(const void* processor, const std::string& text, std::vector<i
 
 std::string decode(const void* processor, const std::vector<int>& ids, std::string* text) {
   try {
+// SentencePiece 0.2.2 (Debian sid) deprecates Decode(std::vector<int>) for an absl::Span overload
+// that 0.1 (Debian 12) lacks; the vector overload works in both.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
     const auto status = processor_of(processor).Decode(ids, text);
+#pragma GCC diagnostic pop
     return status.ok() ? "" : status.ToString();
   } catch (const std::exception& e) {
     return e.what();
@@ -77,7 +87,14 @@ std::string train(const std::vector<std::pair<std::string, std::string>>& flags,
     // The trainer logs through std::cerr; under RTLD_DEEPBIND that is libstdc++'s own,
     // uninitialized copy of the object (the executable holds the live one), and writing to it
     // crashes. Only fatal messages stay on; errors come back in the status.
-    sentencepiece::logging::SetMinLogLevel(3);
+    if (sentencepiece::SetMinLogLevel) {
+      sentencepiece::SetMinLogLevel(3);
+    } else if (sentencepiece::logging::SetMinLogLevel) {
+      sentencepiece::logging::SetMinLogLevel(3);
+    } else {
+      return "this libsentencepiece exports no SetMinLogLevel, which xlme needs to keep its "
+             "trainer quiet; use SentencePiece 0.1.9x or 0.2.x";
+    }
     sentencepiece::SetRandomGeneratorSeed(seed);
     const std::unordered_map<std::string, std::string> kwargs(flags.begin(), flags.end());
     const auto status = sentencepiece::SentencePieceTrainer::Train(kwargs, nullptr, model);

@@ -6,6 +6,7 @@
 #include "xlme/export/safetensors.h"
 #include "xlme/train/checkpoint.h"
 
+#include <fmt/ranges.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
 #include <yaml-cpp/yaml.h>

@@ -59,15 +59,19 @@ ParityBatch parity_batch(const data::SpecialIds& special, int64_t length) {
 class ExportParity : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    tokenizer_ = new std::string(xlme::testing::train_tiny_tokenizer(*dir_ / "tok"));
+    setup_.run([] {
+      dir_ = new TempDir();
+      tokenizer_ = new std::string(xlme::testing::train_tiny_tokenizer(*dir_ / "tok"));
+    });
   }
   static void TearDownTestSuite() {
     delete tokenizer_;
     delete dir_;
   }
+  inline static xlme::testing::SuiteSetUp setup_;
 
   void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(setup_.check());
     const auto [code, out] = shell(std::string(kReferencePython) + " -c 'import torch, numpy'");
     ASSERT_EQ(code, 0) << kReferencePython
                        << " cannot import torch and numpy, which the export parity test needs; "

@@ -29,16 +29,20 @@ using xlme::testing::write_file;
 class FinetuneTasks : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    const auto tokenizer = xlme::testing::train_tiny_tokenizer((dir_->path() / "tok").string());
-    const auto c = xlme::testing::tiny_export_config(tokenizer, {});
-    checkpoint_ = new std::string(
-        xlme::testing::make_tiny_checkpoint(c, (dir_->path() / "run").string(), 0.02).path);
+    setup_.run([] {
+      dir_ = new TempDir();
+      const auto tokenizer = xlme::testing::train_tiny_tokenizer((dir_->path() / "tok").string());
+      const auto c = xlme::testing::tiny_export_config(tokenizer, {});
+      checkpoint_ = new std::string(
+          xlme::testing::make_tiny_checkpoint(c, (dir_->path() / "run").string(), 0.02).path);
+    });
   }
   static void TearDownTestSuite() {
     delete checkpoint_;
     delete dir_;
   }
+  inline static xlme::testing::SuiteSetUp setup_;
+  void SetUp() override { setup_.check(); }
 
   // A config for `task` reading fixtures under the test's folder.
   config::Config config_for(const std::string& task, std::vector<std::string> sets) {

@@ -565,7 +565,7 @@ TEST(Batches, FromBinarizedShardsWithTheConfiguredTokenizer) {
   const std::string command = "spm_train --input=" + (dir / "train.txt") +
                               " --model_prefix=" + (dir / "m") +
                               " --vocab_size=30 --bos_id=0 --pad_id=1 --eos_id=2 --unk_id=3 "
-                              "--minloglevel=2 >" +
+                              ">" +
                               (dir / "train.log") + " 2>&1";
   ASSERT_EQ(std::system(command.c_str()), 0) << read_file(dir / "train.log");
   const Tokenizer tokenizer(dir / "m.model", VocabLayout::kOwn);

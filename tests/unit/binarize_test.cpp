@@ -47,20 +47,22 @@ std::vector<std::string> text_lines(const std::string& text) {
 class Binarize : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    write_file(*dir_ / "train.txt", mono_text(300, 5));
-    const std::string command = "spm_train --input=" + (*dir_ / "train.txt") +
-                                " --model_prefix=" + (*dir_ / "m") +
-                                " --vocab_size=40 --bos_id=0 --pad_id=1 --eos_id=2 --unk_id=3 "
-                                "--minloglevel=2 >" +
-                                (*dir_ / "train.log") + " 2>&1";
-    ASSERT_EQ(std::system(command.c_str()), 0) << read_file(*dir_ / "train.log");
-    tokenizer_ = new Tokenizer(*dir_ / "m.model", VocabLayout::kOwn);
+    setup_.run([] {
+      dir_ = new TempDir();
+      write_file(*dir_ / "train.txt", mono_text(300, 5));
+      const std::string command = "spm_train --input=" + (*dir_ / "train.txt") +
+                                  " --model_prefix=" + (*dir_ / "m") +
+                                  " --vocab_size=40 --bos_id=0 --pad_id=1 --eos_id=2 --unk_id=3";
+      xlme::testing::run_or_throw(command, *dir_ / "train.log");
+      tokenizer_ = new Tokenizer(*dir_ / "m.model", VocabLayout::kOwn);
+    });
   }
   static void TearDownTestSuite() {
     delete tokenizer_;
     delete dir_;
   }
+  inline static xlme::testing::SuiteSetUp setup_;
+  void SetUp() override { setup_.check(); }
 
   BinarizeOptions options(const TempDir& dir) const {
     BinarizeOptions o;

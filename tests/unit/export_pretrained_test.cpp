@@ -23,24 +23,29 @@ using xlme::testing::write_file;
 class PretrainedWeights : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    tokenizer_ = new std::string(xlme::testing::train_tiny_tokenizer(*dir_ / "tok"));
-    const auto c = xlme::testing::tiny_export_config(*tokenizer_, {});
-    checkpoint_ =
-        new xlme::testing::TinyCheckpoint(xlme::testing::make_tiny_checkpoint(c, *dir_ / "run"));
-    // Two train records around the checkpoint's step 3, and a validation record.
-    write_file(*dir_ / "run/metrics.jsonl",
-               "{\"step\": 1, \"kind\": \"train\", \"total_loss\": 9.5}\n"
-               "{\"step\": 3, \"kind\": \"train\", \"total_loss\": 7.25, \"accuracy/mlm\": 0.125}\n"
-               "{\"step\": 3, \"kind\": \"validation\", \"loss/mlm\": 6.5}\n"
-               "{\"step\": 5, \"kind\": \"train\", \"total_loss\": 1.0}\n"
-               "{\"step\": 6, \"kind\"\n");
+    setup_.run([] {
+      dir_ = new TempDir();
+      tokenizer_ = new std::string(xlme::testing::train_tiny_tokenizer(*dir_ / "tok"));
+      const auto c = xlme::testing::tiny_export_config(*tokenizer_, {});
+      checkpoint_ =
+          new xlme::testing::TinyCheckpoint(xlme::testing::make_tiny_checkpoint(c, *dir_ / "run"));
+      // Two train records around the checkpoint's step 3, and a validation record.
+      write_file(
+          *dir_ / "run/metrics.jsonl",
+          "{\"step\": 1, \"kind\": \"train\", \"total_loss\": 9.5}\n"
+          "{\"step\": 3, \"kind\": \"train\", \"total_loss\": 7.25, \"accuracy/mlm\": 0.125}\n"
+          "{\"step\": 3, \"kind\": \"validation\", \"loss/mlm\": 6.5}\n"
+          "{\"step\": 5, \"kind\": \"train\", \"total_loss\": 1.0}\n"
+          "{\"step\": 6, \"kind\"\n");
+    });
   }
   static void TearDownTestSuite() {
     delete checkpoint_;
     delete tokenizer_;
     delete dir_;
   }
+  inline static xlme::testing::SuiteSetUp setup_;
+  void SetUp() override { setup_.check(); }
 
   // An export of the suite's checkpoint into a fresh folder of `dir`.
   static std::string exported(const TempDir& dir, bool with_generator = false,

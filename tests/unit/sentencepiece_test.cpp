@@ -38,14 +38,18 @@ std::string corpus() {
 class SentencePieceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    write_file(*dir_ / "corpus.txt", corpus());
-    const std::string command =
-        "spm_train --input=" + (*dir_ / "corpus.txt") + " --model_prefix=" + (*dir_ / "m") +
-        " --vocab_size=60 --model_type=unigram --minloglevel=2 >" + (*dir_ / "train.log") + " 2>&1";
-    ASSERT_EQ(std::system(command.c_str()), 0) << read_file(*dir_ / "train.log");
+    setup_.run([] {
+      dir_ = new TempDir();
+      write_file(*dir_ / "corpus.txt", corpus());
+      const std::string command = "spm_train --input=" + (*dir_ / "corpus.txt") +
+                                  " --model_prefix=" + (*dir_ / "m") +
+                                  " --vocab_size=60 --model_type=unigram";
+      xlme::testing::run_or_throw(command, *dir_ / "train.log");
+    });
   }
   static void TearDownTestSuite() { delete dir_; }
+  inline static xlme::testing::SuiteSetUp setup_;
+  void SetUp() override { setup_.check(); }
 
   static TempDir* dir_;
 };

@@ -79,23 +79,27 @@ TEST(Tokenizer, BalancedSampleCountsFollowTheFormula) {
 class TokenizerTraining : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    write_file(*dir_ / "corpus/mono/de.txt", sentences(kGerman, 400, 1));
-    write_file(*dir_ / "corpus/mono/ru.txt", sentences(kRussian, 100, 2));
-    write_file(*dir_ / "corpus/mono/el.txt", sentences(kGreek, 10, 3));
-    SpmTrainingOptions options;
-    options.corpus_dir = *dir_ / "corpus";
-    options.out_model = *dir_ / "own.model";
-    options.spm.vocab_size = 80;
-    options.spm.character_coverage = 1.0;
-    options.spm.max_sentences = 1000;
-    options.threads = 2;
-    report_ = new SpmTrainingReport(train_sentencepiece(options));
+    setup_.run([] {
+      dir_ = new TempDir();
+      write_file(*dir_ / "corpus/mono/de.txt", sentences(kGerman, 400, 1));
+      write_file(*dir_ / "corpus/mono/ru.txt", sentences(kRussian, 100, 2));
+      write_file(*dir_ / "corpus/mono/el.txt", sentences(kGreek, 10, 3));
+      SpmTrainingOptions options;
+      options.corpus_dir = *dir_ / "corpus";
+      options.out_model = *dir_ / "own.model";
+      options.spm.vocab_size = 80;
+      options.spm.character_coverage = 1.0;
+      options.spm.max_sentences = 1000;
+      options.threads = 2;
+      report_ = new SpmTrainingReport(train_sentencepiece(options));
+    });
   }
   static void TearDownTestSuite() {
     delete report_;
     delete dir_;
   }
+  inline static xlme::testing::SuiteSetUp setup_;
+  void SetUp() override { setup_.check(); }
   static TempDir* dir_;
   static SpmTrainingReport* report_;
 };
@@ -151,9 +155,9 @@ TEST_F(TokenizerTraining, OwnLayoutMatchesSpmEncode) {
 TEST_F(TokenizerTraining, XlmrLayoutShiftsSpmIdsLikeFairseq) {
   // XLM-R's sentencepiece.bpe.model has spm_train's default ids: <unk>=0, <s>=1, </s>=2.
   const std::string prefix = *dir_ / "xlmr";
-  const std::string command =
-      "spm_train --input=" + (*dir_ / "corpus/mono/de.txt") + " --model_prefix=" + prefix +
-      " --vocab_size=60 --model_type=bpe --minloglevel=2 >" + (*dir_ / "spm_train.log") + " 2>&1";
+  const std::string command = "spm_train --input=" + (*dir_ / "corpus/mono/de.txt") +
+                              " --model_prefix=" + prefix + " --vocab_size=60 --model_type=bpe >" +
+                              (*dir_ / "spm_train.log") + " 2>&1";
   ASSERT_EQ(std::system(command.c_str()), 0) << read_file(*dir_ / "spm_train.log");
   const Tokenizer tok(prefix + ".model", VocabLayout::kXlmr);
   EXPECT_EQ(tok.vocab_size(), 62);  // 60 pieces + <pad> + <mask>, as 250000 -> 250002

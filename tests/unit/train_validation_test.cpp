@@ -24,14 +24,18 @@ using xlme::testing::write_file;
 class Validation : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    xlme::testing::write_heldout_and_tokenizer(dir_->path().string(), 40);
-    tokenizer_ = new data::Tokenizer(*dir_ / "spm.model", data::VocabLayout::kOwn);
+    setup_.run([] {
+      dir_ = new TempDir();
+      xlme::testing::write_heldout_and_tokenizer(dir_->path().string(), 40);
+      tokenizer_ = new data::Tokenizer(*dir_ / "spm.model", data::VocabLayout::kOwn);
+    });
   }
   static void TearDownTestSuite() {
     delete tokenizer_;
     delete dir_;
   }
+  inline static xlme::testing::SuiteSetUp setup_;
+  void SetUp() override { setup_.check(); }
   static config::Config config() {
     auto c = xlme::testing::tiny_train_config(4, 1, /*dropout=*/0.1);
     c.model.vocab_size = tokenizer_->vocab_size();

@@ -89,3 +89,20 @@ namespace xlme::compat {
 using CollectiveGroup = c10d::ProcessGroup;
 }
 #endif
+
+// The CUDA caching allocator's statistics (peak memory): newer LibTorch (2.6 has it, 1.13 does
+// not) moved StatType from c10::cuda::CUDACachingAllocator to the device-generic
+// c10::CachingDeviceAllocator; the header that holds it decides, not a version number.
+#ifdef XLME_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#if __has_include(<c10/core/CachingDeviceAllocator.h>)
+#include <c10/core/CachingDeviceAllocator.h>
+namespace xlme::compat {
+using CudaStatType = c10::CachingDeviceAllocator::StatType;
+}
+#else
+namespace xlme::compat {
+using CudaStatType = c10::cuda::CUDACachingAllocator::StatType;
+}
+#endif
+#endif
