@@ -138,18 +138,22 @@ TEST_F(Validation, EqualsADirectComputationAndLeavesTrainingUntouched) {
   }
   EXPECT_EQ(first.retrieval_mean.mean, second.retrieval_mean.mean);
 
-  // The retrieval probe: the retrieval module on the pairs' wrapped sentences at layer 1.
+  // The retrieval probe: the retrieval module on the pairs' wrapped sentences at layer 1, cut
+  // to data.mono.max_len (how many are cut depends on the SentencePiece version's vocabulary).
   eval::EmbeddingOptions options;
   options.layers = {1};
+  auto wrapped = [&](const std::vector<int32_t>& pieces) {
+    const auto kept = std::min<size_t>(pieces.size(), static_cast<size_t>(c.data.mono.max_len - 2));
+    std::vector<int64_t> ids{0};
+    ids.insert(ids.end(), pieces.begin(), pieces.begin() + static_cast<std::ptrdiff_t>(kept));
+    ids.push_back(2);
+    return ids;
+  };
   for (const auto& p : pairs) {
     std::vector<std::vector<int64_t>> a, b;
     for (size_t i = 0; i < p.a.size(); ++i) {
-      a.push_back({0});
-      a.back().insert(a.back().end(), p.a[i].begin(), p.a[i].end());
-      a.back().push_back(2);
-      b.push_back({0});
-      b.back().insert(b.back().end(), p.b[i].begin(), p.b[i].end());
-      b.back().push_back(2);
+      a.push_back(wrapped(p.a[i]));
+      b.push_back(wrapped(p.b[i]));
     }
     const auto expected =
         eval::retrieval_accuracy(eval::sentence_embeddings(model->discriminator, a, options)[0],
