@@ -259,8 +259,8 @@ const std::vector<std::string>& task_languages(const std::string& task) {
   return it->second;
 }
 
-const std::vector<std::string>& task_labels(const std::string& task) {
-  static const std::map<std::string, std::vector<std::string>> labels = {
+const std::vector<std::string>& task_labels(std::string_view task) {
+  static const std::map<std::string, std::vector<std::string>, std::less<>> labels = {
       {"xnli", {"contradiction", "entailment", "neutral"}},
       {"pawsx", {"0", "1"}},
       {"udpos",
@@ -529,7 +529,7 @@ std::vector<TaggedSentence> read_conllu(const std::string& path, const std::stri
   std::vector<xio::UdWord> words;
   std::vector<xio::UdRange> ranges;
   int64_t first_line = 0;
-  const auto upos_set = task_labels("udpos");  // a copy: GCC 14 flags a reference here
+  const auto& upos_set = task_labels("udpos");
   auto flush = [&] {
     if (!words.empty()) {
       TaggedSentence s;

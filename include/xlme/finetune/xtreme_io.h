@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -27,7 +28,7 @@ const std::vector<std::string>& task_languages(const std::string& task);
 // The label set of a classification or tagging task, in the model's class order: xnli
 // contradiction/entailment/neutral, pawsx 0/1, udpos "O" + the 17 sorted UPOS tags (XTREME's
 // get_labels prepends O: 18 classes), panx the 7 sorted IOB2 tags. Throws for other tasks.
-const std::vector<std::string>& task_labels(const std::string& task);
+const std::vector<std::string>& task_labels(std::string_view task);
 
 // ---- TSV ---------------------------------------------------------------------------------------
 
