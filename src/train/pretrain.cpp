@@ -140,15 +140,13 @@ std::string resume_path(const PretrainOptions& options, const CheckpointManager&
     CheckpointManager::verify(options.resume);
     return options.resume;
   }
-  int64_t step = -1;
+  double step = 0;  // only rank 0 contributes to the sum
   if (comm.rank() == 0) {
-    if (const auto latest = manager.latest_valid()) step = latest->step;
+    const auto latest = manager.latest_valid();
+    step = latest ? static_cast<double>(latest->step) : -1;
   }
-  std::vector<torch::Tensor> shared{torch::tensor({static_cast<double>(step)}, torch::kFloat64)};
-  if (comm.rank() != 0) shared[0].zero_();
-  comm.all_reduce_sum(shared);  // only rank 0 contributes
-  step = static_cast<int64_t>(shared[0].item<double>());
-  return step < 0 ? "" : manager.path_for(step);
+  step = comm.reduce_scalars({step}, dist::ScalarOp::kSum).front();
+  return step < 0 ? "" : manager.path_for(static_cast<int64_t>(step));
 }
 
 }  // namespace
@@ -208,6 +206,8 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
 
   auto window_start = std::chrono::steady_clock::now();
   int64_t window_tokens = 0;
+  double window_flops = 0;
+  const std::string gpu = device_name(trainer.device());
   IntervalSums interval;
   while (trainer.step() < config.train.steps) {
     const StepRecord record = trainer.train_step();
@@ -226,20 +226,22 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
       return kExitPreempted;
     }
     window_tokens += record.tokens;
+    window_flops += record.flops;
     interval.add(record);
     const bool last = record.step == config.train.steps;
     if (record.step % config.train.log_every == 0 || record.step == 1 || last) {
       const auto now = std::chrono::steady_clock::now();
+      const double seconds = std::chrono::duration<double>(now - window_start).count();
       Throughput speed;
-      speed.tokens_per_second =
-          window_tokens / std::chrono::duration<double>(now - window_start).count();
-      speed.mfu = model_flops_utilization(config, trainer.device(), speed.tokens_per_second);
+      speed.tokens_per_second = window_tokens / seconds;
+      speed.mfu = model_flops_utilization(window_flops / seconds, gpu, comm->world_size());
       speed.peak_memory_mib = peak_memory_mib(trainer.device());
       const Summaries terms = interval.summarize_and_reset();
       spdlog::info("{}", log_line(record, terms, config.train.steps, speed));
       if (metrics) metrics->write(metrics_of(record, terms, speed, trainer.tokens_seen()));
       window_start = now;
       window_tokens = 0;
+      window_flops = 0;
     }
     if (validator != nullptr && config.train.validate_every > 0 &&
         (record.step % config.train.validate_every == 0 || last)) {
@@ -267,7 +269,8 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
 
 int run_pretraining(const config::Config& config, const PretrainOptions& options) {
   const dist::LaunchInfo launch = dist::launch_info_from_env();
-  auto comm = dist::Communicator::create(launch, config.dist.backend,
+  const torch::Device device = dist::use_device(config.run.device, launch);
+  auto comm = dist::Communicator::create(launch, device, config.dist.backend,
                                          std::chrono::seconds(config.dist.timeout_s));
   config::Config resolved = config;
   std::unique_ptr<data::Tokenizer> tokenizer;
