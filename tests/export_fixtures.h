@@ -86,6 +86,8 @@ inline TinyCheckpoint make_tiny_checkpoint(const config::Config& c, const std::s
   train::Trainer trainer(config, out.model, source, single_process());
   while (trainer.step() < config.train.steps) trainer.train_step();
   {
+    // Its own stream: the perturbation does not depend on what training drew.
+    torch::manual_seed(seed + 1000);
     torch::NoGradGuard no_grad;
     for (auto& p : out.model->parameters()) p.add_(torch::randn_like(p) * perturb);
   }
