@@ -29,6 +29,8 @@ while [ $# -gt 0 ]; do
 done
 
 # libopenblas0-pthread: without it LibTorch falls back to the reference BLAS (~15x slower matmuls).
+# libtcmalloc-minimal4: the allocator the binaries preload (src/common/runtime.h; peak RSS of the
+# demo run less than half of glibc malloc's).
 # python3-torch, python3-numpy: the PyTorch reference loader and its parity test;
 # python3-matplotlib: scripts/plot_metrics.py.
 # zlib1g-dev, liblzma-dev: .gz/.xz corpora (and checkpoint CRC32s); gettext: msgfmt for the
@@ -37,7 +39,7 @@ done
 # tests and benchmark.
 packages=(
   build-essential cmake ninja-build pkg-config
-  libtorch-dev libgloo-dev libopenblas0-pthread
+  libtorch-dev libgloo-dev libopenblas0-pthread libtcmalloc-minimal4
   libsentencepiece-dev sentencepiece
   zlib1g-dev liblzma-dev gettext
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev nlohmann-json3-dev

@@ -56,6 +56,8 @@ int run_app(int argc, char** argv, const AppSpec& spec,
       ->type_name("N");
   cli.set_version_flag("--version", [] { return runtime::build_description(); });
   cli.footer(
+      "Environment: OMP_WAIT_POLICY (default PASSIVE); XLME_ALLOCATOR=tcmalloc (default, when "
+      "libtcmalloc-minimal4 is installed) or system (glibc malloc).\n"
       "Exit codes: 0 success, 1 error (the message says what to fix), 2 bad command line, 3 not "
       "implemented yet.");
   if (add_options) add_options(cli);
@@ -77,7 +79,7 @@ int run_app(int argc, char** argv, const AppSpec& spec,
       return kExitOk;
     }
 
-    runtime::ensure_passive_omp_wait_policy(argv);
+    runtime::ensure_process_defaults(argv);
     const int rank = dist::launch_info_from_env().rank;
     logging::Options log_options{cfg.run.log_level, rank, ""};
     if (spec.run_logs) {
@@ -91,10 +93,12 @@ int run_app(int argc, char** argv, const AppSpec& spec,
 
     const runtime::ThreadSettings threads = runtime::configure_threads(cfg.run.threads);
     const runtime::BlasInfo blas = runtime::detect_blas();
+    const runtime::AllocatorInfo allocator = runtime::detect_allocator();
     spdlog::info(
-        "threads: {} LibTorch, {} BLAS ({}{}), OMP_WAIT_POLICY={}", threads.intra_op, threads.blas,
-        blas.name, blas.library.empty() ? "" : ", " + blas.library,
-        threads.omp_wait_policy.empty() ? "(unset: threads may spin)" : threads.omp_wait_policy);
+        "threads: {} LibTorch, {} BLAS ({}{}), OMP_WAIT_POLICY={}, allocator: {} ({})",
+        threads.intra_op, threads.blas, blas.name, blas.library.empty() ? "" : ", " + blas.library,
+        threads.omp_wait_policy.empty() ? "(unset: threads may spin)" : threads.omp_wait_policy,
+        allocator.name, allocator.note.empty() ? allocator.library : allocator.note);
     if (blas.reference) {
       spdlog::warn(
           "LibTorch is using the reference BLAS ({}): matrix products run ~15x slower. Install "

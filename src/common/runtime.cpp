@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 #if defined(__GLIBC__)
+#include <gnu/libc-version.h>
 #include <malloc.h>
 #endif
 #include <sched.h>
@@ -17,7 +18,9 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
+#include <vector>
 
 namespace xlme::runtime {
 namespace {
@@ -82,15 +85,110 @@ ThreadSettings configure_threads(int64_t requested) {
   return settings;
 }
 
-void ensure_passive_omp_wait_policy(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/1);
+AllocatorInfo detect_allocator() {
+  AllocatorInfo info;
+  void* malloc_symbol = dlsym(RTLD_DEFAULT, "malloc");
+  Dl_info where{};
+  if (malloc_symbol == nullptr || dladdr(malloc_symbol, &where) == 0 ||
+      where.dli_fname == nullptr) {
+    info.name = "unknown";
+    return info;
+  }
+  char resolved[PATH_MAX];
+  info.library = realpath(where.dli_fname, resolved) ? resolved : where.dli_fname;
+  const std::string file = std::filesystem::path(info.library).filename().string();
+  if (contains(file, "tcmalloc")) {
+    info.name = "tcmalloc";
+  } else if (contains(file, "jemalloc")) {
+    info.name = "jemalloc";
+  } else if (file.rfind("libc.so", 0) == 0 || file.rfind("libc-", 0) == 0) {
+    info.name = "glibc malloc";
+    const char* choice = std::getenv("XLME_ALLOCATOR");
+    if (choice != nullptr && std::string(choice) == "system") {
+      info.note = "XLME_ALLOCATOR=system";
+    } else if (tcmalloc_library().empty()) {
+      info.note = "libtcmalloc-minimal4 is not installed; scripts/setup.sh installs it";
+    } else {
+      info.note = "tcmalloc is installed but was not preloaded";
+    }
+  } else {
+    info.name = file;
+  }
+  return info;
+}
+
+std::string tcmalloc_library() {
+  // The C library's folder (/lib/x86_64-linux-gnu on Debian, /lib64 elsewhere) and its /usr twin.
+  std::vector<std::filesystem::path> folders;
+#if defined(__GLIBC__)
+  Dl_info where{};
+  if (dladdr(reinterpret_cast<void*>(&gnu_get_libc_version), &where) != 0 &&
+      where.dli_fname != nullptr) {
+    const auto folder = std::filesystem::path(where.dli_fname).parent_path();
+    folders.push_back(folder);
+    if (folder.string().rfind("/lib", 0) == 0) folders.push_back("/usr" + folder.string());
+  }
+#endif
+  folders.emplace_back("/usr/lib");
+  folders.emplace_back("/usr/local/lib");
+  for (const auto& folder : folders) {
+    const auto candidate = folder / "libtcmalloc_minimal.so.4";
+    std::error_code error;
+    if (std::filesystem::exists(candidate, error)) return candidate.string();
+  }
+  return "";
+}
+
+std::string preload_with(const std::string& preload, const std::string& library) {
+  if (preload.empty()) return library;
+  // LD_PRELOAD separates its entries by colons or spaces.
+  size_t start = 0;
+  while (start <= preload.size()) {
+    const size_t end = std::min(preload.find_first_of(": ", start), preload.size());
+    if (preload.compare(start, end - start, library) == 0 && end - start == library.size()) {
+      return preload;
+    }
+    start = end + 1;
+  }
+  return preload + ":" + library;
+}
+
+void ensure_process_defaults(char** argv) {
+  const char* choice = std::getenv("XLME_ALLOCATOR");
+  XLME_CHECK(
+      choice == nullptr || std::string(choice) == "tcmalloc" || std::string(choice) == "system",
+      "XLME_ALLOCATOR must be tcmalloc (the default) or system (glibc malloc), not '{}'",
+      choice ? choice : "");
+  const bool set_wait_policy = std::getenv("OMP_WAIT_POLICY") == nullptr;
+  const char* user_preload = std::getenv("LD_PRELOAD");
+  const std::string preload = user_preload ? user_preload : "";
+  std::string wanted_preload = preload;
+  if (choice == nullptr || std::string(choice) == "tcmalloc") {
+    const std::string tcmalloc = tcmalloc_library();
+    // Never twice: once LD_PRELOAD lists tcmalloc, a re-executed binary does not try again,
+    // whether or not the loader could preload it.
+    if (!tcmalloc.empty() && detect_allocator().name == "glibc malloc") {
+      wanted_preload = preload_with(preload, tcmalloc);
+    }
+  }
+  const bool set_preload = wanted_preload != preload;
+  if (!set_wait_policy && !set_preload) return;
+  if (set_wait_policy) setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/1);
+  if (set_preload) setenv("LD_PRELOAD", wanted_preload.c_str(), /*overwrite=*/1);
   execv("/proc/self/exe", argv);
-  // Only reached when the re-execution failed; the caller goes on with spinning threads.
-  unsetenv("OMP_WAIT_POLICY");
+  // Only reached when the re-execution failed; the caller goes on as the process started.
+  if (set_wait_policy) unsetenv("OMP_WAIT_POLICY");
+  if (set_preload && user_preload != nullptr) setenv("LD_PRELOAD", preload.c_str(), 1);
+  if (set_preload && user_preload == nullptr) unsetenv("LD_PRELOAD");
 }
 
 bool release_free_memory() {
+  using ReleaseFn = void (*)();
+  if (auto release =
+          reinterpret_cast<ReleaseFn>(dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory"))) {
+    release();  // tcmalloc: its free page spans go back to the OS
+    return true;
+  }
 #if defined(__GLIBC__)
   malloc_trim(0);
   return true;

@@ -192,16 +192,16 @@ torch::Tensor EncoderImpl::run(const torch::Tensor& input_ids, const torch::Tens
       torch::dropout(embedding_norm(embed(input_ids, positions)), options_.dropout, is_training());
   if (embedding_projection) x = embedding_projection(x);  // [B, T, E] -> [B, T, hidden]
   if (states) states->push_back(x);
-  torch::Tensor flat_buckets, shared_table;
+  torch::Tensor buckets, shared_table;  // [T, T], [H, T, T]
   if (options_.relative_bias && up_to_layer > 0) {
-    flat_buckets = buckets_->get(length, input_ids.device());
-    if (options_.shared_table) shared_table = toeplitz_bias(relative_bias, flat_buckets, length);
+    buckets = buckets_->get(length, input_ids.device());
+    if (options_.shared_table) shared_table = toeplitz_bias(relative_bias, buckets);
   }
   for (int64_t i = 0; i < up_to_layer; ++i) {
     auto layer = layers->ptr<EncoderLayerImpl>(static_cast<size_t>(i));
     torch::Tensor table = shared_table;
     if (options_.relative_bias && !options_.shared_table) {
-      table = toeplitz_bias(layer->attention->relative_bias, flat_buckets, length);
+      table = toeplitz_bias(layer->attention->relative_bias, buckets);
     }
     x = layer->forward(x, padding, table);
     if (states) states->push_back(x);

@@ -46,19 +46,18 @@ torch::Tensor relative_position_buckets(int64_t length, int64_t num_buckets, int
   return table.to(device);
 }
 
-const torch::Tensor& BucketCache::get(int64_t length, const torch::Device& device) {
-  auto key = std::make_pair(length, device.str());
-  auto it = cache_.find(key);
-  if (it == cache_.end()) {
-    auto flat = relative_position_buckets(length, num_buckets_, max_distance_, device).view(-1);
-    it = cache_.emplace(std::move(key), std::move(flat)).first;
+torch::Tensor BucketCache::get(int64_t length, const torch::Device& device) {
+  auto& table = tables_[device.str()];
+  if (!table.defined() || table.size(0) < length) {
+    table = relative_position_buckets(length, num_buckets_, max_distance_, device);
   }
-  return it->second;
+  return table.narrow(0, 0, length).narrow(1, 0, length);
 }
 
-torch::Tensor toeplitz_bias(const torch::Tensor& d, const torch::Tensor& flat_buckets,
-                            int64_t length) {
-  return d.index_select(1, flat_buckets).view({d.size(0), length, length});
+torch::Tensor toeplitz_bias(const torch::Tensor& d, const torch::Tensor& buckets) {
+  const int64_t length = buckets.size(0);
+  // reshape copies the index of a shorter length out of the cached table ([T * T] int64).
+  return d.index_select(1, buckets.reshape(-1)).view({d.size(0), length, length});
 }
 
 }  // namespace xlme::model

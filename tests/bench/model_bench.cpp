@@ -86,11 +86,11 @@ int main(int argc, char** argv) {
   for (auto* encoder : {&model->generator, &model->discriminator}) {
     const auto& o = (*encoder)->options();
     auto x = torch::randn({batch, length, o.hidden_size}).requires_grad_(true);
-    torch::Tensor flat, shared;
-    xlme::model::BucketCache buckets(o.num_buckets, o.max_distance);
-    if (o.relative_bias) flat = buckets.get(length, torch::kCPU);
+    torch::Tensor buckets, shared;
+    xlme::model::BucketCache cache(o.num_buckets, o.max_distance);
+    if (o.relative_bias) buckets = cache.get(length, torch::kCPU);
     if (o.relative_bias && o.shared_table) {
-      shared = xlme::model::toeplitz_bias((*encoder)->relative_bias, flat, length);
+      shared = xlme::model::toeplitz_bias((*encoder)->relative_bias, buckets);
     }
     for (const auto& module : *(*encoder)->layers) {
       auto layer = std::dynamic_pointer_cast<xlme::model::EncoderLayerImpl>(module);
@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
         forward_backward(x, [&](const torch::Tensor& in) {
           auto table = shared;
           if (o.relative_bias && !o.shared_table) {
-            table = xlme::model::toeplitz_bias(layer->attention->relative_bias, flat, length);
+            table = xlme::model::toeplitz_bias(layer->attention->relative_bias, buckets);
           }
           return layer->attention->forward(in, b.padding, table);
         });

@@ -1,6 +1,7 @@
 // The four binaries as a user runs them: --help, --version, --print-config (read back through the
-// config loader), overrides, errors with their exit codes, log files, the OpenMP wait policy and
-// the reference-BLAS warning.
+// config loader), overrides, errors with their exit codes, log files, the OpenMP wait policy, the
+// preloaded allocator and the reference-BLAS warning.
+#include "xlme/common/runtime.h"
 #include "xlme/config/config.h"
 
 #include "test_util.h"
@@ -33,8 +34,9 @@ TEST(Cli, EveryBinaryAnswersHelp) {
     SCOPED_TRACE(tool);
     const Result r = run(tool, {"--help"});
     EXPECT_EQ(r.code, 0) << r.err;
-    EXPECT_TRUE(contains_all(r.out, {tool, "--config FILE", "--set KEY=VALUE", "--print-config",
-                                     "--log-level", "--threads", "--version", "Exit codes"}));
+    EXPECT_TRUE(contains_all(
+        r.out, {tool, "--config FILE", "--set KEY=VALUE", "--print-config", "--log-level",
+                "--threads", "--version", "XLME_ALLOCATOR", "Exit codes"}));
   }
 }
 
@@ -119,6 +121,32 @@ TEST(Cli, PassiveOpenMpWaitPolicyUnlessTheUserSetsOne) {
   EXPECT_TRUE(contains_all(r.err, {"threads: 2 LibTorch", "OMP_WAIT_POLICY=PASSIVE"}));
   r = run("xlme-export", {}, "OMP_WAIT_POLICY=ACTIVE");
   EXPECT_TRUE(contains_all(r.err, {"OMP_WAIT_POLICY=ACTIVE"}));
+}
+
+// The binaries preload tcmalloc themselves (one re-execution, with the OpenMP wait policy): the
+// start-up line names the library that serves malloc, found by where the process's `malloc`
+// symbol lives.
+TEST(Cli, TcmallocServesMallocUnlessOptedOut) {
+  const std::string tcmalloc = runtime::tcmalloc_library();
+  if (tcmalloc.empty()) GTEST_SKIP() << "libtcmalloc-minimal4 is not installed";
+  const std::string clean = "env -u XLME_ALLOCATOR -u LD_PRELOAD ";
+  // Started without any of the variables, and with only the wait policy already set.
+  for (const std::string env : {"-u OMP_WAIT_POLICY", "OMP_WAIT_POLICY=PASSIVE"}) {
+    const Result r = run("xlme-export", {}, clean + env);
+    EXPECT_TRUE(contains_all(
+        r.err, {"OMP_WAIT_POLICY=PASSIVE", "allocator: tcmalloc (", "libtcmalloc_minimal.so.4"}))
+        << env << "\n"
+        << r.err;
+  }
+  // A user's LD_PRELOAD is kept, tcmalloc appended after it.
+  Result r = run("xlme-export", {}, clean + "LD_PRELOAD=libz.so.1");
+  EXPECT_TRUE(contains_all(r.err, {"allocator: tcmalloc ("})) << r.err;
+  r = run("xlme-export", {}, clean + "XLME_ALLOCATOR=system");
+  EXPECT_TRUE(contains_all(r.err, {"allocator: glibc malloc (XLME_ALLOCATOR=system)"})) << r.err;
+  r = run("xlme-export", {}, clean + "XLME_ALLOCATOR=jemalloc");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains_all(r.err, {"XLME_ALLOCATOR must be tcmalloc", "system", "'jemalloc'"}))
+      << r.err;
 }
 
 TEST(Cli, WarnsWhenLibTorchFallsBackToTheReferenceBlas) {

@@ -127,6 +127,16 @@ TEST(Runtime, ReleaseFreeMemoryTrimsTheGlibcHeapAndKeepsLiveTensors) {
   EXPECT_TRUE(kept.equal(torch::arange(1 << 16, torch::kFloat32)));
 }
 
+TEST(Runtime, PreloadWithAppendsOnceAndKeepsTheUsersLibraries) {
+  const std::string tc = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4";
+  EXPECT_EQ(runtime::preload_with("", tc), tc);
+  EXPECT_EQ(runtime::preload_with("libfoo.so", tc), "libfoo.so:" + tc);
+  EXPECT_EQ(runtime::preload_with("libfoo.so:" + tc, tc), "libfoo.so:" + tc);  // already there
+  EXPECT_EQ(runtime::preload_with(tc + " libfoo.so", tc), tc + " libfoo.so");  // space-separated
+  // A longer name that merely starts with the library's path is another library.
+  EXPECT_EQ(runtime::preload_with(tc + ".5.10", tc), tc + ".5.10:" + tc);
+}
+
 TEST(TorchCompat, VersionMacrosMatchTheLibrary) {
   EXPECT_TRUE(XLME_TORCH_AT_LEAST(1, 13));
   EXPECT_FALSE(XLME_TORCH_AT_LEAST(TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR + 1));

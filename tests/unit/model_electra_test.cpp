@@ -262,7 +262,7 @@ TEST(Encoder, HiddenStatesAreEachLayersOutputAndStopEarly) {
     // Layer 1 by hand from the embedding output; a run that stops at layer 1 agrees.
     auto first = model->discriminator->layers->ptr<EncoderLayerImpl>(0);
     BucketCache buckets(8, 16);
-    auto table = toeplitz_bias(first->attention->relative_bias, buckets.get(10, torch::kCPU), 10);
+    auto table = toeplitz_bias(first->attention->relative_bias, buckets.get(10, torch::kCPU));
     auto layer1 = first->forward(states[0], in.padding, table);
     EXPECT_TRUE(torch::allclose(states[1], layer1, 1e-6, 1e-6));
     auto partial = model->discriminator->hidden_states(in.input_ids, in.positions, in.padding, 1);

@@ -56,19 +56,30 @@ TEST(RelativePositionBuckets, TableIsToeplitzOfTheBucketFunction) {
   }
 }
 
-TEST(BucketCache, BuildsOncePerLength) {
+// One table per device, grown to the longest length and sliced for every shorter one: each slice
+// is the table built for its own length.
+TEST(BucketCache, SlicesOneTableForEveryLength) {
   BucketCache cache(32, 128);
-  const auto& a = cache.get(12, torch::kCPU);
-  const auto& b = cache.get(12, torch::kCPU);
-  EXPECT_EQ(a.data_ptr(), b.data_ptr());
-  EXPECT_EQ(a.numel(), 144);
-  EXPECT_EQ(cache.get(13, torch::kCPU).numel(), 169);
+  const auto longest = cache.get(40, torch::kCPU);
+  for (const int64_t length : {1, 7, 13, 40}) {
+    const auto slice = cache.get(length, torch::kCPU);
+    EXPECT_EQ(slice.data_ptr(), longest.data_ptr()) << length << ": a view of the one table";
+    EXPECT_TRUE(torch::equal(slice, relative_position_buckets(length, 32, 128, torch::kCPU)))
+        << length;
+  }
+  // A longer length grows the table; shorter lengths then slice the new one.
+  const auto grown = cache.get(57, torch::kCPU);
+  EXPECT_TRUE(torch::equal(grown, relative_position_buckets(57, 32, 128, torch::kCPU)));
+  const auto after = cache.get(13, torch::kCPU);
+  EXPECT_EQ(after.data_ptr(), grown.data_ptr());
+  EXPECT_TRUE(torch::equal(after, relative_position_buckets(13, 32, 128, torch::kCPU)));
 }
 
 TEST(ToeplitzBias, GathersPerHeadTable) {
   const auto d = torch::arange(16, torch::kDouble).view({2, 8});  // [H, buckets]
   BucketCache cache(8, 16);
-  const auto table = toeplitz_bias(d, cache.get(6, torch::kCPU), 6);  // [2, 6, 6]
+  const auto table =
+      toeplitz_bias(d, cache.get(9, torch::kCPU).narrow(0, 0, 6).narrow(1, 0, 6));  // [2, 6, 6]
   for (int64_t h = 0; h < 2; ++h) {
     for (int64_t i = 0; i < 6; ++i) {
       for (int64_t j = 0; j < 6; ++j) {

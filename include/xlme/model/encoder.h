@@ -98,7 +98,7 @@ TORCH_MODULE(EncoderLayer);
 class EncoderImpl : public torch::nn::Module {
  public:
   // `embeddings` is owned (and registered) by the caller; `buckets` is shared with the other
-  // encoder so that the [T, T] bucket index is built once per length.
+  // encoder so that both slice one [T, T] bucket index.
   EncoderImpl(const EncoderOptions& options, SharedEmbeddings embeddings,
               std::shared_ptr<BucketCache> buckets);
 

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include <utility>
 
 namespace xlme::model {
 
@@ -24,27 +23,28 @@ int64_t relative_position_bucket(int64_t delta, int64_t num_buckets, int64_t max
 torch::Tensor relative_position_buckets(int64_t length, int64_t num_buckets, int64_t max_distance,
                                         const torch::Device& device);
 
-// Bucket indices flattened to [T * T], built once per (length, device) and then reused by every
-// layer and step; the generator and the discriminator share one cache.
+// The [T, T] bucket index of every length, from one table per device: the bucket of (i, j)
+// depends on i - j only, so the index of length T is the top-left [T, T] corner of the index of
+// any longer length. The table grows to the longest length asked for; the generator and the
+// discriminator share one cache.
 class BucketCache {
  public:
   BucketCache(int64_t num_buckets, int64_t max_distance)
       : num_buckets_(num_buckets), max_distance_(max_distance) {}
 
-  // [T * T] int64 on `device`.
-  const torch::Tensor& get(int64_t length, const torch::Device& device);
+  // [T, T] int64 on `device`: a view into the cached table (not contiguous below its length).
+  torch::Tensor get(int64_t length, const torch::Device& device);
 
   int64_t num_buckets() const { return num_buckets_; }
 
  private:
   int64_t num_buckets_;
   int64_t max_distance_;
-  std::map<std::pair<int64_t, std::string>, torch::Tensor> cache_;  // (T, device) -> [T * T]
+  std::map<std::string, torch::Tensor> tables_;  // device -> [T_max, T_max]
 };
 
-// d: [H, num_buckets], flat_buckets: [T * T] (BucketCache) -> [H, T, T]: d_{h, b(i - j)}. The
-// per-head Toeplitz table; the attention scales it per (batch, head, query).
-torch::Tensor toeplitz_bias(const torch::Tensor& d, const torch::Tensor& flat_buckets,
-                            int64_t length);
+// d: [H, num_buckets], buckets: [T, T] (BucketCache) -> [H, T, T]: d_{h, b(i - j)}. The per-head
+// Toeplitz table; the attention scales it per (batch, head, query).
+torch::Tensor toeplitz_bias(const torch::Tensor& d, const torch::Tensor& buckets);
 
 }  // namespace xlme::model
