@@ -66,6 +66,8 @@ int binarize(const xlme::config::Config& cfg, xlme::data::BinarizeOptions option
   options.mono_languages = cfg.data.mono.languages;
   options.para_pairs = cfg.data.para.languages;
   options.threads = threads_of(cfg);
+  options.max_line_bytes = cfg.data.binarize.max_line_bytes;
+  options.max_invalid_fraction = cfg.data.binarize.max_invalid_fraction;
   spdlog::info("binarizing {} into {} with {} ({} ids), {} threads", options.input_dir,
                options.out_dir, cfg.data.tokenizer, tokenizer.vocab_size(), options.threads);
   bool finished = true;
@@ -81,12 +83,12 @@ int binarize(const xlme::config::Config& cfg, xlme::data::BinarizeOptions option
     bytes += r.source_bytes;
     seconds += r.seconds;
     spdlog::info(
-        "{:<12} {} {} lines -> {} {} / {} tokens; skipped {} invalid UTF-8, {} empty; "
-        "{:.2f} MB/s{}{}",
+        "{:<12} {} {} lines -> {} {} / {} tokens; skipped {} invalid UTF-8, {} with NUL, {} too "
+        "long, {} empty; {:.2f} MB/s{}{}",
         r.name, r.kind == xlme::data::ShardKind::kMono ? "mono" : "para", r.source_lines,
         r.sequences, r.kind == xlme::data::ShardKind::kMono ? "sentences" : "pairs", r.tokens,
-        r.invalid_utf8_lines, r.empty_lines, r.source_bytes / std::max(1e-9, r.seconds) / 1e6,
-        r.resumed ? " (resumed)" : "",
+        r.invalid_utf8_lines, r.nul_lines, r.long_lines, r.empty_lines,
+        r.source_bytes / std::max(1e-9, r.seconds) / 1e6, r.resumed ? " (resumed)" : "",
         r.finished ? "" : " (stopped at --max-chunks; run again to continue)");
   }
   spdlog::info("binarized {} tokens from {:.1f} MB in {:.2f} s: {:.2f} MB/s, {:.2f}M tokens/s",

@@ -49,6 +49,9 @@ int main(int argc, char** argv) {
                        "auto: continue from the newest valid checkpoint in run.out_dir (default); "
                        "none: start fresh; or a checkpoint folder")
             ->type_name("auto|none|DIR");
+        cli.add_flag("--allow-data-change", run_options.allow_data_change,
+                     "resume although the shards differ from the checkpoint's (languages added, "
+                     "removed or re-binarized); what changed is logged");
         cli.add_option("--init-from", run_options.init_from,
                        "start a fresh run (step 0, new optimizer) from the weights of this "
                        "pre-training checkpoint folder; train.init_parts picks all, generator or "

@@ -2,6 +2,7 @@
 
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
+#include "xlme/config/yaml_file.h"
 #include "yaml_io.h"
 
 #include <fmt/format.h>
@@ -25,13 +26,7 @@ YAML::Node parse_file(const std::string& path) {
              "config file '{}' not found (working directory: {}); pass an existing YAML file to "
              "--config, e.g. configs/pretrain/demo.yaml",
              path, fs::current_path().string());
-  try {
-    return YAML::LoadFile(path);
-  } catch (const YAML::ParserException& e) {
-    XLME_FAIL("{}:{}:{}: malformed YAML: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
-  } catch (const YAML::BadFile&) {
-    XLME_FAIL("config file '{}' cannot be read; check its permissions", path);
-  }
+  return load_yaml_file(path);
 }
 
 // Applies `path` onto `config`: first the files of its `include:` list (paths relative to the

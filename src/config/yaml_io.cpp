@@ -2,6 +2,9 @@
 
 #include "xlme/common/error.h"
 #include "xlme/common/json.h"
+#include "xlme/config/yaml_file.h"
+
+#include <yaml-cpp/eventhandler.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -11,6 +14,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 namespace xlme::config {
 
@@ -369,4 +374,86 @@ void YamlWriter::field(const char* name, const std::vector<int64_t>& value, cons
 }
 
 }  // namespace detail
+}  // namespace xlme::config
+
+namespace xlme::config {
+namespace {
+
+// Walks the parser's events and fails at the second occurrence of a scalar key in one map.
+class DuplicateKeyCheck : public YAML::EventHandler {
+ public:
+  explicit DuplicateKeyCheck(const std::string& name) : name_(name) {}
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { node(mark, nullptr); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { node(mark, nullptr); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string& value) override {
+    node(mark, &value);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    node(mark, nullptr);
+    frames_.push_back({false, true, {}});
+  }
+  void OnSequenceEnd() override { frames_.pop_back(); }
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    node(mark, nullptr);
+    frames_.push_back({true, true, {}});
+  }
+  void OnMapEnd() override { frames_.pop_back(); }
+
+ private:
+  struct Frame {
+    bool is_map;
+    bool expect_key;                      // maps: the next node is a key
+    std::map<std::string, int64_t> keys;  // maps: key -> its line (1-based)
+  };
+
+  // A node starts at `mark`; `scalar` is its value when it is a scalar.
+  void node(const YAML::Mark& mark, const std::string* scalar) {
+    if (frames_.empty() || !frames_.back().is_map) return;
+    Frame& frame = frames_.back();
+    const bool is_key = frame.expect_key;
+    frame.expect_key = !frame.expect_key;
+    if (!is_key || scalar == nullptr) return;
+    const int64_t line = mark.line + 1;
+    const auto [it, inserted] = frame.keys.emplace(*scalar, line);
+    XLME_CHECK(inserted,
+               "{}:{}: key '{}' is given twice in the same map (lines {} and {}); yaml-cpp would "
+               "keep only the last one: remove one of them",
+               name_, line, *scalar, it->second, line);
+  }
+
+  const std::string& name_;
+  std::vector<Frame> frames_;
+};
+
+}  // namespace
+
+YAML::Node load_yaml_text(const std::string& text, const std::string& name) {
+  try {
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    DuplicateKeyCheck check(name);
+    while (parser.HandleNextDocument(check)) {
+    }
+    return YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    XLME_FAIL("{}:{}:{}: malformed YAML: {}", name, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+}
+
+YAML::Node load_yaml_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  XLME_CHECK(in.good(), "YAML file '{}' cannot be read; check that it exists and its permissions",
+             path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  XLME_CHECK(!in.bad(), "YAML file '{}' cannot be read", path);
+  return load_yaml_text(text.str(), path);
+}
+
 }  // namespace xlme::config

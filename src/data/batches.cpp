@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -100,18 +101,32 @@ TaskReader::TaskReader(const BatchOptions& options, Task task)
              "--out {}",
              options.shards, options.shards);
   const fs::path dir = fs::path(options.shards) / key;
-  std::vector<std::string> available;
+  std::vector<std::string> available, without_index;
   if (fs::is_directory(dir)) {
     for (const auto& e : fs::directory_iterator(dir)) {
       if (e.path().extension() == ".idx") available.push_back(e.path().stem().string());
+      if (e.path().extension() == ".bin" &&
+          !fs::exists(fs::path(e.path()).replace_extension(".idx"))) {
+        without_index.push_back(e.path().string());
+      }
     }
   }
   std::sort(available.begin(), available.end());
+  for (const auto& bin : without_index) {
+    // A deleted .idx (or a binarize that did not finish) would drop the language silently.
+    spdlog::warn(
+        "'{}' has no .idx beside it: its language is left out of {}; re-run xlme-data "
+        "binarize or remove it",
+        bin, key);
+  }
   XLME_CHECK(!available.empty(),
              "shard folder '{}' (data.shards) has no {}/*.idx shards for {}; run xlme-data "
              "binarize --input CORPUS --out {} on a corpus with {}/",
              options.shards, key,
-             task == Task::kMono ? "MRTD (monolingual text)" : "TRTD (translation pairs)",
+             task == Task::kMono
+                 ? "MLM and MRTD, which every objectives.set trains on monolingual text (a "
+                   "corpus of translation pairs alone trains none of them)"
+                 : "TLM and TRTD (translation pairs)",
              options.shards, key);
   std::vector<std::string> names = task_options_.languages;
   if (names.empty()) names = available;
@@ -126,7 +141,7 @@ TaskReader::TaskReader(const BatchOptions& options, Task task)
                key, name, dir.string(), name, fmt::join(available, ", "), key);
     auto language = std::make_unique<Language>();
     language->name = name;
-    language->shard = std::make_unique<Shard>((dir / name).string());
+    language->shard = std::make_unique<Shard>((dir / name).string(), options.verify_shards);
     const Shard& shard = *language->shard;
     const ShardKind kind = task == Task::kMono ? ShardKind::kMono : ShardKind::kPara;
     XLME_CHECK(shard.kind() == kind, "shard '{}.idx' is not a {} shard; move it out of {}",
@@ -178,6 +193,15 @@ std::vector<int64_t> TaskReader::shard_tokens() const {
     tokens.push_back(static_cast<int64_t>(language->shard->header().tokens));
   }
   return tokens;
+}
+
+std::vector<std::string> TaskReader::shard_signatures() const {
+  std::vector<std::string> signatures;
+  for (const auto& language : languages_) {
+    const ShardHeader& h = language->shard->header();
+    signatures.push_back(fmt::format("{}:{:08x}", h.tokens, h.bin_crc32));
+  }
+  return signatures;
 }
 
 std::string TaskReader::settings() const {
@@ -422,6 +446,7 @@ BatchOptions BatchOptions::from_config(const config::Config& cfg, const Tokenize
   o.para = task(cfg.data.para);
   o.para.enabled = cfg.objectives.set == "xlme" || cfg.objectives.set == "mlm+tlm";
   o.truncate_too_long = cfg.data.too_long == "truncate";
+  o.verify_shards = cfg.data.verify_shards;
   o.reset_positions = cfg.data.reset_positions;
   o.bucket_pool = cfg.data.bucket_pool;
   o.micro_batch_tokens = cfg.train.micro_batch_tokens;
@@ -536,6 +561,7 @@ struct SavedTask {
   int64_t round = 0;
   std::string settings;
   std::map<std::string, LanguageCursor> cursors;
+  std::map<std::string, std::string> shards;  // language -> TaskReader::shard_signatures()
 };
 
 struct SavedState {
@@ -559,6 +585,10 @@ SavedState parse_state(const std::string& text, size_t which) {
       in >> s.ranks;
     } else if (word == "rank") {
       in >> s.rank;
+    } else if (word == "shard") {
+      std::string task, name, signature;
+      in >> task >> name >> signature;
+      s.tasks[task == "mono" ? 0 : 1].shards[name] = signature;
     } else if (word == "mono" || word == "para") {
       SavedTask& t = s.tasks[word == "mono" ? 0 : 1];
       std::string what;
@@ -578,6 +608,38 @@ SavedState parse_state(const std::string& text, size_t which) {
   }
   XLME_CHECK(s.ranks >= 1, "saved data state #{} names no number of ranks", which);
   return s;
+}
+
+// Compares the shards a state was saved with (states without shard lines compare equal) with the
+// reader's: fails on a difference unless `allow_change`, then logs it.
+void check_shard_set(Task task, const SavedTask& saved, const TaskReader& reader,
+                     bool allow_change) {
+  if (saved.shards.empty()) return;
+  std::map<std::string, std::string> now;
+  const auto names = reader.languages();
+  const auto signatures = reader.shard_signatures();
+  for (size_t j = 0; j < names.size(); ++j) now[names[j]] = signatures[j];
+  std::vector<std::string> changes;
+  for (const auto& [name, signature] : saved.shards) {
+    const auto it = now.find(name);
+    if (it == now.end()) {
+      changes.push_back(fmt::format("'{}' removed (had {})", name, signature));
+    } else if (it->second != signature) {
+      changes.push_back(fmt::format("'{}' changed ({} -> {})", name, signature, it->second));
+    }
+  }
+  for (const auto& [name, signature] : now) {
+    if (saved.shards.count(name) == 0) {
+      changes.push_back(fmt::format("'{}' added ({})", name, signature));
+    }
+  }
+  if (changes.empty()) return;
+  XLME_CHECK(allow_change,
+             "the {} shards differ from those the checkpoint was trained on (tokens:crc32): {}; "
+             "restore the shards (data.shards) or pass --allow-data-change to continue with these",
+             task_key(task), fmt::join(changes, ", "));
+  spdlog::warn("--allow-data-change: the {} shards differ from the checkpoint's: {}",
+               task_key(task), fmt::join(changes, ", "));
 }
 
 }  // namespace
@@ -604,6 +666,10 @@ ShardBatchSource::ShardBatchSource(const BatchOptions& options) : impl_(std::mak
     }
     impl_->pipelines[static_cast<size_t>(task)] = std::move(p);
   }
+  spdlog::info(
+      "data: languages, shard tokens, target share p and realized share of tokens read "
+      "(this rank){}",
+      language_report());
   impl_->start();
 }
 
@@ -643,6 +709,23 @@ std::vector<LanguageCount> ShardBatchSource::language_counts(Task task) const {
   return p->counts;
 }
 
+std::string ShardBatchSource::language_report() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  std::string table;
+  for (const Task task : {Task::kMono, Task::kPara}) {
+    const auto& p = impl_->pipelines[static_cast<size_t>(task)];
+    if (!p) continue;
+    int64_t read = 0;
+    for (const auto& c : p->counts) read += c.tokens;
+    for (const auto& c : p->counts) {
+      table += fmt::format("\n  {} {:<8} {:>12} tokens  target {:5.1f}%  realized {:5.1f}%",
+                           task_key(task), c.name, c.shard_tokens, 100 * c.probability,
+                           read > 0 ? 100.0 * static_cast<double>(c.tokens) / read : 0.0);
+    }
+  }
+  return table;
+}
+
 std::string ShardBatchSource::state() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   std::string text = fmt::format("{} {}\nranks {}\nrank {}\n", kStateMagic, kStateVersion,
@@ -658,6 +741,10 @@ std::string ShardBatchSource::state() const {
       const LanguageCursor& c = s.cursors[j];
       text +=
           fmt::format("{} {} {} {} {}\n", task_key(task), names[j], c.pool, c.batch, c.consumed);
+    }
+    const auto signatures = p->reader->shard_signatures();
+    for (size_t j = 0; j < names.size(); ++j) {
+      text += fmt::format("shard {} {} {}\n", task_key(task), names[j], signatures[j]);
     }
   }
   return text;
@@ -695,6 +782,7 @@ void ShardBatchSource::restore(const std::vector<std::string>& saved) {
                  "micro-batches of those settings: restore with the same data and train settings",
                  task_key(task), best->settings, p->reader->settings());
       state.round = best->round;
+      check_shard_set(task, *best, *p->reader, impl_->options.allow_data_change);
       const auto names = p->reader->languages();
       for (size_t j = 0; j < names.size(); ++j) {
         const auto it = best->cursors.find(names[j]);

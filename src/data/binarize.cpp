@@ -29,7 +29,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-enum LineStatus : uint8_t { kOk = 0, kBlank = 1, kInvalid = 2, kEmpty = 3 };
+enum LineStatus : uint8_t { kOk = 0, kBlank = 1, kInvalid = 2, kEmpty = 3, kNul = 4, kTooLong = 5 };
 
 // One work item: source lines in, their pieces out (para: lines alternate e, f).
 struct Chunk {
@@ -37,7 +37,7 @@ struct Chunk {
   int64_t source_lines = 0;  // lines consumed from each source file
   std::vector<int32_t> tokens;
   std::vector<uint32_t> lengths;
-  std::vector<uint8_t> status;
+  std::vector<uint8_t> status;  // kTooLong set by the reader, the rest by encode_chunk
 };
 
 bool is_blank(const std::string& line) {
@@ -49,7 +49,10 @@ void encode_chunk(const Tokenizer& tokenizer, Chunk& chunk) {
   chunk.status.resize(chunk.lines.size());
   for (size_t i = 0; i < chunk.lines.size(); ++i) {
     const std::string& line = chunk.lines[i];
-    if (is_blank(line)) {
+    if (chunk.status[i] == kTooLong) continue;
+    if (line.find('\0') != std::string::npos) {
+      chunk.status[i] = kNul;
+    } else if (is_blank(line)) {
       chunk.status[i] = kBlank;
     } else if (!valid_utf8(line)) {
       chunk.status[i] = kInvalid;
@@ -171,16 +174,16 @@ class AppendFile {
 struct Progress {
   uint64_t source_signature = 0, tokenizer_hash = 0;
   int64_t source_lines = 0, segments = 0, tokens = 0, documents = 0;
-  int64_t invalid = 0, empty = 0;
+  int64_t invalid = 0, empty = 0, nul = 0, too_long = 0;
   uint32_t bin_crc = 0;
   int64_t in_document = 0;  // mono: the last sentence's document continues
 
   std::string to_text() const {
     return fmt::format(
         "source_signature {}\ntokenizer_hash {}\nsource_lines {}\nsegments {}\ntokens {}\n"
-        "documents {}\ninvalid {}\nempty {}\nbin_crc {}\nin_document {}\n",
+        "documents {}\ninvalid {}\nempty {}\nnul {}\ntoo_long {}\nbin_crc {}\nin_document {}\n",
         source_signature, tokenizer_hash, source_lines, segments, tokens, documents, invalid, empty,
-        bin_crc, in_document);
+        nul, too_long, bin_crc, in_document);
   }
   static bool from_text(const std::string& text, Progress& p) {
     std::istringstream in(text);
@@ -195,6 +198,8 @@ struct Progress {
       p.documents = std::stoll(kv.at("documents"));
       p.invalid = std::stoll(kv.at("invalid"));
       p.empty = std::stoll(kv.at("empty"));
+      p.nul = std::stoll(kv.at("nul"));
+      p.too_long = std::stoll(kv.at("too_long"));
       p.bin_crc = static_cast<uint32_t>(std::stoul(kv.at("bin_crc")));
       p.in_document = std::stoll(kv.at("in_document"));
       return true;
@@ -284,6 +289,7 @@ class ShardBuilder {
     const bool complete = encode_all();
     report_.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     if (complete) {
+      check_invalid_lines();
       XLME_CHECK(state_.segments > 0,
                  "{} '{}' has no data: {} has no usable lines ({} lines read, {} with invalid "
                  "UTF-8, {} without pieces); remove it or fix data.{}.languages",
@@ -297,11 +303,34 @@ class ShardBuilder {
     report_.sequences = kind_ == ShardKind::kMono ? state_.segments : state_.segments / 2;
     report_.tokens = state_.tokens;
     report_.invalid_utf8_lines = state_.invalid;
+    report_.nul_lines = state_.nul;
+    report_.long_lines = state_.too_long;
     report_.empty_lines = state_.empty;
     return report_;
   }
 
  private:
+  // Warns about skipped lines; fails when invalid UTF-8 and NUL lines are more than
+  // max_invalid_fraction of the file (UTF-16, binary data), before the shard is replaced.
+  void check_invalid_lines() const {
+    const std::string files = fmt::format("'{}'", fmt::join(sources_, "' / '"));
+    if (state_.too_long > 0) {
+      spdlog::warn("{}: skipped {} lines longer than {} bytes (data.binarize.max_line_bytes)",
+                   files, state_.too_long, options_.max_line_bytes);
+    }
+    const int64_t bad = state_.invalid + state_.nul;
+    if (bad == 0) return;
+    spdlog::warn("{}: skipped {} of {} lines: {} with invalid UTF-8, {} with NUL bytes", files, bad,
+                 state_.source_lines, state_.invalid, state_.nul);
+    XLME_CHECK(static_cast<double>(bad) <=
+                   options_.max_invalid_fraction * static_cast<double>(state_.source_lines),
+               "{} is not UTF-8 text: {} of {} lines have invalid UTF-8 ({}) or NUL bytes ({}), "
+               "more than data.binarize.max_invalid_fraction = {}; convert it to UTF-8 (e.g. "
+               "iconv -f UTF-16 -t UTF-8) or remove it; the shard '{}' was not written",
+               files, bad, state_.source_lines, state_.invalid, state_.nul,
+               options_.max_invalid_fraction, stem_);
+  }
+
   bool up_to_date() const {
     if (!fs::exists(stem_ + ".idx") || !fs::exists(stem_ + ".bin")) return false;
     try {
@@ -325,10 +354,12 @@ class ShardBuilder {
         break;
       }
       chunk.lines.push_back(std::move(line));
+      chunk.status.push_back(readers[0]->too_long() ? kTooLong : kOk);
       if (readers.size() == 2) {
         std::string other;
         if (!readers[1]->next(other)) mismatch(readers);
         chunk.lines.push_back(std::move(other));
+        chunk.status.push_back(readers[1]->too_long() ? kTooLong : kOk);
       }
       ++chunk.source_lines;
     }
@@ -346,7 +377,11 @@ class ShardBuilder {
 
   bool encode_all() {
     std::vector<std::unique_ptr<LineReader>> readers;
-    for (const auto& s : sources_) readers.push_back(std::make_unique<LineReader>(s));
+    LineReaderOptions reader_options;
+    reader_options.max_line_bytes = options_.max_line_bytes;
+    for (const auto& s : sources_) {
+      readers.push_back(std::make_unique<LineReader>(s, reader_options));
+    }
     std::string skip;
     for (int64_t i = 0; i < state_.source_lines; ++i) {
       for (auto& r : readers) {
@@ -418,6 +453,12 @@ class ShardBuilder {
           case kInvalid:
             ++state_.invalid;
             break;
+          case kNul:
+            ++state_.nul;
+            break;
+          case kTooLong:
+            ++state_.too_long;
+            break;
           case kEmpty:
             ++state_.empty;
             break;
@@ -439,7 +480,11 @@ class ShardBuilder {
           continue;
         }
         token_pos += chunk.lengths[i] * (a == kOk) + chunk.lengths[i + 1] * (b == kOk);
-        if (a == kInvalid || b == kInvalid) {
+        if (a == kTooLong || b == kTooLong) {
+          ++state_.too_long;
+        } else if (a == kNul || b == kNul) {
+          ++state_.nul;
+        } else if (a == kInvalid || b == kInvalid) {
           ++state_.invalid;
         } else {
           ++state_.empty;

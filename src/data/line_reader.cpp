@@ -1,10 +1,14 @@
 #include "xlme/data/line_reader.h"
 
 #include "xlme/common/error.h"
+#include "xlme/data/text.h"
+
+#include <spdlog/spdlog.h>
 
 #include <lzma.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +18,7 @@ namespace xlme::data {
 namespace {
 
 constexpr size_t kBlockBytes = size_t{1} << 20;
+constexpr int64_t kInvalidLinesNamed = 3;  // invalid UTF-8 lines warned about one by one
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -44,7 +49,8 @@ struct LineReader::Decoder {
     return pos < 0 ? 0 : static_cast<int64_t>(pos) - static_cast<int64_t>(xz.avail_in);
   }
 
-  size_t read(char* out, const std::string& path) {
+  // `decoded` bytes were decompressed before this call (for the error messages).
+  size_t read(char* out, const std::string& path, int64_t decoded) {
     if (kind == Kind::kPlain) {
       const size_t n = std::fread(out, 1, kBlockBytes, file);
       XLME_CHECK(n > 0 || !std::ferror(file), "cannot read '{}': {}", path, std::strerror(errno));
@@ -53,11 +59,19 @@ struct LineReader::Decoder {
     if (kind == Kind::kGzip) {
       const int n = gzread(gz, out, static_cast<unsigned>(kBlockBytes));
       int code = Z_OK;
-      const char* message = n < 0 ? gzerror(gz, &code) : "";
+      const char* message = gzerror(gz, &code);
       XLME_CHECK(n >= 0,
-                 "'{}' is not a valid gzip file or is truncated ({}); re-download or "
-                 "re-compress it",
-                 path, message);
+                 "'{}' is not a valid gzip file or is corrupt at byte {} of {} ({}); re-download "
+                 "or re-compress it",
+                 path, gzoffset(gz), std::filesystem::file_size(path), message);
+      XLME_CHECK(code != Z_BUF_ERROR,
+                 "'{}' is truncated: its gzip data stops at byte {} of {} before the end of the "
+                 "stream, after {} decompressed bytes; re-download or re-compress it",
+                 path, gzoffset(gz), std::filesystem::file_size(path), decoded + n);
+      XLME_CHECK(n == 0 || !gzdirect(gz),
+                 "'{}' is not gzip data (no gzip header at byte 0); rename it without .gz if it is "
+                 "plain text, or re-compress it",
+                 path);
       return static_cast<size_t>(n);
     }
     if (xz_done) return 0;
@@ -78,15 +92,17 @@ struct LineReader::Decoder {
         break;
       }
       XLME_CHECK(ret == LZMA_OK,
-                 "'{}' is not a valid xz file or is truncated (liblzma error {} "
-                 "after {} compressed bytes); re-download or re-compress it",
-                 path, static_cast<int>(ret), xz.total_in);
+                 "'{}' is not a valid xz file or is truncated (liblzma error {} at byte {} of {}, "
+                 "after {} decompressed bytes); re-download or re-compress it",
+                 path, static_cast<int>(ret), xz.total_in, std::filesystem::file_size(path),
+                 decoded + static_cast<int64_t>(kBlockBytes - xz.avail_out));
     }
     return kBlockBytes - xz.avail_out;
   }
 };
 
-LineReader::LineReader(const std::string& path) : path_(path), decoder_(new Decoder) {
+LineReader::LineReader(const std::string& path, LineReaderOptions options)
+    : path_(path), options_(options), decoder_(new Decoder) {
   XLME_CHECK(std::filesystem::is_regular_file(path), "input file '{}' not found", path);
   file_size_ = static_cast<int64_t>(std::filesystem::file_size(path));
   if (ends_with(path, ".gz")) {
@@ -118,28 +134,72 @@ bool LineReader::fill() {
   pos_ = 0;
   const size_t old = buffer_.size();
   buffer_.resize(old + kBlockBytes);
-  const size_t n = decoder_->read(buffer_.data() + old, path_);
+  const size_t n = decoder_->read(buffer_.data() + old, path_, decoded_bytes_);
   buffer_.resize(old + n);
+  decoded_bytes_ += static_cast<int64_t>(n);
   eof_ = n == 0;
   return n > 0;
 }
 
+bool LineReader::skip_long_line() {
+  for (;;) {
+    const size_t newline = buffer_.find('\n', pos_);
+    if (newline != std::string::npos) {
+      pos_ = newline + 1;
+      return true;
+    }
+    pos_ = buffer_.size();
+    if (!fill()) return false;
+  }
+}
+
+void LineReader::check_utf8(const std::string& line) {
+  if (!options_.warn_invalid_utf8 || valid_utf8(line)) return;
+  if (++invalid_utf8_lines_ <= kInvalidLinesNamed) {
+    spdlog::warn("{}:{}: invalid UTF-8; the file must be UTF-8 text (convert it with iconv)", path_,
+                 lines_);
+  }
+}
+
 bool LineReader::next(std::string& line) {
+  too_long_ = false;
+  const size_t limit = options_.max_line_bytes > 0 ? static_cast<size_t>(options_.max_line_bytes)
+                                                   : std::string::npos;
+  size_t searched = 0;  // bytes after pos_ known to hold no '\n'
   size_t newline;
-  while ((newline = buffer_.find('\n', pos_)) == std::string::npos) {
+  while ((newline = buffer_.find('\n', pos_ + searched)) == std::string::npos) {
+    searched = buffer_.size() - pos_;
+    if (searched > limit) break;
     if (!fill()) {
-      if (pos_ >= buffer_.size()) return false;
+      if (pos_ >= buffer_.size()) {
+        if (options_.warn_invalid_utf8 && invalid_utf8_lines_ > 0 && !summarized_) {
+          summarized_ = true;
+          spdlog::warn("'{}': {} of {} lines are not valid UTF-8", path_, invalid_utf8_lines_,
+                       lines_);
+        }
+        return false;
+      }
       line.assign(buffer_, pos_, std::string::npos);  // a last line without '\n'
       pos_ = buffer_.size();
       ++lines_;
       if (!line.empty() && line.back() == '\r') line.pop_back();
+      check_utf8(line);
       return true;
     }
+  }
+  if (newline == std::string::npos || newline - pos_ > limit) {
+    line.clear();
+    too_long_ = true;
+    ++long_lines_;
+    ++lines_;
+    skip_long_line();
+    return true;
   }
   line.assign(buffer_, pos_, newline - pos_);
   pos_ = newline + 1;
   ++lines_;
   if (!line.empty() && line.back() == '\r') line.pop_back();
+  check_utf8(line);
   return true;
 }
 

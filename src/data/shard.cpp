@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <string>
 
 namespace xlme::data {
 
@@ -73,24 +74,67 @@ Shard::Shard(const std::string& stem, bool verify_checksums) : stem_(stem) {
   XLME_CHECK(header_.dtype_bytes == 2 || header_.dtype_bytes == 4,
              "shard '{}' has an invalid dtype of {} bytes; re-run xlme-data binarize", idx_path,
              header_.dtype_bytes);
-  const uint64_t documents =
-      header_.kind == static_cast<uint32_t>(ShardKind::kMono) ? header_.documents + 1 : 0;
-  const uint64_t payload = (header_.segments + 1 + documents) * sizeof(uint64_t);
-  XLME_CHECK(idx_->size == sizeof(ShardHeader) + payload,
-             "shard index '{}' is truncated or corrupt: expected {} bytes, found {}; re-run "
-             "xlme-data binarize",
-             idx_path, sizeof(ShardHeader) + payload, idx_->size);
-  const uint64_t bin_bytes = header_.tokens * header_.dtype_bytes;
-  XLME_CHECK(bin_->size == bin_bytes,
+  XLME_CHECK(header_.kind == static_cast<uint32_t>(ShardKind::kMono) ||
+                 header_.kind == static_cast<uint32_t>(ShardKind::kPara),
+             "shard index '{}' is corrupt: kind {} at byte 12 is neither mono (0) nor para (1); "
+             "re-run xlme-data binarize",
+             idx_path, header_.kind);
+  XLME_CHECK(header_.vocab_size > 0 && (header_.dtype_bytes == 4 || header_.vocab_size <= 65536),
+             "shard index '{}' is corrupt: a vocabulary of {} ids cannot be stored in {} bytes "
+             "per token; re-run xlme-data binarize",
+             idx_path, header_.vocab_size, header_.dtype_bytes);
+  const bool mono = kind() == ShardKind::kMono;
+  XLME_CHECK(mono ? header_.sequences == header_.segments
+                  : header_.segments % 2 == 0 && header_.sequences == header_.segments / 2,
+             "shard index '{}' is corrupt: {} sequences and {} segments do not fit a {} shard; "
+             "re-run xlme-data binarize",
+             idx_path, header_.sequences, header_.segments, mono ? "mono" : "para");
+  // The header's counts decide the sizes of both files: computed without overflow, since a
+  // damaged header can hold any number.
+  uint64_t entries = 0, payload = 0, bin_bytes = 0;
+  bool overflow = __builtin_add_overflow(header_.segments, uint64_t{1}, &entries);
+  if (mono) {
+    overflow = overflow || __builtin_add_overflow(entries, header_.documents, &entries) ||
+               __builtin_add_overflow(entries, uint64_t{1}, &entries);
+  }
+  overflow = overflow || __builtin_mul_overflow(entries, uint64_t{8}, &payload);
+  XLME_CHECK(!overflow && idx_->size - sizeof(ShardHeader) == payload,
+             "shard index '{}' is truncated or corrupt: its header counts {} segments and {} "
+             "documents, which need {} bytes after the header, the file has {}; re-run xlme-data "
+             "binarize",
+             idx_path, header_.segments, header_.documents,
+             overflow ? std::string("more than 2^64") : std::to_string(payload),
+             idx_->size - sizeof(ShardHeader));
+  overflow = __builtin_mul_overflow(header_.tokens, uint64_t{header_.dtype_bytes}, &bin_bytes);
+  XLME_CHECK(!overflow && bin_->size == bin_bytes,
              "shard '{}' is truncated or corrupt: expected {} bytes ({} tokens), found {}; re-run "
              "xlme-data binarize",
-             bin_path, bin_bytes, header_.tokens, bin_->size);
+             bin_path, overflow ? std::string("more than 2^64") : std::to_string(bin_bytes),
+             header_.tokens, bin_->size);
   offsets_ = reinterpret_cast<const uint64_t*>(idx_->data + sizeof(ShardHeader));
   documents_ = offsets_ + header_.segments + 1;
-  XLME_CHECK(offsets_[header_.segments] == header_.tokens,
-             "shard index '{}' is corrupt: its last offset is {}, the shard has {} tokens; re-run "
-             "xlme-data binarize",
-             idx_path, offsets_[header_.segments], header_.tokens);
+  // One pass over the index: offsets rise from 0 to the token count, document starts from 0 to
+  // the sentence count, so that no read can leave the files.
+  auto check_rising = [&](const uint64_t* values, uint64_t count, uint64_t last, const char* what) {
+    const size_t first_byte =
+        static_cast<size_t>(reinterpret_cast<const char*>(values) - idx_->data);
+    XLME_CHECK(values[0] == 0,
+               "shard index '{}' is corrupt: the first {} (byte {}) is {}, not 0; "
+               "re-run xlme-data binarize",
+               idx_path, what, first_byte, values[0]);
+    for (uint64_t i = 1; i < count; ++i) {
+      XLME_CHECK(values[i] >= values[i - 1] && values[i] <= last,
+                 "shard index '{}' is corrupt: {} {} (byte {}) is {}, after {} (the end is {}); "
+                 "re-run xlme-data binarize",
+                 idx_path, what, i, first_byte + 8 * i, values[i], values[i - 1], last);
+    }
+    XLME_CHECK(values[count - 1] == last,
+               "shard index '{}' is corrupt: the last {} (byte {}) is {}, the shard has {}; re-run "
+               "xlme-data binarize",
+               idx_path, what, first_byte + 8 * (count - 1), values[count - 1], last);
+  };
+  check_rising(offsets_, header_.segments + 1, header_.tokens, "token offset");
+  if (mono) check_rising(documents_, header_.documents + 1, header_.segments, "document start");
   if (verify_checksums) {
     const uint32_t idx_crc = crc32_update(0, offsets_, payload);
     XLME_CHECK(idx_crc == header_.index_crc32,
@@ -109,12 +153,23 @@ Shard::~Shard() = default;
 
 void Shard::append_segment(int64_t i, std::vector<int32_t>& out) const {
   const uint64_t begin = offsets_[i], end = offsets_[i + 1];
+  const size_t first = out.size();
   if (header_.dtype_bytes == 2) {
     const auto* p = reinterpret_cast<const uint16_t*>(bin_->data);
     out.insert(out.end(), p + begin, p + end);
   } else {
     const auto* p = reinterpret_cast<const int32_t*>(bin_->data);
     out.insert(out.end(), p + begin, p + end);
+  }
+  const auto vocab = static_cast<int64_t>(header_.vocab_size);
+  for (size_t k = first; k < out.size(); ++k) {
+    if (out[k] >= 0 && out[k] < vocab) continue;
+    const uint64_t token = begin + (k - first);
+    XLME_FAIL(
+        "shard '{}.bin' is corrupt: token {} (byte {}, segment {}) is {}, outside the "
+        "vocabulary of {} ids; re-run xlme-data binarize (xlme-data inspect checks every "
+        "shard)",
+        stem_, token, token * header_.dtype_bytes, i, out[k], vocab);
   }
 }
 

@@ -23,6 +23,14 @@ namespace xlme::finetune {
 namespace fs = std::filesystem;
 
 namespace {
+
+// XTREME files are read with a warning naming the file and line for invalid UTF-8.
+data::LineReaderOptions xtreme_reader_options() {
+  data::LineReaderOptions options;
+  options.warn_invalid_utf8 = true;
+  return options;
+}
+
 namespace xio {
 
 const std::map<std::string, std::vector<std::string>>& languages_by_task() {
@@ -228,7 +236,7 @@ std::vector<std::string> split_spaces(const std::string& line) {
 }
 
 std::vector<std::string> read_lines(const std::string& path) {
-  data::LineReader reader(path);
+  data::LineReader reader(path, xtreme_reader_options());
   std::vector<std::string> lines;
   for (std::string line; reader.next(line);) lines.push_back(line);
   return lines;
@@ -288,7 +296,7 @@ TsvQuoting parse_tsv_quoting(const std::string& name) {
 }
 
 std::vector<TsvRow> read_tsv(const std::string& path, TsvQuoting quoting) {
-  data::LineReader reader(path);
+  data::LineReader reader(path, xtreme_reader_options());
   std::vector<TsvRow> rows;
   std::string line;
   bool first = true;
@@ -395,7 +403,7 @@ std::vector<PairExample> read_pair_split(const std::string& download_dir, const 
 
 std::vector<PairExample> read_xnli_gold(const std::string& path, const std::string& lang) {
   xio::require_file(path, "XNLI-1.0 gold for language '" + lang + "'");
-  data::LineReader reader(path);
+  data::LineReader reader(path, xtreme_reader_options());
   std::vector<PairExample> examples;
   std::string line;
   reader.next(line);  // header
@@ -424,7 +432,7 @@ std::vector<PairExample> read_xnli_gold(const std::string& path, const std::stri
 
 std::vector<PairExample> read_pawsx_gold(const std::string& path) {
   xio::require_file(path, "PAWS-X gold");
-  data::LineReader reader(path);
+  data::LineReader reader(path, xtreme_reader_options());
   std::vector<PairExample> examples;
   std::string line;
   reader.next(line);  // header
@@ -459,7 +467,7 @@ std::string tagging_file(const std::string& download_dir, const std::string& tas
 
 std::vector<TaggedSentence> read_conll_tsv(const std::string& path, const std::string& task) {
   if (!task.empty()) task_labels(task);
-  data::LineReader reader(path);
+  data::LineReader reader(path, xtreme_reader_options());
   std::vector<TaggedSentence> sentences;
   TaggedSentence current;
   int tagged = -1;  // unknown until the first word line: 1 word+tag, 0 word only
@@ -498,7 +506,7 @@ std::vector<TaggedSentence> read_conll_tsv(const std::string& path, const std::s
 }
 
 std::vector<TaggedSentence> read_panx_raw(const std::string& path) {
-  data::LineReader reader(path);
+  data::LineReader reader(path, xtreme_reader_options());
   std::vector<TaggedSentence> sentences;
   TaggedSentence current;
   std::string line;
@@ -524,7 +532,7 @@ std::vector<TaggedSentence> read_panx_raw(const std::string& path) {
 }
 
 std::vector<TaggedSentence> read_conllu(const std::string& path, const std::string& lang) {
-  data::LineReader reader(path);
+  data::LineReader reader(path, xtreme_reader_options());
   std::vector<TaggedSentence> sentences;
   std::vector<xio::UdWord> words;
   std::vector<xio::UdRange> ranges;
@@ -786,7 +794,7 @@ BuccCorpus read_bucc(const std::string& download_dir, const std::string& lang,
                        std::unordered_set<std::string>& ids) {
     const std::string path = base.string() + "." + ext;
     xio::require_file(path, fmt::format("bucc {} split for language '{}'", split, lang));
-    data::LineReader reader(path);
+    data::LineReader reader(path, xtreme_reader_options());
     for (std::string line; reader.next(line);) {
       if (line.empty()) continue;
       const std::string at = xio::where(path, reader.lines_read());
@@ -808,7 +816,7 @@ BuccCorpus read_bucc(const std::string& download_dir, const std::string& lang,
                split, lang, gold_path);
     return corpus;
   }
-  data::LineReader reader(gold_path);
+  data::LineReader reader(gold_path, xtreme_reader_options());
   for (std::string line; reader.next(line);) {
     if (line.empty()) continue;
     const std::string at = xio::where(gold_path, reader.lines_read());

@@ -238,6 +238,9 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
       speed.peak_memory_mib = peak_memory_mib(trainer.device());
       const Summaries terms = interval.summarize_and_reset();
       spdlog::info("{}", log_line(record, terms, config.train.steps, speed));
+      if (const std::string table = source.language_report(); !table.empty()) {
+        spdlog::info("data: language, shard tokens, target / realized share{}", table);
+      }
       if (metrics) metrics->write(metrics_of(record, terms, speed, trainer.tokens_seen()));
       window_start = now;
       window_tokens = 0;
@@ -289,8 +292,10 @@ int run_pretraining(const config::Config& config, const PretrainOptions& options
                "model.vocab_size=0 to take the tokenizer's",
                resolved.model.vocab_size, config.data.tokenizer, tokenizer->vocab_size());
   }
-  data::ShardBatchSource source(
-      data::BatchOptions::from_config(resolved, tokenizer.get(), launch.rank, launch.world_size));
+  auto batch_options =
+      data::BatchOptions::from_config(resolved, tokenizer.get(), launch.rank, launch.world_size);
+  batch_options.allow_data_change = options.allow_data_change;
+  data::ShardBatchSource source(batch_options);
   std::unique_ptr<Validator> validator;
   const bool wants_validation = config.train.validate_every > 0;
   if (wants_validation && !config.data.heldout.dir.empty()) {

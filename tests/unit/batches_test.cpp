@@ -398,7 +398,7 @@ TEST_F(Sources, StateRestoreEqualsContinuousReading) {
       got.push_back(fingerprint(first.next(Task::kPara)));
     }
     const std::string saved = first.state();
-    EXPECT_LT(saved.size(), 400u) << saved;
+    EXPECT_LT(saved.size(), 600u) << saved;
     ShardBatchSource second(o);
     second.next(Task::kMono);  // whatever it read before is forgotten
     std::vector<std::string> states(static_cast<size_t>(ranks), saved);
@@ -483,6 +483,55 @@ TEST_F(Sources, RestoreRejectsForeignStates) {
                              other.restore({"garbage", "x"});
                            }),
                            {"saved data state #0 is not an xlme-batches v1 state"}));
+}
+
+TEST_F(Sources, RestoreRefusesAChangedShardSetUnlessAllowed) {
+  ShardBatchSource first(options());
+  for (int i = 0; i < 5; ++i) first.next(Task::kMono);
+  const std::string saved = first.state();
+  EXPECT_TRUE(contains_all(saved, {"shard mono fr ", "shard para en-de "}));
+  // fr deleted, ru binarized again with more text, el new: the languages would vanish, change
+  // and appear silently.
+  std::filesystem::remove(dir_ / "mono/fr.idx");
+  std::filesystem::remove(dir_ / "mono/fr.bin");
+  write_mono(dir_.path().string(), "ru", 31);
+  write_mono(dir_.path().string(), "el", 20);
+  ShardBatchSource changed(options());
+  EXPECT_TRUE(
+      contains_all(error_message([&] { changed.restore({saved}); }),
+                   {"the mono shards differ from those the checkpoint was trained on",
+                    "'fr' removed", "'ru' changed", "'el' added", "pass --allow-data-change"}));
+  BatchOptions allowed = options();
+  allowed.allow_data_change = true;
+  ShardBatchSource continued(allowed);
+  EXPECT_NO_THROW(continued.restore({saved}));
+  EXPECT_NO_THROW(continued.next(Task::kMono));
+}
+
+TEST_F(Sources, LanguageReportShowsTargetAndRealizedShares) {
+  ShardBatchSource source(options());
+  for (int i = 0; i < 40; ++i) source.next(Task::kMono);
+  const auto counts = source.language_counts(Task::kMono);
+  int64_t read = 0;
+  for (const auto& c : counts) read += c.tokens;
+  const std::string report = source.language_report();
+  for (const auto& c : counts) {
+    EXPECT_TRUE(contains_all(
+        report, {fmt::format("mono {:<8} {:>12} tokens  target {:5.1f}%  realized {:5.1f}%", c.name,
+                             c.shard_tokens, 100 * c.probability,
+                             100.0 * static_cast<double>(c.tokens) / read)}));
+  }
+  EXPECT_TRUE(contains_all(report, {"para en-de", "realized   0.0%"}));
+}
+
+TEST(Batches, ParallelOnlyShardsNameTheObjectivesThatNeedMonolingualText) {
+  TempDir dir;
+  write_para(dir.path().string(), "en-de", 20);
+  BatchOptions o = base_options(dir.path().string());
+  EXPECT_NO_THROW(TaskReader(o, Task::kPara));
+  EXPECT_TRUE(contains_all(error_message([&] { TaskReader(o, Task::kMono); }),
+                           {"has no mono/*.idx shards for MLM and MRTD, which every "
+                            "objectives.set trains on monolingual text"}));
 }
 
 TEST_F(Sources, LoaderErrorsReachTheConsumerWithTheirMessage) {

@@ -70,6 +70,7 @@ class Binarize : public ::testing::Test {
     o.out_dir = dir / "shards";
     o.threads = 3;
     o.chunk_lines = 7;
+    o.max_invalid_fraction = 0.05;  // the fixtures hold one invalid line in 56 to 112
     return o;
   }
 
@@ -213,7 +214,12 @@ TEST_F(Binarize, MissingFoldersAndLanguagesWithoutData) {
   EXPECT_TRUE(contains_all(error_message([&] { binarize(options(dir), *tokenizer_); }),
                            {"has neither mono/ nor para/"}));
   write_file(dir / "raw/mono/de.txt", "\n\n\xff\xfe\n");
-  EXPECT_TRUE(contains_all(error_message([&] { binarize(options(dir), *tokenizer_); }),
+  EXPECT_TRUE(
+      contains_all(error_message([&] { binarize(options(dir), *tokenizer_); }),
+                   {"'" + (dir / "raw/mono/de.txt") + "' is not UTF-8 text: 1 of 3 lines"}));
+  BinarizeOptions lenient = options(dir);
+  lenient.max_invalid_fraction = 1;
+  EXPECT_TRUE(contains_all(error_message([&] { binarize(lenient, *tokenizer_); }),
                            {"language 'de' has no data", "3 lines read, 1 with invalid UTF-8"}));
   EXPECT_TRUE(contains_all(error_message([&] { inspect_shards(dir / "none", nullptr, 1); }),
                            {"shard folder '" + (dir / "none") + "' not found"}));

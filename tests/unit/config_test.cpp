@@ -1,6 +1,7 @@
 // Config: defaults, files with includes, --set overrides and their priority, the YAML round trip,
 // every error path with its message, and the shipped configs under configs/.
 #include "xlme/config/config.h"
+#include "xlme/config/yaml_file.h"
 
 #include "config/yaml_io.h"
 #include "test_util.h"
@@ -265,6 +266,24 @@ TEST_F(ConfigErrors, MalformedYamlNamesLineAndColumn) {
   EXPECT_TRUE(contains_all(msg, {path() + ":", "malformed YAML"}));
   EXPECT_TRUE(
       contains_all(load_error("model:\n\tlayers: 2\n"), {path() + ":2:", "malformed YAML"}));
+}
+
+TEST_F(ConfigErrors, DuplicateKeysNameBothLines) {
+  EXPECT_TRUE(contains_all(load_error("model:\n  layers: 2\n  heads: 4\n  layers: 6\n"),
+                           {path() + ":4: key 'layers' is given twice in the same map (lines 2 "
+                                     "and 4)"}));
+  EXPECT_TRUE(contains_all(load_error("train:\n  lr: 0.1\nrun:\n  seed: 3\ntrain:\n  steps: 9\n"),
+                           {path() + ":5: key 'train' is given twice", "(lines 1 and 5)"}));
+  // Equal keys in different maps, and in a list of maps, are no duplicates.
+  EXPECT_NO_THROW(load_yaml_text("a:\n  x: 1\nb:\n  x: 2\nc: [{x: 1}, {x: 2}]\n", "t"));
+  EXPECT_TRUE(
+      contains_all(error_message([] { load_yaml_text("c: [{x: 1, y: 2, x: 3}]\n", "m.yaml"); }),
+                   {"m.yaml:1: key 'x' is given twice"}));
+  // In an included file.
+  write_file(dir_ / "inc.yaml", "data:\n  shards: a\n  tokenizer: t\n  shards: b\n");
+  write_file(dir_ / "top.yaml", "include: inc.yaml\n");
+  EXPECT_TRUE(contains_all(error_message([&] { load_config(dir_ / "top.yaml"); }),
+                           {dir_ / "inc.yaml:4: key 'shards'", "(lines 2 and 4)"}));
 }
 
 TEST_F(ConfigErrors, MissingFile) {

@@ -5,7 +5,11 @@
 
 #include "test_util.h"
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
+
+#include <sstream>
 
 namespace xlme::finetune {
 namespace {
@@ -60,6 +64,21 @@ TEST(Tsv, UnquotedUndoesExcelQuoting) {
   EXPECT_EQ(parse_tsv_quoting("unquoted"), TsvQuoting::kUnquoted);
   EXPECT_TRUE(contains_all(error_message([] { parse_tsv_quoting("csv"); }),
                            {"'csv'", "faithful", "unquoted"}));
+}
+
+TEST(Tsv, InvalidUtf8IsWarnedWithFileAndLine) {
+  TempDir dir;
+  write_file(dir / "t.tsv", "gut\tgood\t1\nLatin-1 caf\xe9\tcafe\t0\nok\tok\t1\n");
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  const auto rows = read_tsv(dir / "t.tsv", TsvQuoting::kFaithful);
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(rows.size(), 3u);
+  EXPECT_TRUE(
+      contains_all(log.str(), {dir / "t.tsv:2: invalid UTF-8", "'" + (dir / "t.tsv") +
+                                                                   "': 1 of 3 lines are not valid "
+                                                                   "UTF-8"}));
 }
 
 TEST(PairTsv, ReadsLabelledAndTestFilesWithTheOriginalNamingAsFallback) {

@@ -220,11 +220,28 @@ struct HeldoutConfig {
   }
 };
 
+// Limits of xlme-data binarize on damaged or hostile text.
+struct BinarizeConfig {
+  int64_t max_line_bytes = 1048576;
+  double max_invalid_fraction = 0.01;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("max_line_bytes", max_line_bytes, IntRange{1024, 1073741824},
+            "lines longer than this are skipped unread (counted in the report): memory per line "
+            "stays bounded");
+    v.field("max_invalid_fraction", max_invalid_fraction, RealRange{0, 1},
+            "a file whose lines with invalid UTF-8 or NUL bytes exceed this fraction fails (not "
+            "UTF-8 text: UTF-16, binary); fewer are skipped with a warning");
+  }
+};
+
 // From raw text to batches (DESIGN section 4).
 struct DataConfig {
   std::string tokenizer;
   std::string vocab_layout = "own";
   std::string shards = "data/shards";
+  bool verify_shards = false;
   TaskDataConfig mono;
   TaskDataConfig para;
   std::string too_long = "drop";
@@ -234,6 +251,7 @@ struct DataConfig {
   int64_t prefetch = 8;
   HeldoutConfig heldout;
   TokenizerTrainingConfig spm;
+  BinarizeConfig binarize;
 
   template <class V>
   void visit(V& v) {
@@ -243,6 +261,9 @@ struct DataConfig {
             "own = a model trained by xlme-data; xlmr = XLM-R's sentencepiece.bpe.model (fairseq "
             "ids, <mask> last)");
     v.field("shards", shards, "folder of binarized shards (xlme-data binarize --out)");
+    v.field("verify_shards", verify_shards,
+            "check the CRC32 of every shard when training opens it (reads every byte); header, "
+            "sizes, offsets and token ids are always checked");
     v.section("mono", mono, "MRTD batches: monolingual sentences packed into sequences");
     v.section("para", para, "TRTD batches: <s> e </s> f </s>, bucketed by length");
     v.field("too_long", too_long, Choices{"drop", "truncate"},
@@ -258,6 +279,7 @@ struct DataConfig {
     v.field("prefetch", prefetch, IntRange{1, 4096}, "batches built ahead of the training step");
     v.section("heldout", heldout, "held-out translation pairs for validation in pre-training");
     v.section("spm", spm, "SentencePiece training (xlme-data train-spm)");
+    v.section("binarize", binarize, "xlme-data binarize");
   }
 };
 

@@ -62,6 +62,9 @@ class BatchSource {
   // it, in rank order. Their number may differ from the current number of ranks: the source
   // re-splits the streams so that no data is repeated or skipped beyond one micro-batch per rank.
   virtual void restore(const std::vector<std::string>& saved) = 0;
+
+  // A table of what was read per language for the log ("" when the source has no languages).
+  virtual std::string language_report() const { return {}; }
 };
 
 }  // namespace xlme::data

@@ -52,6 +52,10 @@ struct BatchOptions {
   std::string shards;          // data.shards: <shards>/mono/<lang>.idx, <shards>/para/<a>-<b>.idx
   std::string tokenizer_path;  // data.tokenizer; when set, every shard must carry its hash
   uint64_t tokenizer_hash = 0;
+  bool verify_shards = false;  // data.verify_shards: CRC32 of every shard when it is opened
+  // restore() continues although the shards differ from the saved state's (logging what
+  // changed) instead of refusing (xlme-pretrain --allow-data-change)
+  bool allow_data_change = false;
   SpecialIds ids;  // vocab_size 0 = from the shards' headers
   TaskBatchOptions mono, para;
   bool truncate_too_long = false;  // data.too_long: truncate instead of drop
@@ -126,6 +130,8 @@ class TaskReader {
   std::vector<std::string> languages() const;
   const std::vector<double>& probabilities() const { return sampler_->probabilities(); }
   std::vector<int64_t> shard_tokens() const;
+  // Per language: "<tokens> tokens, crc32 <bin_crc32>" of its shard, what a saved state records.
+  std::vector<std::string> shard_signatures() const;
 
   const ReaderState& state() const { return state_; }
   void set_state(const ReaderState& state);
@@ -152,6 +158,11 @@ class TaskReader {
 // threads building up to data.prefetch micro-batches ahead per task. The batches equal those of
 // the synchronous readers whatever the thread count; an error on a loader thread is re-thrown by
 // next() with its message.
+//
+// The saved state records each shard's token count and checksum: restore() refuses a shard set
+// that differs from the saved one (a language added, removed, or re-binarized) unless
+// allow_data_change, and then logs what changed. The language table (language_report) is logged
+// when the source opens.
 class ShardBatchSource : public BatchSource {
  public:
   explicit ShardBatchSource(const BatchOptions& options);
@@ -163,6 +174,9 @@ class ShardBatchSource : public BatchSource {
 
   // Per language (pair) of `task`: its probability and what this rank has read since it started.
   std::vector<LanguageCount> language_counts(Task task) const;
+  // One line per language of each task: shard tokens, target share p_j and the share of the
+  // tokens this rank has read.
+  std::string language_report() const override;
   const SpecialIds& special_ids() const;
 
  private:

@@ -22,6 +22,8 @@ struct BinarizeOptions {
   int64_t chunk_lines = 2048;               // lines per work item
   double progress_seconds = 5.0;            // between progress lines and checkpoints
   int64_t max_chunks = 0;  // stop after this many chunks per run, resumable (0 = no limit)
+  int64_t max_line_bytes = 1 << 20;    // longer lines are skipped unread (data.binarize)
+  double max_invalid_fraction = 0.01;  // of a file's lines: invalid UTF-8 or NUL bytes (fail)
 };
 
 struct BinarizeReport {
@@ -34,6 +36,8 @@ struct BinarizeReport {
   int64_t sequences = 0;
   int64_t tokens = 0;
   int64_t invalid_utf8_lines = 0;
+  int64_t nul_lines = 0;   // lines with NUL bytes (UTF-16 or binary data), skipped
+  int64_t long_lines = 0;  // lines longer than max_line_bytes, skipped
   int64_t empty_lines = 0;
   int64_t source_bytes = 0;
   double seconds = 0;
@@ -49,7 +53,9 @@ std::vector<ParaFiles> find_para_files(const std::string& dir,
                                        const std::vector<std::string>& pairs);
 
 // Binarizes every selected file. Throws xlme::Error for missing inputs, parallel files with
-// different line counts (naming both files and counts), and I/O errors.
+// different line counts (naming both files and counts), truncated or corrupt compressed files
+// (naming the byte offset), a file whose invalid UTF-8 and NUL lines exceed
+// max_invalid_fraction (before its shard is replaced), and I/O errors.
 std::vector<BinarizeReport> binarize(const BinarizeOptions& options, const Tokenizer& tokenizer);
 
 }  // namespace xlme::data

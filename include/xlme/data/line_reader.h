@@ -8,35 +8,56 @@
 
 namespace xlme::data {
 
+struct LineReaderOptions {
+  // Lines longer than this (bytes, 0 = no limit) are never held in memory: next() returns them
+  // empty with too_long() true, so that parallel files stay line-aligned.
+  int64_t max_line_bytes = 0;
+  // Log a warning naming the file and line for each of the first invalid UTF-8 lines, and their
+  // count at the end of the file.
+  bool warn_invalid_utf8 = false;
+};
+
 class LineReader {
  public:
   // Opens `path`; the compression comes from its extension (.gz, .xz, anything else: plain).
   // Throws xlme::Error naming the file when it cannot be opened.
-  explicit LineReader(const std::string& path);
+  explicit LineReader(const std::string& path, LineReaderOptions options = {});
   ~LineReader();
   LineReader(const LineReader&) = delete;
   LineReader& operator=(const LineReader&) = delete;
 
   // The next line without its '\n' (and without a trailing '\r'); false at the end of the file.
-  // Throws xlme::Error naming the file and line on a corrupt compressed stream.
+  // Throws xlme::Error naming the file, the compressed byte offset and the line on a corrupt or
+  // truncated compressed stream, and on a .gz file that is not gzip data.
   bool next(std::string& line);
 
+  // Whether the line next() returned last was longer than max_line_bytes (and returned empty).
+  bool too_long() const { return too_long_; }
+  int64_t long_lines() const { return long_lines_; }
   int64_t lines_read() const { return lines_; }
   int64_t file_bytes_read() const;  // compressed bytes consumed so far (for progress)
   int64_t file_size() const { return file_size_; }
   const std::string& path() const { return path_; }
 
  private:
-  bool fill();  // appends decompressed bytes to buffer_; false at end of input
+  bool fill();            // appends decompressed bytes to buffer_; false at end of input
+  bool skip_long_line();  // drops the rest of a line past max_line_bytes; false at end of input
+  void check_utf8(const std::string& line);
 
   struct Decoder;
   std::string path_;
+  LineReaderOptions options_;
   std::unique_ptr<Decoder> decoder_;
   std::string buffer_;
   size_t pos_ = 0;
   bool eof_ = false;
   int64_t lines_ = 0;
   int64_t file_size_ = 0;
+  int64_t decoded_bytes_ = 0;
+  bool too_long_ = false;
+  int64_t long_lines_ = 0;
+  int64_t invalid_utf8_lines_ = 0;
+  bool summarized_ = false;
 };
 
 }  // namespace xlme::data

@@ -20,6 +20,8 @@ struct PretrainOptions {
   // A pre-training checkpoint folder whose weights start a fresh run (train.init_parts says
   // which), with a report of what matched; ignored when the run resumes from its own checkpoint.
   std::string init_from;
+  // Resume although the shards differ from the checkpoint's, logging what changed.
+  bool allow_data_change = false;
 };
 
 // Trains until train.steps and returns kExitOk, or, after SIGTERM / SIGINT / SIGUSR1 on any rank,

@@ -1,0 +1,202 @@
+// Damaged and hostile data as a user meets it (issue 14, items 5, 6 and 10): truncated and fake
+// compressed files, UTF-16 text, a huge line, shards with flipped bytes and crafted headers. Each
+// case makes the fault, runs xlme-data, and checks the exit code, that the message names the file
+// and the offset or field, and that the shards the user had are untouched.
+#include "test_util.h"
+
+#include "xlme/data/shard.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+namespace xlme {
+namespace {
+
+using xlme::testing::contains_all;
+using xlme::testing::read_file;
+using xlme::testing::TempDir;
+using xlme::testing::write_file;
+
+xlme::testing::ToolRun run_data_tool(const std::vector<std::string>& args) {
+  return xlme::testing::run_tool("xlme-data", args);
+}
+
+// `lines` lines of pseudo-words over a 12-letter alphabet (blank line every 10th).
+std::string fault_corpus_text(int lines, unsigned seed) {
+  std::string text;
+  unsigned state = seed;
+  for (int i = 0; i < lines; ++i) {
+    for (int w = 0; w < 5; ++w) {
+      for (int c = 0; c < 4; ++c) {
+        state = state * 1103515245u + 12345u;
+        text += static_cast<char>('a' + (state >> 16) % 12);
+      }
+      text += ' ';
+    }
+    text += i % 10 == 9 ? "\n\n" : "\n";
+  }
+  return text;
+}
+
+// A raw corpus (mono/xx.txt, para/en-xx.{en,xx}), a SentencePiece model trained on it, and its
+// shards binarized once: what a user has before the fault.
+class DataFaults : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    write_file(dir_ / "raw/mono/xx.txt", fault_corpus_text(300, 3));
+    write_file(dir_ / "raw/para/en-xx.en", fault_corpus_text(100, 5));
+    write_file(dir_ / "raw/para/en-xx.xx", fault_corpus_text(100, 7));
+    const std::string train = "spm_train --input=" + (dir_ / "raw/mono/xx.txt") +
+                              " --model_prefix=" + (dir_ / "m") +
+                              " --vocab_size=60 --bos_id=0 --pad_id=1 --eos_id=2 --unk_id=3 "
+                              ">/dev/null 2>&1";
+    ASSERT_EQ(std::system(train.c_str()), 0);
+    const auto r = binarize({});
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+
+  xlme::testing::ToolRun binarize(const std::vector<std::string>& sets) {
+    std::vector<std::string> args = {"binarize",      "--input", dir_ / "raw", "--out",
+                                     dir_ / "shards", "--set",   tokenizer()};
+    for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+    return run_data_tool(args);
+  }
+  std::string tokenizer() const { return "data.tokenizer=" + (dir_ / "m.model"); }
+  std::string shard_files() const {
+    return read_file(dir_ / "shards/mono/xx.idx") + read_file(dir_ / "shards/mono/xx.bin");
+  }
+
+  TempDir dir_;
+};
+
+TEST_F(DataFaults, TruncatedGzipFailsNamingTheFileAndByteOffsetAndKeepsTheShard) {
+  const std::string before = shard_files();
+  write_file(dir_ / "big.txt", fault_corpus_text(2000, 11));
+  ASSERT_EQ(std::system(("gzip -c " + (dir_ / "big.txt") + " > " + (dir_ / "big.gz")).c_str()), 0);
+  const std::string gz = read_file(dir_ / "big.gz");
+  const size_t cut = gz.size() * 6 / 10;
+  std::filesystem::remove(dir_ / "raw/mono/xx.txt");
+  write_file(dir_ / "raw/mono/xx.txt.gz", gz.substr(0, cut));
+  auto r = binarize({});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(
+      contains_all(r.err, {"'" + (dir_ / "raw/mono/xx.txt.gz") + "' is truncated",
+                           "stops at byte " + std::to_string(cut) + " of " + std::to_string(cut)}));
+  EXPECT_EQ(shard_files(), before);
+
+  // Plain text behind a .gz name is not read as if it were the decompressed data.
+  write_file(dir_ / "raw/mono/xx.txt.gz", fault_corpus_text(50, 13));
+  r = binarize({});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"'" + (dir_ / "raw/mono/xx.txt.gz") + "' is not gzip data"}));
+  EXPECT_EQ(shard_files(), before);
+}
+
+TEST_F(DataFaults, Utf16TextFailsAboveTheInvalidFractionAndFewBadLinesWarn) {
+  const std::string before = shard_files();
+  const std::string text = fault_corpus_text(300, 3);
+  std::string utf16 = "\xff\xfe";
+  for (const char c : text) utf16 += std::string{c, '\0'};
+  write_file(dir_ / "raw/mono/xx.txt", utf16);
+  auto r = binarize({});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"'" + (dir_ / "raw/mono/xx.txt") + "' is not UTF-8 text",
+                                   "data.binarize.max_invalid_fraction = 0.01", "NUL bytes"}));
+  EXPECT_EQ(shard_files(), before);
+
+  // Two bad lines (invalid UTF-8, a NUL) in 330: skipped with a warning, and they fail under a
+  // stricter threshold.
+  const std::string mixed = std::string("caf\xe9 au lait\n") + std::string("nul\0byte\n", 9) + text;
+  write_file(dir_ / "raw/mono/xx.txt", mixed);
+  r = binarize({});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"skipped 2 of 332 lines: 1 with invalid UTF-8, 1 with NUL"}));
+  write_file(dir_ / "raw/mono/xx.txt", mixed + "\n");
+  r = binarize({"data.binarize.max_invalid_fraction=0.001"});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"2 of 333 lines have invalid UTF-8 (1) or NUL bytes (1)"}));
+}
+
+TEST_F(DataFaults, HugeLineIsSkippedUnreadAndCounted) {
+  std::string text = fault_corpus_text(300, 3);
+  text.insert(0, std::string(5 << 20, 'a') + "\n");
+  write_file(dir_ / "raw/mono/xx.txt", text);
+  const auto r = binarize({"data.binarize.max_line_bytes=65536"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"skipped 1 lines longer than 65536 bytes",
+                                   "xx           mono 331 lines -> 300 sentences", "1 too long"}));
+  const data::Shard shard(dir_ / "shards/mono/xx");
+  EXPECT_EQ(shard.sequences(), 300);
+}
+
+// Flips bytes of the shards the training reader opens (xlme-data bench reads batches exactly as
+// xlme-pretrain does) and damages the index's header and offsets (xlme-data inspect).
+TEST_F(DataFaults, DamagedShardsAreNamedWithTheOffset) {
+  const std::string bin_path = dir_ / "shards/mono/xx.bin", idx_path = dir_ / "shards/mono/xx.idx";
+  const std::string bin = read_file(bin_path), idx = read_file(idx_path);
+  auto bench = [&](const std::vector<std::string>& sets) {
+    std::vector<std::string> args = {"bench",
+                                     "--shards",
+                                     dir_ / "shards",
+                                     "--seconds",
+                                     "0.2",
+                                     "--set",
+                                     tokenizer(),
+                                     "--set",
+                                     "data.mono.max_len=64",
+                                     "--set",
+                                     "data.para.max_len=64"};
+    for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+    return run_data_tool(args);
+  };
+  ASSERT_EQ(bench({}).code, 0);
+
+  // A token id past the vocabulary: the byte offset of the token is named.
+  std::string damaged = bin;
+  damaged[20] = '\xff';
+  damaged[21] = '\xff';
+  write_file(bin_path, damaged);
+  auto r = bench({});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains_all(
+      r.err, {"shard '" + (dir_ / "shards/mono/xx") + ".bin' is corrupt: token 10 (byte 20",
+              "is 65535, outside the vocabulary of "}));
+
+  // A flipped bit that leaves a valid id: found by the checksum on request.
+  damaged = bin;
+  damaged[20] ^= 1;
+  write_file(bin_path, damaged);
+  r = bench({"data.verify_shards=true"});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"shard '" + bin_path + "' is corrupt: CRC32"}));
+  write_file(bin_path, bin);
+
+  data::ShardHeader header;
+  std::memcpy(&header, idx.data(), sizeof(header));
+  // Counts that wrap around 2^64 to the real index size.
+  data::ShardHeader wrapped = header;
+  wrapped.segments += uint64_t{1} << 61;
+  wrapped.sequences = wrapped.segments;
+  std::string crafted = idx;
+  std::memcpy(crafted.data(), &wrapped, sizeof(wrapped));
+  write_file(idx_path, crafted);
+  r = run_data_tool({"inspect", "--shards", dir_ / "shards"});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"shard index '" + idx_path + "' is truncated or corrupt",
+                                   "which need more than 2^64 bytes"}));
+
+  // Offsets that go backwards: the offset and its byte are named.
+  crafted = idx;
+  const uint64_t big = header.tokens;
+  std::memcpy(crafted.data() + sizeof(header) + 8 * 3, &big, 8);
+  write_file(idx_path, crafted);
+  r = run_data_tool({"inspect", "--shards", dir_ / "shards"});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(
+      contains_all(r.err, {"shard index '" + idx_path + "' is corrupt: token offset 4 (byte " +
+                           std::to_string(sizeof(header) + 8 * 4) + ")"}));
+}
+
+}  // namespace
+}  // namespace xlme
