@@ -121,7 +121,7 @@ print(f"  {'pair':12}{'trained':>10}{'untrained':>11}")
 for pair in trained:
     print(f"  {pair:12}{trained[pair]['accuracy']:10.2f}{untrained[pair]['accuracy']:11.2f}")
 print()
-print(f"curves: {run}/plots/*.png; export: {run}/export/; retrieval: {run}/retrieval/results.json")
+print(f"curves: {run}/plots/summary.png; export: {run}/export/; retrieval: {run}/retrieval/results.json")
 print("A ~12M-token CPU run is far too small for cross-lingual transfer: expect the trained")
 print("model's retrieval at or below the untrained one, whose random embeddings already match")
 print("shared sub-words (README.md, \"Fine-tuning and evaluation\", has a GPU command that trains enough).")

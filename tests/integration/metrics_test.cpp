@@ -38,7 +38,10 @@ int run_shell(const std::string& command) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-TEST(Metrics, PlotScriptDrawsOnePngPerGroup) {
+// The generator's and the discriminator's losses on panels of their own (their scales differ
+// ~15x), training and validation told apart, the retrieval pairs as one faint legend entry, and
+// summary.png holding every panel.
+TEST(Metrics, PlotScriptDrawsASummaryWithPanelsOnTheirOwnScales) {
   TempDir dir;
   {
     MetricsWriter writer(dir / "run/metrics.jsonl");
@@ -46,21 +49,39 @@ TEST(Metrics, PlotScriptDrawsOnePngPerGroup) {
       MetricsRecord train;
       train.add("step", step).add("kind", std::string("train")).add("lr", 1e-3 / step);
       train.add("loss/mlm", 9.0 / std::sqrt(step)).add("loss/mrtd", 0.7 - step * 1e-3);
+      train.add("f1/mrtd", 0.2 + step * 1e-3).add("grad_norm", 1.0 + 1.0 / step);
       writer.write(train);
     }
     MetricsRecord valid;
-    valid.add("step", int64_t{100}).add("kind", std::string("valid")).add("loss/mlm", 1.5);
+    valid.add("step", int64_t{100}).add("kind", std::string("validation")).add("loss/mlm", 1.5);
+    valid.add("loss/mrtd", 0.5).add("retrieval/mean", 0.05);
+    for (const char* pair : {"en-de", "en-fr", "en-ja"}) {
+      valid.add(std::string("retrieval/") + pair + "/a_to_b", 0.04)
+          .add(std::string("retrieval/") + pair + "/b_to_a", 0.06);
+    }
     writer.write(valid);
   }
   EXPECT_EQ(read_file(dir / "run/metrics.jsonl").find("{\"step\": 10, \"kind\": \"train\""), 0u);
   const std::string script = std::string(XLME_SOURCE_DIR) + "/scripts/plot_metrics.py";
-  ASSERT_EQ(run_shell("/usr/bin/python3 " + script + " " + (dir / "run") + " > " +
+  ASSERT_EQ(run_shell("/usr/bin/python3 " + script + " " + (dir / "run") + " --describe > " +
                       (dir / "out.txt") + " 2>&1"),
             0)
       << read_file(dir / "out.txt");
-  EXPECT_TRUE(contains_all(read_file(dir / "out.txt"),
-                           {dir / "run/plots/loss.png", dir / "run/plots/lr.png"}));
-  for (const char* name : {"loss.png", "lr.png"}) {
+  const std::string out = read_file(dir / "out.txt");
+  EXPECT_EQ(out.find(dir / "run/plots/summary.png\n"), 0u) << out;
+  EXPECT_TRUE(contains_all(
+      out, {"generator loss (cross-entropy): mlm train, mlm validation\n",
+            "discriminator loss (binary cross-entropy): mrtd train, mrtd validation\n",
+            "discriminator replaced-token F1 (F1): mrtd train\n",
+            "retrieval on held-out pairs (validation) (accuracy@1): each pair and direction (6), "
+            "mean\n",
+            "learning rate and gradient norm (learning rate; right axis gradient norm): learning "
+            "rate, gradient norm (right)\n"}))
+      << out;
+  EXPECT_EQ(out.find("throughput"), std::string::npos) << "no throughput was recorded: " << out;
+  for (const char* name :
+       {"summary.png", "generator.png", "discriminator.png", "retrieval.png", "optimization.png"}) {
+    EXPECT_TRUE(contains_all(out, {dir / ("run/plots/" + std::string(name))})) << name;
     const std::string png = read_file(dir / ("run/plots/" + std::string(name)));
     ASSERT_GT(png.size(), 1000u) << name;
     EXPECT_EQ(png.substr(0, 8), "\x89PNG\r\n\x1a\n") << name;

@@ -93,6 +93,38 @@ TEST(ParameterCounts, PaperSizes) {
   EXPECT_NEAR(static_cast<double>(kept(xl)) / 2.2e9, 1.0, 0.02);
 }
 
+// Every shipped model config as loaded (its own vocabulary; tiny and small take the tokenizer's,
+// the demo's 8,000 ids): the count its header comment states, written there digit for digit, and
+// its distance from the paper's figure where it claims one.
+TEST(ParameterCounts, ShippedConfigsHaveTheCountsTheirCommentsState) {
+  struct Stated {
+    const char* name;
+    int64_t vocab_if_tokenizer;  // the tokenizer's size when the config says 0
+    int64_t kept;
+    const char* written;  // as the comment writes it
+    double paper;         // 0 = not a size from the paper
+    double off;           // kept / paper - 1
+  };
+  for (const Stated& s : {Stated{"tiny", 8000, 645'252, "645,252", 0, 0},
+                          Stated{"small", 8000, 10'607'664, "10,607,664", 0, 0},
+                          Stated{"base", 0, 277'473'936, "277,473,936", 279e6, -0.005},
+                          Stated{"large", 0, 558'899'584, "558,899,584", 840e6, -0.335},
+                          Stated{"xl", 0, 1'744'891'008, "1,744,891,008", 2.2e9, -0.207},
+                          Stated{"large_500k", 0, 814'897'536, "814,897,536", 840e6, -0.030},
+                          Stated{"xl_500k", 0, 2'128'887'936, "2,128,887,936", 2.2e9, -0.032}}) {
+    SCOPED_TRACE(s.name);
+    const std::string path = std::string(XLME_SOURCE_DIR) + "/configs/model/" + s.name + ".yaml";
+    auto m = config::load_config(path).model;
+    EXPECT_EQ(m.vocab_size == 0, s.vocab_if_tokenizer > 0);
+    if (m.vocab_size == 0) m.vocab_size = s.vocab_if_tokenizer;
+    EXPECT_EQ(kept(m), s.kept);
+    EXPECT_TRUE(testing::contains_all(testing::read_file(path), {s.written}));
+    if (s.paper > 0) {
+      EXPECT_NEAR(static_cast<double>(s.kept) / s.paper - 1.0, s.off, 0.0005);
+    }
+  }
+}
+
 TEST(ParameterCounts, TableNamesModulesAndTotals) {
   const auto table = format_parameter_table(
       analytic_parameter_counts(model_config("base", 250002), Architecture::kElectra));
