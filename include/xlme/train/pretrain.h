@@ -20,9 +20,15 @@ struct PretrainOptions {
   // A pre-training checkpoint folder whose weights start a fresh run (train.init_parts says
   // which), with a report of what matched; ignored when the run resumes from its own checkpoint.
   std::string init_from;
+  // With resume "none" in a run.out_dir that holds checkpoints: move them and metrics.jsonl aside
+  // to <run.out_dir>/replaced-<UTC time>/ and start afresh (without it the run refuses to start).
+  bool overwrite = false;
 };
 
-// Trains until train.steps and returns kExitOk, or, after SIGTERM / SIGINT / SIGUSR1 on any rank,
+// Holds an exclusive lock on run.out_dir (<run.out_dir>/run.lock, rank 0) for the whole run:
+// a second run in the same folder fails at once with the holder's pid and host. A fresh start in a
+// folder with checkpoints is refused (PretrainOptions::overwrite). Trains until train.steps and
+// returns kExitOk, or, after SIGTERM / SIGINT / SIGUSR1 on any rank,
 // abandons the current step after the micro-batch in progress on every rank, saves a checkpoint
 // of the last finished step and returns kExitPreempted. Before the first step it runs the
 // start-up dry run (Trainer::dry_run). With a `validator`, validates every train.validate_every
