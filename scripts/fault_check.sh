@@ -27,6 +27,7 @@ declare -A expected=(
   [ConfigFolderAndEmptyOutDirAreNamed]="exit 1 'is a folder' / 'is empty'"
   [StopSignalDuringStartUpSavesAndExits75]="exit 75, checkpoint of step 0"
   [MetricsAreNotDuplicatedAfterAResume]="each step logged once"
+  [RanksWithDifferentRunFoldersFailAtStart]="exit 1 on every rank naming run.out_dir"
   [TakenMasterPortIsNamed]="error 'MASTER_PORT N is already taken'"
   [RankZeroNamesTheMissingRankWhileWaiting]="warning every 30 s naming ranks 1, 2"
 )

@@ -32,7 +32,8 @@ inline model::ElectraModel make_tiny_model(const config::Config& c, uint64_t see
 }
 
 inline std::shared_ptr<dist::Communicator> single_process() {
-  return dist::Communicator::create(dist::LaunchInfo{}, "gloo", std::chrono::seconds(1));
+  return dist::Communicator::create(dist::LaunchInfo{}, torch::kCPU, "gloo",
+                                    std::chrono::seconds(1));
 }
 
 // Every parameter equal (atol 0) or close.

@@ -10,6 +10,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/cuda.h>
 #include <unistd.h>
 
@@ -76,27 +78,48 @@ c10::intrusive_ptr<c10d::TCPStore> make_store(const std::string& host, Options o
   }
 }
 
+// Blocks until `event` completed: Event::synchronize where LibTorch has it (2.x), else polling.
+template <typename Event>
+auto wait_for(Event& event) -> decltype(event.synchronize(), void()) {
+  event.synchronize();
+}
+template <typename Event, typename... Ignored>
+void wait_for(Event& event, Ignored...) {
+  while (!event.query()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+}
+
 }  // namespace
 
 struct Communicator::Group {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<compat::CollectiveGroup> pg;
-  torch::Device device = torch::kCPU;
 };
 
-Communicator::Communicator(LaunchInfo launch, std::string backend)
-    : launch_(std::move(launch)), backend_(std::move(backend)) {}
+double PendingSum::get() {
+  XLME_CHECK(read_, "PendingSum::get: no sum pending (an internal error: please report it)");
+  const double value = read_();
+  read_ = nullptr;
+  return value;
+}
+
+Communicator::Communicator(LaunchInfo launch, torch::Device device, std::string backend)
+    : launch_(std::move(launch)), device_(device), backend_(std::move(backend)) {}
 
 Communicator::~Communicator() = default;
 
 std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
+                                                   const torch::Device& device,
                                                    const std::string& backend,
                                                    std::chrono::milliseconds timeout) {
   std::string chosen = backend;
-  if (chosen == "auto") chosen = torch::cuda::is_available() ? "nccl" : "gloo";
+  if (chosen == "auto") chosen = device.is_cuda() ? "nccl" : "gloo";
   XLME_CHECK(chosen == "gloo" || chosen == "nccl",
              "unknown distributed backend '{}'; use auto, gloo or nccl", backend);
-  std::shared_ptr<Communicator> comm(new Communicator(launch, chosen));
+  XLME_CHECK(chosen == "gloo" || device.is_cuda(),
+             "dist.backend=nccl needs CUDA tensors but this process runs on {} (run.device); use "
+             "dist.backend=gloo or auto",
+             device.str());
+  std::shared_ptr<Communicator> comm(new Communicator(launch, device, chosen));
   if (launch.world_size == 1) return comm;
 
   const int rank = launch.rank;
@@ -180,7 +203,6 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
       group.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, rank, world, pg_options);
     } else {
 #ifdef USE_C10D_NCCL
-      group.device = torch::Device(torch::kCUDA, static_cast<int8_t>(launch.local_rank));
       auto pg_options = c10d::ProcessGroupNCCL::Options::create();
       pg_options->timeout = timeout;
       group.pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefix, rank, world, pg_options);
@@ -199,17 +221,28 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
   }
 
   // One all-reduce through the new group proves the collective path end to end.
-  std::vector<torch::Tensor> probe{torch::ones({1}, torch::TensorOptions().device(group.device))};
+  std::vector<torch::Tensor> probe{torch::ones({1}, torch::TensorOptions().device(device))};
   comm->all_reduce_sum(probe);
   const double total = probe[0].item<double>();
   XLME_CHECK(total == world, "start-up all-reduce over {} ranks returned {} instead of {}", world,
              total, world);
-  spdlog::info("distributed: rank {} of {} (local rank {}), {} via {}, rendezvous {}", rank, world,
-               launch.local_rank, chosen, launch.launcher, where);
+  spdlog::info("distributed: rank {} of {} (local rank {}) on {}, {} via {}, rendezvous {}", rank,
+               world, launch.local_rank, device.str(), chosen, launch.launcher, where);
   return comm;
 }
 
+void Communicator::check_devices(const std::vector<torch::Tensor>& tensors,
+                                 const char* collective) const {
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    XLME_CHECK(tensors[i].device() == device_,
+               "{}: tensor {} of {} is on {} but this communicator's collectives run on {} ({}); "
+               "create it on the communicator's device (an internal error: please report it)",
+               collective, i, tensors.size(), tensors[i].device().str(), device_.str(), backend_);
+  }
+}
+
 void Communicator::all_reduce_sum(std::vector<torch::Tensor>& tensors) {
+  check_devices(tensors, "all-reduce");
   if (!group_) return;
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   try {
@@ -228,6 +261,7 @@ void Communicator::all_reduce_sum(std::vector<torch::Tensor>& tensors) {
 }
 
 void Communicator::broadcast(std::vector<torch::Tensor>& tensors, int root) {
+  check_devices(tensors, "broadcast");
   if (!group_) return;
   c10d::BroadcastOptions options;
   options.rootRank = root;
@@ -242,10 +276,76 @@ void Communicator::broadcast(std::vector<torch::Tensor>& tensors, int root) {
   }
 }
 
+PendingSum Communicator::start_sum(double value) {
+  if (!group_) return PendingSum([value] { return value; });
+  // Created here, on the collective's device: no caller can hand NCCL a CPU tensor.
+  std::vector<torch::Tensor> one{
+      torch::full({1}, value, torch::TensorOptions(torch::kFloat64).device(device_))};
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = group_->pg->allreduce(one);
+  } catch (const std::exception& e) {
+    XLME_FAIL("rank {}: cannot start an all-reduce ({}); see the other ranks' logs", rank(),
+              e.what());
+  }
+  const int me = rank();
+  auto wait = [work, me] {
+    try {
+      work->wait();
+    } catch (const std::exception& e) {
+      XLME_FAIL(
+          "rank {}: all-reduce failed ({}); another rank probably died or exceeded "
+          "dist.timeout_s, see its log",
+          me, e.what());
+    }
+  };
+  if (device_.is_cuda() && backend_ == "nccl") {
+    // NCCL's wait() only orders the current stream after the collective; the copy to pinned
+    // memory and an event behind it let get() wait for the collective, not for later kernels.
+    wait();
+    auto host = torch::empty({1}, torch::TensorOptions(torch::kFloat64).pinned_memory(true));
+    host.copy_(one[0], /*non_blocking=*/true);
+    auto event = std::make_shared<c10::Event>(device_.type());
+    event->record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+    return PendingSum([host, event] {
+      wait_for(*event);
+      return host.data_ptr<double>()[0];
+    });
+  }
+  auto tensor = one[0];
+  return PendingSum([tensor, wait] {
+    wait();
+    return tensor.item<double>();
+  });
+}
+
+std::vector<double> Communicator::reduce_scalars(const std::vector<double>& values, ScalarOp op) {
+  if (!group_ || values.empty()) return values;
+  std::vector<torch::Tensor> one{
+      torch::tensor(values, torch::kFloat64).to(device_)};  // [n], on the collective's device
+  c10d::AllreduceOptions options;
+  options.reduceOp = op == ScalarOp::kSum   ? c10d::ReduceOp::SUM
+                     : op == ScalarOp::kMin ? c10d::ReduceOp::MIN
+                                            : c10d::ReduceOp::MAX;
+  try {
+    group_->pg->allreduce(one, options)->wait();
+  } catch (const std::exception& e) {
+    XLME_FAIL(
+        "rank {}: all-reduce failed ({}); another rank probably died or exceeded "
+        "dist.timeout_s, see its log",
+        rank(), e.what());
+  }
+  const auto host = one[0].cpu();
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+}
+
 void Communicator::barrier() {
   if (!group_) return;
   try {
-    group_->pg->barrier()->wait();
+    // NCCL's barrier is an all-reduce on a device it guesses from the rank unless told which.
+    c10d::BarrierOptions options;
+    if (device_.is_cuda()) options.device_ids = {static_cast<int64_t>(device_.index())};
+    group_->pg->barrier(options)->wait();
   } catch (const std::exception& e) {
     XLME_FAIL("rank {}: barrier failed ({}); see the other ranks' logs", rank(), e.what());
   }

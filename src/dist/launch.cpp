@@ -2,6 +2,11 @@
 
 #include "xlme/common/error.h"
 
+#include <torch/cuda.h>
+#ifdef XLME_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 #include <cstdlib>
 #include <limits>
 
@@ -81,6 +86,34 @@ LaunchInfo launch_info_from_env() {
     }
   }
   return info;
+}
+
+torch::Device resolve_device(const std::string& requested, const LaunchInfo& launch,
+                             int visible_gpus) {
+  XLME_CHECK(requested == "auto" || requested == "cpu" || requested == "cuda",
+             "run.device must be auto, cpu or cuda, not '{}'", requested);
+  if (requested == "cpu" || (requested == "auto" && visible_gpus == 0)) return torch::kCPU;
+  XLME_CHECK(visible_gpus > 0,
+             "run.device is cuda but this process sees no CUDA device (this build: {}); use "
+             "run.device=cpu or auto, or check CUDA_VISIBLE_DEVICES",
+             torch::cuda::is_available() ? "CUDA" : "CPU only");
+  if (visible_gpus == 1) return torch::Device(torch::kCUDA, 0);
+  XLME_CHECK(launch.local_rank < visible_gpus,
+             "local rank {} ({} launch) has no GPU of its own: this process sees {} GPUs, "
+             "cuda:0..cuda:{}. Launch at most {} processes per node, or give each process one "
+             "GPU (srun --gpus-per-task=1, or CUDA_VISIBLE_DEVICES per process)",
+             launch.local_rank, launch.launcher, visible_gpus, visible_gpus - 1, visible_gpus);
+  return torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(launch.local_rank));
+}
+
+torch::Device use_device(const std::string& requested, const LaunchInfo& launch) {
+  const int visible =
+      torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  const torch::Device device = resolve_device(requested, launch, visible);
+#ifdef XLME_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
+#endif
+  return device;
 }
 
 }  // namespace xlme::dist

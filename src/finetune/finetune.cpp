@@ -3,13 +3,13 @@
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
 #include "xlme/data/tokenizer.h"
+#include "xlme/dist/launch.h"
 #include "xlme/export/pretrained.h"
 #include "xlme/finetune/probes.h"
 #include "xlme/finetune/runner.h"
 #include "xlme/finetune/tasks.h"
 #include "xlme/model/discriminator.h"
 #include "xlme/train/checkpoint.h"
-#include "xlme/train/trainer.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -71,7 +71,8 @@ int run_finetune(const config::Config& config) {
              init);
   const data::Tokenizer tokenizer(pretrained.tokenizer_path,
                                   data::parse_vocab_layout(pretrained.vocab_layout));
-  const auto device = train::choose_device(config.run.device, /*local_rank=*/0);
+  // One process: the first visible GPU (or the CPU), made current.
+  const auto device = dist::use_device(config.run.device, dist::LaunchInfo{});
   spdlog::info("{}: {} (step {}, {} tokens seen){}, on {}", settings.task, init, pretrained.step,
                pretrained.tokens_seen, settings.untrained ? ", untrained weights" : "",
                device.str());

@@ -3,6 +3,7 @@
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
 #include "xlme/train/optimizer.h"
+#include "xlme/train/precision.h"
 #include "xlme/train/schedule.h"
 
 #include <fmt/format.h>
@@ -40,9 +41,11 @@ void restore_weights(torch::nn::Module& model, const std::map<std::string, torch
 }
 
 Scores evaluate_without_grad(TrainableTask& task, FinetuneModel& model, const std::string& language,
-                             Split split, const torch::Device& device, std::string* predictions) {
+                             Split split, const torch::Device& device, bool bf16,
+                             std::string* predictions) {
   torch::NoGradGuard no_grad;
   model->eval();
+  train::AutocastScope autocast(device, bf16);
   auto scores = task.evaluate(model, language, split, device, predictions);
   model->train();
   return scores;
@@ -81,6 +84,10 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
   auto model = factory(task.head_kind(), task.classes());
   model->to(device);
   model->train();
+  // The pre-training policy: bf16 autocast with float32 weights and TF32 matmuls on a GPU.
+  const bool bf16 = train::uses_bf16(settings.precision, device);
+  train::enable_tf32(device);
+  result.precision = bf16 ? "bf16" : "fp32";
   std::vector<double> scales;
   auto optimizer = make_finetune_adamw(*model, model->layers(), settings.lr,
                                        settings.layer_lr_decay, settings.weight_decay, scales);
@@ -122,7 +129,11 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
       std::vector<int64_t> indices(order.begin() + first, order.begin() + last);
       set_group_learning_rates(*optimizer, schedule.lr(step), scales);
       optimizer->zero_grad();
-      auto loss = task.loss(model, indices, device);
+      torch::Tensor loss;
+      {
+        train::AutocastScope autocast(device, bf16);
+        loss = task.loss(model, indices, device);
+      }
       loss.backward();
       if (settings.clip_norm > 0) {
         torch::nn::utils::clip_grad_norm_(model->parameters(), settings.clip_norm);
@@ -142,7 +153,7 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
       }
       if (can_select && (step % eval_every == 0 || step == total)) {
         const auto dev = evaluate_without_grad(task, model, settings.train_language, Split::kDev,
-                                               device, nullptr);
+                                               device, bf16, nullptr);
         XLME_CHECK(!dev.values.empty(), "the {} dev set of {} has no labels to select with",
                    settings.train_language, settings.task);
         spdlog::info("seed {} step {}: {} dev {} {:.2f}", seed, step, settings.train_language,
@@ -168,7 +179,7 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
   for (Split split : {Split::kDev, Split::kTest}) {
     for (const auto& language : task.languages(split)) {
       std::string predictions;
-      auto scores = evaluate_without_grad(task, model, language, split, device,
+      auto scores = evaluate_without_grad(task, model, language, split, device, bf16,
                                           predictions_dir.empty() ? nullptr : &predictions);
       if (!predictions_dir.empty()) {
         write_file_atomic(
@@ -203,6 +214,7 @@ std::string results_json(const config::Config& config, const std::vector<SeedRes
   out["task"] = config.finetune.task;
   out["init"] = config.finetune.init;
   out["train_language"] = config.finetune.train_language;
+  out["precision"] = seeds.front().precision;
   std::vector<int64_t> seed_ids;
   Json selection = Json::array();
   for (const auto& s : seeds) {

@@ -73,9 +73,15 @@ torch::Tensor sample_replacements(const torch::Tensor& logits, double temperatur
                                   const data::SpecialIds& special) {
   torch::NoGradGuard no_grad;
   // Gumbel-max: argmax(s / temperature + G), G = -log(-log U), is a draw from
-  // softmax(s / temperature). Built in place in the noise tensor: one [N, V] buffer.
-  auto scores = torch::rand_like(logits).clamp_(std::numeric_limits<float>::min(), 1.0);
-  scores.log_().neg_().log_().neg_().add_(logits.detach(), 1.0 / temperature);  // [N, V]
+  // softmax(s / temperature). Built in place in the noise tensor: one [N, V] buffer, in float32
+  // whatever the logits' dtype: under bf16 autocast the logits are bf16, and bf16 uniforms cap
+  // the noise near 5.5 (instead of ~16.6) while a bf16 sum rounds neighbouring scores into ties
+  // that argmax breaks towards the lowest id; the draws would not follow the softmax.
+  // (float64 logits, as in the reference tests, keep float64.)
+  const auto dtype = logits.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  auto scores = torch::rand(logits.sizes(), logits.options().dtype(dtype))
+                    .clamp_(std::numeric_limits<float>::min(), 1.0);
+  scores.log_().neg_().log_().neg_().add_(logits.detach().to(dtype), 1.0 / temperature);  // [N, V]
   // One column fill per special id: no index tensor to copy to the device (no host sync).
   for (const int64_t id : {special.bos, special.pad, special.eos, special.unk, special.mask}) {
     scores.select(1, id).fill_(-std::numeric_limits<double>::infinity());

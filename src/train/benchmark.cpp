@@ -23,7 +23,9 @@ std::string run_benchmark(const config::Config& config, int64_t steps) {
   for (const auto& p : model->parameters()) parameters += p.numel();
   SyntheticBatches source(data::SpecialIds::for_vocab(config.model.vocab_size), batch, length,
                           config.objectives.mask_ratio, config.run.seed);
-  auto comm = dist::Communicator::create(dist::launch_info_from_env(), config.dist.backend,
+  const dist::LaunchInfo launch = dist::launch_info_from_env();
+  const torch::Device device = dist::use_device(config.run.device, launch);
+  auto comm = dist::Communicator::create(launch, device, config.dist.backend,
                                          std::chrono::seconds(config.dist.timeout_s));
   Trainer trainer(config, model, source, comm);
   trainer.set_phase_timing(true);
@@ -33,16 +35,19 @@ std::string run_benchmark(const config::Config& config, int64_t steps) {
 
   std::map<std::string, double> seconds;
   int64_t tokens = 0;
+  double flops = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) {
     const StepRecord record = trainer.train_step();
     tokens += record.tokens;
+    flops += record.flops;
     for (const auto& [phase, s] : record.seconds) seconds[phase] += s;
   }
   const double total =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  const auto mfu = model_flops_utilization(config, trainer.device(), tokens / total);
+  const auto mfu =
+      model_flops_utilization(flops / total, device_name(trainer.device()), comm->world_size());
   MetricsRecord out;
   out.add("benchmark", std::string("xlme-pretrain"))
       .add("steps", steps)

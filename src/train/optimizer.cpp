@@ -1,8 +1,103 @@
 #include "xlme/train/optimizer.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/torch_compat.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <map>
 
 namespace xlme::train {
+
+torch::Tensor MultiTensorAdamW::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  auto& states = state();
+  for (auto& group : param_groups()) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    TORCH_CHECK(!options.amsgrad(), "MultiTensorAdamW: amsgrad is not supported");
+    const double lr = options.lr(), weight_decay = options.weight_decay(), eps = options.eps();
+    const auto [beta1, beta2] = options.betas();
+    // Parameters stepped together share their step count (all of them, unless some had no
+    // gradient at some step): one set of lists per count.
+    struct Lists {
+      std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+    };
+    std::map<int64_t, Lists> by_step;
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      TORCH_CHECK(!p.grad().is_sparse(), "MultiTensorAdamW does not take sparse gradients");
+      const auto key = compat::optimizer_state_key(states, p);
+      auto it = states.find(key);
+      if (it == states.end()) {
+        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        it = states.emplace(key, std::move(fresh)).first;
+      }
+      auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      Lists& lists = by_step[s.step()];
+      lists.params.push_back(p);
+      lists.grads.push_back(p.grad());
+      lists.exp_avgs.push_back(s.exp_avg());
+      lists.exp_avg_sqs.push_back(s.exp_avg_sq());
+      s.step(s.step() + 1);
+    }
+    for (auto& [previous, lists] : by_step) {
+      const auto step = static_cast<double>(previous + 1);
+#if XLME_HAS_FUSED_ADAMW
+      if (lists.params.front().is_cuda()) {
+        // The kernel counts the steps itself: it gets the count before this step.
+        auto counts =
+            torch::full({static_cast<int64_t>(lists.params.size())}, static_cast<double>(previous),
+                        lists.params.front().options().dtype(torch::kFloat32));
+        std::vector<torch::Tensor> steps;
+        for (int64_t i = 0; i < counts.size(0); ++i) steps.push_back(counts[i]);
+        at::_fused_adamw_(lists.params, lists.grads, lists.exp_avgs, lists.exp_avg_sqs, {}, steps,
+                          lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
+                          /*maximize=*/false);
+        continue;
+      }
+#endif
+      // LibTorch's AdamW::step, operation for operation, over lists.
+      const double bias_correction1 = 1 - std::pow(beta1, step);
+      const double bias_correction2 = 1 - std::pow(beta2, step);
+      if (weight_decay != 0) at::_foreach_mul_(lists.params, 1 - lr * weight_decay);
+      at::_foreach_mul_(lists.exp_avgs, beta1);
+      at::_foreach_add_(lists.exp_avgs, lists.grads, 1 - beta1);
+      at::_foreach_mul_(lists.exp_avg_sqs, beta2);
+      at::_foreach_addcmul_(lists.exp_avg_sqs, lists.grads, lists.grads, 1 - beta2);
+      auto denom = at::_foreach_sqrt(lists.exp_avg_sqs);
+      at::_foreach_div_(denom, std::sqrt(bias_correction2));
+      at::_foreach_add_(denom, eps);
+      at::_foreach_addcdiv_(lists.params, lists.exp_avgs, denom, -lr / bias_correction1);
+    }
+  }
+  return loss;
+}
+
+torch::Tensor gradient_norm(const std::vector<torch::Tensor>& parameters) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : parameters) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  XLME_CHECK(!grads.empty(), "gradient norm: no parameter has a gradient");
+  return torch::stack(at::_foreach_norm(grads, 2)).to(torch::kFloat32).norm();
+}
+
+void scale_gradients(const std::vector<torch::Tensor>& parameters, double scale) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : parameters) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (!grads.empty()) at::_foreach_mul_(grads, scale);
+}
 
 bool takes_weight_decay(const torch::Tensor& parameter) {
   return parameter.dim() >= 2;
@@ -26,8 +121,8 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(decay, options(train.weight_decay));
   groups.emplace_back(no_decay, options(0.0));
-  return std::make_unique<torch::optim::AdamW>(std::move(groups),
-                                               torch::optim::AdamWOptions(train.lr));
+  return std::make_unique<MultiTensorAdamW>(std::move(groups),
+                                            torch::optim::AdamWOptions(train.lr));
 }
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {

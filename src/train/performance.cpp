@@ -87,13 +87,11 @@ std::string device_name(const torch::Device& device) {
   return device.str();
 }
 
-std::optional<double> model_flops_utilization(const config::Config& config,
-                                              const torch::Device& device,
-                                              double tokens_per_second) {
-  if (!device.is_cuda()) return std::nullopt;
-  const auto peak = peak_bf16_flops(device_name(device));
-  if (!peak) return std::nullopt;
-  return tokens_per_second * step_flops_per_token(config) / *peak;
+std::optional<double> model_flops_utilization(double flops_per_second,
+                                              const std::string& device_name, int ranks) {
+  const auto peak = peak_bf16_flops(device_name);
+  if (!peak || ranks < 1) return std::nullopt;
+  return flops_per_second / (static_cast<double>(ranks) * *peak);
 }
 
 }  // namespace xlme::train

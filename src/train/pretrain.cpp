@@ -19,6 +19,7 @@
 #include <cmath>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 namespace xlme::train {
@@ -142,10 +143,10 @@ std::string resume_path(const PretrainOptions& options, const CheckpointManager&
     CheckpointManager::verify(options.resume);
     return options.resume;
   }
-  int64_t step = -1;
+  double step = 0;  // only rank 0 contributes to the sum
   if (comm.rank() == 0) {
     if (const auto latest = manager.latest_valid()) {
-      step = latest->step;
+      step = static_cast<double>(latest->step);
     } else {
       XLME_CHECK(manager.list().empty(),
                  "--resume auto: '{}' holds checkpoints but none of them verifies (see the "
@@ -153,13 +154,26 @@ std::string resume_path(const PretrainOptions& options, const CheckpointManager&
                  "DIR, or start afresh with --resume none --overwrite (the old ones are kept "
                  "aside)",
                  manager.dir());
+      step = -1;
     }
   }
-  std::vector<torch::Tensor> shared{torch::tensor({static_cast<double>(step)}, torch::kFloat64)};
-  if (comm.rank() != 0) shared[0].zero_();
-  comm.all_reduce_sum(shared);  // only rank 0 contributes
-  step = static_cast<int64_t>(shared[0].item<double>());
-  return step < 0 ? "" : manager.path_for(step);
+  step = comm.reduce_scalars({step}, dist::ScalarOp::kSum).front();
+  return step < 0 ? "" : manager.path_for(static_cast<int64_t>(step));
+}
+
+// Every rank must name the same run folder: rank 0 writes the checkpoints into its run.out_dir and
+// every rank resumes from there. Compared as 52 bits of a hash of the absolute path (exact in the
+// doubles reduce_scalars carries), at start rather than at the first checkpoint.
+void check_same_run_folder(const config::Config& config, dist::Communicator& comm) {
+  const std::string resolved = fs::weakly_canonical(fs::absolute(config.run.out_dir)).string();
+  const double key = static_cast<double>(std::hash<std::string>{}(resolved) >> 12);
+  const double low = comm.reduce_scalars({key}, dist::ScalarOp::kMin).front();
+  const double high = comm.reduce_scalars({key}, dist::ScalarOp::kMax).front();
+  XLME_CHECK(low == high,
+             "rank {}: run.out_dir '{}' is not the same folder on every rank; rank 0 writes the "
+             "checkpoints into its run.out_dir and every rank resumes from there: give all ranks "
+             "the same run.out_dir (on a file system they share)",
+             comm.rank(), resolved);
 }
 
 // Rank 0's hold on the run folder for the length of the run (an exclusive lock: a second run in
@@ -209,6 +223,7 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
   const bool leader = comm->rank() == 0;
   CheckpointManager manager((fs::path(config.run.out_dir) / "checkpoints").string(),
                             config.train.keep_last, config.train.keep_every);
+  check_same_run_folder(config, *comm);
   std::unique_ptr<FileLock> lock;
   if (leader) {
     lock = claim_run_folder(config, options, manager);
@@ -272,6 +287,8 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
 
   auto window_start = std::chrono::steady_clock::now();
   int64_t window_tokens = 0;
+  double window_flops = 0;
+  const std::string gpu = device_name(trainer.device());
   IntervalSums interval;
   while (trainer.step() < config.train.steps) {
     const StepRecord record = trainer.train_step();
@@ -290,20 +307,22 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
       return kExitPreempted;
     }
     window_tokens += record.tokens;
+    window_flops += record.flops;
     interval.add(record);
     const bool last = record.step == config.train.steps;
     if (record.step % config.train.log_every == 0 || record.step == 1 || last) {
       const auto now = std::chrono::steady_clock::now();
+      const double seconds = std::chrono::duration<double>(now - window_start).count();
       Throughput speed;
-      speed.tokens_per_second =
-          window_tokens / std::chrono::duration<double>(now - window_start).count();
-      speed.mfu = model_flops_utilization(config, trainer.device(), speed.tokens_per_second);
+      speed.tokens_per_second = window_tokens / seconds;
+      speed.mfu = model_flops_utilization(window_flops / seconds, gpu, comm->world_size());
       speed.peak_memory_mib = peak_memory_mib(trainer.device());
       const Summaries terms = interval.summarize_and_reset();
       spdlog::info("{}", log_line(record, terms, config.train.steps, speed));
       if (metrics) metrics->write(metrics_of(record, terms, speed, trainer.tokens_seen()));
       window_start = now;
       window_tokens = 0;
+      window_flops = 0;
     }
     if (validator != nullptr && config.train.validate_every > 0 &&
         (record.step % config.train.validate_every == 0 || last)) {
@@ -331,7 +350,8 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
 
 int run_pretraining(const config::Config& config, const PretrainOptions& options) {
   const dist::LaunchInfo launch = dist::launch_info_from_env();
-  auto comm = dist::Communicator::create(launch, config.dist.backend,
+  const torch::Device device = dist::use_device(config.run.device, launch);
+  auto comm = dist::Communicator::create(launch, device, config.dist.backend,
                                          std::chrono::seconds(config.dist.timeout_s));
   config::Config resolved = config;
   std::unique_ptr<data::Tokenizer> tokenizer;

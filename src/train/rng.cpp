@@ -33,27 +33,40 @@ void set_cpu_generator_state(const torch::Tensor& state) {
   set_state_of(at::detail::getDefaultCPUGenerator(), state);
 }
 
-ForkedRng::ForkedRng(const torch::Device& device) : device_(device) {
-  cpu_state_ = cpu_generator_state();
-  if (device_.is_cuda()) cuda_state_ = state_of(default_generator(device_));
+GeneratorStates generator_states(const torch::Device& device) {
+  GeneratorStates states;
+  states.cpu = cpu_generator_state();
+  if (device.is_cuda()) states.device = state_of(default_generator(device));
+  return states;
 }
 
+void set_generator_states(const GeneratorStates& states, const torch::Device& device) {
+  set_cpu_generator_state(states.cpu);
+  if (device.is_cuda() && states.device.defined()) {
+    set_state_of(default_generator(device), states.device);
+  }
+}
+
+uint64_t training_seed(uint64_t seed, int rank) {
+  return seed + 1 + static_cast<uint64_t>(rank);
+}
+
+void seed_generators(uint64_t seed, const torch::Device& device) {
+  for (auto generator : {at::detail::getDefaultCPUGenerator(), default_generator(device)}) {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_current_seed(seed);
+  }
+}
+
+ForkedRng::ForkedRng(const torch::Device& device)
+    : device_(device), states_(generator_states(device)) {}
+
 ForkedRng::~ForkedRng() {
-  set_cpu_generator_state(cpu_state_);
-  if (device_.is_cuda()) set_state_of(default_generator(device_), cuda_state_);
+  set_generator_states(states_, device_);
 }
 
 void ForkedRng::seed(uint64_t seed) {
-  auto cpu = at::detail::getDefaultCPUGenerator();
-  {
-    std::lock_guard<std::mutex> lock(cpu.mutex());
-    cpu.set_current_seed(seed);
-  }
-  if (device_.is_cuda()) {
-    auto cuda = default_generator(device_);
-    std::lock_guard<std::mutex> lock(cuda.mutex());
-    cuda.set_current_seed(seed);
-  }
+  seed_generators(seed, device_);
 }
 
 }  // namespace xlme::train

@@ -48,17 +48,6 @@ std::string rank_file(const std::string& folder, int rank) {
 
 }  // namespace
 
-torch::Device choose_device(const std::string& device, int local_rank) {
-  if (device == "cpu") return torch::kCPU;
-  const bool cuda = torch::cuda::is_available();
-  XLME_CHECK(cuda || device == "auto",
-             "run.device is cuda but no CUDA device is available to this build; use run.device=cpu "
-             "or auto");
-  if (!cuda) return torch::kCPU;
-  const auto gpus = static_cast<int>(torch::cuda::device_count());
-  return torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(local_rank % gpus));
-}
-
 // --- SyntheticBatches ---------------------------------------------------------------------------
 
 SyntheticBatches::SyntheticBatches(const data::SpecialIds& special, int64_t batch_size,
@@ -126,7 +115,7 @@ Trainer::Trainer(const config::Config& config, model::ElectraModel model, data::
       comm_(std::move(comm)),
       objectives_(config.objectives),
       schedule_(config.train.lr, config.train.warmup_steps, config.train.steps),
-      device_(choose_device(config.run.device, comm_->local_rank())) {
+      device_(comm_->device()) {
   model_->to(device_);
   parameters_ = model_->parameters();
   // Every rank starts from rank 0's weights (and buffers), whatever its own initialization.
@@ -139,6 +128,8 @@ Trainer::Trainer(const config::Config& config, model::ElectraModel model, data::
   micro_batches_ = (config.train.tokens_per_task + per_round - 1) / per_round;
   bf16_ = uses_bf16(config.train.precision, device_);
   enable_tf32(device_);
+  // run.seed made the model; dropout and sampling draw from this rank's own streams.
+  seed_generators(training_seed(config.run.seed, comm_->rank()), device_);
 }
 
 int64_t Trainer::parameter_count() const {
@@ -148,12 +139,7 @@ int64_t Trainer::parameter_count() const {
 }
 
 bool Trainer::stop_requested() {
-  // On the backend's device (NCCL needs CUDA tensors); one tiny collective and one read.
-  std::vector<torch::Tensor> flag{
-      torch::full({1}, stop_signal() != 0 ? 1.0 : 0.0, torch::TensorOptions(torch::kFloat32))
-          .to(device_)};
-  comm_->all_reduce_sum(flag);
-  return flag[0].item<float>() > 0;
+  return comm_->start_sum(stop_signal() != 0 ? 1.0 : 0.0).get() > 0;
 }
 
 void Trainer::dry_run() {
@@ -215,7 +201,7 @@ StepRecord Trainer::train_step() {
   model_->train();
   StepRecord record;
   reader_before_step_ = source_.state();
-  rng_before_step_ = cpu_generator_state();
+  rng_before_step_ = generator_states(device_);
   auto mark = std::chrono::steady_clock::now();
   // Adds the time since the last call to `phase`.
   auto lap = [&](const char* phase) {
@@ -234,8 +220,8 @@ StepRecord Trainer::train_step() {
     names.insert(names.end(), task_terms.begin(), task_terms.end());
     for (int64_t i = 0; i < micro_batches_; ++i) batches.push_back(source_.next(task));
   }
-  lap("data");
-  std::vector<double> counts(names.size() + 1, 0.0);  // + real tokens
+  // [term counts..., real tokens, model FLOPs], summed over ranks on the device.
+  std::vector<double> counts(names.size() + 2, 0.0);
   for (const auto& batch : batches) {
     const auto task_terms = objectives_.term_names(batch.task);
     for (std::size_t n = 0; n < names.size(); ++n) {
@@ -243,8 +229,11 @@ StepRecord Trainer::train_step() {
         counts[n] += static_cast<double>(objectives::term_count(names[n], batch));
       }
     }
-    counts.back() += static_cast<double>(batch.real_tokens);
+    counts[names.size()] += static_cast<double>(batch.real_tokens);
+    counts[names.size() + 1] += static_cast<double>(batch.real_tokens) *
+                                training_flops_per_token(config_, batch.input_ids.size(1));
   }
+  lap("data");
   std::vector<torch::Tensor> reduced_counts{torch::tensor(counts, torch::kFloat64).to(device_)};
   comm_->all_reduce_sum(reduced_counts);
   lap("communication");
@@ -255,38 +244,49 @@ StepRecord Trainer::train_step() {
   }
 
   // 2. Forward and backward, one micro-batch at a time; the sums stay on the device. After each,
-  // the ranks agree on stop signals: a preempted run gives up the step within one micro-batch.
+  // the ranks agree on stop signals: each micro-batch starts a sum of the ranks' flags, read one
+  // micro-batch later (the last one at once), so that no host synchronization drains the GPU's
+  // queue; a preempted run gives up the step within two micro-batches.
   std::map<std::string, TermSums> sums;
-  for (const auto& batch : batches) {
-    const auto inputs = model::ModelInputs::from(batch).to(device_);
-    std::vector<objectives::Term> terms;
-    torch::Tensor loss;
+  dist::PendingSum previous_stop;
+  for (std::size_t b = 0; b < batches.size(); ++b) {
+    const data::Batch& batch = batches[b];
     {
-      AutocastScope autocast(device_, bf16_);
-      terms = objectives_.compute(model_->forward(inputs), batch.task);
-      loss = objectives::weighted_loss(terms, normalizers);
-    }
-    lap("forward");
-    loss.backward();
+      const auto inputs = model::ModelInputs::from(batch).to(device_);
+      std::vector<objectives::Term> terms;
+      torch::Tensor loss;
+      {
+        AutocastScope autocast(device_, bf16_);
+        terms = objectives_.compute(model_->forward(inputs), batch.task);
+        loss = objectives::weighted_loss(terms, normalizers);
+      }
+      lap("forward");
+      loss.backward();
+      for (const auto& term : terms) {
+        TermSums& acc = sums[term.name];
+        acc.weight = term.weight;
+        acc.loss_sum =
+            acc.loss_sum.defined() ? acc.loss_sum + term.loss_sum.detach() : term.loss_sum.detach();
+        acc.count = acc.count.defined() ? acc.count + term.count : term.count;
+        for (const auto& [key, value] : term.statistics) {
+          auto& s = acc.statistics[key];
+          s = s.defined() ? s + value : value;
+        }
+      }
+    }  // the micro-batch's activations and outputs are freed here, inside the backward phase
     lap("backward");
-    if (stop_requested()) {
-      lap("communication");
+    dist::PendingSum stop = comm_->start_sum(stop_signal() != 0 ? 1.0 : 0.0);
+    bool stopping = previous_stop.pending() && previous_stop.get() > 0;
+    if (!stopping && b + 1 == batches.size()) stopping = stop.get() > 0;
+    previous_stop = std::move(stop);
+    lap("communication");
+    if (stopping) {
+      if (previous_stop.pending()) previous_stop.get();  // every rank started it: finish it
       for (auto& p : parameters_) p.mutable_grad() = torch::Tensor();
       interrupted_ = true;
       record.interrupted = true;
       record.step = step_;
       return record;
-    }
-    for (const auto& term : terms) {
-      TermSums& acc = sums[term.name];
-      acc.weight = term.weight;
-      acc.loss_sum =
-          acc.loss_sum.defined() ? acc.loss_sum + term.loss_sum.detach() : term.loss_sum.detach();
-      acc.count = acc.count.defined() ? acc.count + term.count : term.count;
-      for (const auto& [key, value] : term.statistics) {
-        auto& s = acc.statistics[key];
-        s = s.defined() ? s + value : value;
-      }
     }
   }
 
@@ -302,8 +302,15 @@ StepRecord Trainer::train_step() {
   }
   std::vector<torch::Tensor> stats{torch::cat(flat)};
   comm_->all_reduce_sum(stats);
-  const auto host = stats[0].cpu();
   lap("communication");
+
+  // 4. The global gradient norm over both models, read with the statistics, tokens and FLOPs in
+  // the step's one host synchronization; then either skip a non-finite update or clip and step.
+  const auto host =
+      torch::cat({stats[0], reduced_counts[0].narrow(0, static_cast<int64_t>(names.size()), 2),
+                  gradient_norm(parameters_).to(torch::kFloat64).reshape({1})})
+          .cpu();
+  const double* values = host.data_ptr<double>();
   int64_t at = 0;
   for (const auto& [name, acc] : sums) {
     objectives::Term reduced;
@@ -317,15 +324,9 @@ StepRecord Trainer::train_step() {
     record.loss += acc.weight * record.terms[name]["loss"];
     record.sums[name] = reduced;
   }
-  record.tokens = static_cast<int64_t>(reduced_counts[0][names.size()].item<double>());
-
-  // 4. Global gradient norm over both models (one host synchronization per step), then either
-  // skip a non-finite update or clip and step.
-  std::vector<torch::Tensor> squares;
-  for (const auto& p : parameters_) {
-    if (p.grad().defined()) squares.push_back(p.grad().to(torch::kFloat64).pow(2).sum());
-  }
-  record.grad_norm = torch::stack(squares).sum().sqrt().item<double>();
+  record.tokens = static_cast<int64_t>(values[at++]);
+  record.flops = values[at++];
+  record.grad_norm = values[at++];
   record.lr = schedule_.lr(step_);
   ++step_;
   record.step = step_;
@@ -343,14 +344,12 @@ StepRecord Trainer::train_step() {
                "(train.max_bad_steps); stopping with the last good checkpoint intact. Lower "
                "train.lr, raise train.warmup_steps, or inspect the data of the last steps",
                bad_in_a_row_);
+    lap("optimizer");
     return record;
   }
   bad_in_a_row_ = 0;
   if (config_.train.clip_norm > 0 && record.grad_norm > config_.train.clip_norm) {
-    const double scale = config_.train.clip_norm / (record.grad_norm + 1e-6);
-    for (const auto& p : parameters_) {
-      if (p.grad().defined()) p.grad().mul_(scale);
-    }
+    scale_gradients(parameters_, config_.train.clip_norm / (record.grad_norm + 1e-6));
   }
   set_learning_rate(*optimizer_, record.lr);
   optimizer_->step();
@@ -367,7 +366,9 @@ std::string Trainer::save_checkpoint(const CheckpointManager& manager) {
   {
     torch::serialize::OutputArchive archive;
     archive.write("reader", c10::IValue(interrupted_ ? reader_before_step_ : source_.state()));
-    archive.write("rng_cpu", interrupted_ ? rng_before_step_ : cpu_generator_state());
+    const GeneratorStates rng = interrupted_ ? rng_before_step_ : generator_states(device_);
+    archive.write("rng_cpu", rng.cpu);
+    if (rng.device.defined()) archive.write("rng_device", rng.device);
     save_archive(archive, rank_file(folder, rank));
   }
   comm_->barrier();
@@ -484,22 +485,27 @@ void Trainer::load_checkpoint(const std::string& path) {
   skipped_steps_ = trainer_field<int64_t>(state, "skipped_steps", state_file);
   bad_in_a_row_ = 0;
   std::vector<std::string> readers;
-  torch::Tensor my_rng;
+  GeneratorStates my_rng;
   for (int r = 0; r < saved_world; ++r) {
     torch::serialize::InputArchive archive;
     archive.load_from(rank_file(path, r));
     c10::IValue reader;
     archive.read("reader", reader);
     readers.push_back(reader.toStringRef());
-    if (r == comm_->rank()) archive.read("rng_cpu", my_rng);
+    if (r == comm_->rank()) {
+      archive.read("rng_cpu", my_rng.cpu);
+      if (!archive.try_read("rng_device", my_rng.device)) my_rng.device = torch::Tensor();
+    }
   }
   source_.restore(readers);
-  if (saved_world == comm_->world_size()) {
-    set_cpu_generator_state(my_rng);
+  if (saved_world == comm_->world_size() && (my_rng.device.defined() || !device_.is_cuda())) {
+    set_generator_states(my_rng, device_);
   } else {
-    // Other ranks than when saved: the data streams are re-split by the source; dropout and
-    // sampling noise starts from a fresh seed per rank.
-    torch::manual_seed(config_.run.seed * 7919 + static_cast<uint64_t>(step_) * 31 + comm_->rank());
+    // Other ranks than when saved (the data streams are re-split by the source), or a checkpoint
+    // of a CPU run resumed on a GPU: dropout and sampling noise starts from a fresh seed per rank.
+    seed_generators(
+        training_seed(config_.run.seed * 7919 + static_cast<uint64_t>(step_) * 31, comm_->rank()),
+        device_);
   }
   spdlog::info("resumed from {} at step {} ({} tokens seen, saved by {} rank(s))", path, step_,
                tokens_seen_, saved_world);

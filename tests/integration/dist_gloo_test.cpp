@@ -12,6 +12,7 @@ namespace xlme::dist {
 namespace {
 
 using xlme::testing::contains_all;
+using xlme::testing::error_message;
 using xlme::testing::free_port;
 using xlme::testing::read_file;
 using xlme::testing::spawn_self;
@@ -29,14 +30,14 @@ TEST(DistGloo, DISABLED_Worker) {
   const LaunchInfo launch = launch_info_from_env();
   if (mode == "missing") {
     try {
-      Communicator::create(launch, "gloo", std::chrono::seconds(2));
+      Communicator::create(launch, torch::kCPU, "gloo", std::chrono::seconds(2));
       result << "created without the other rank";
     } catch (const xlme::Error& e) {
       result << e.what();
     }
     return;
   }
-  const auto comm = Communicator::create(launch, "gloo", std::chrono::seconds(30));
+  const auto comm = Communicator::create(launch, torch::kCPU, "gloo", std::chrono::seconds(30));
   const int r = comm->rank();
   ASSERT_EQ(comm->world_size(), 2);
 
@@ -62,6 +63,20 @@ TEST(DistGloo, DISABLED_Worker) {
     EXPECT_TRUE(torch::allclose(params[i].grad(), torch::full_like(params[i], 1.5 * (i + 1)))) << i;
   }
   EXPECT_TRUE(torch::equal(params[3].grad(), torch::full({1}, 4.0, torch::kFloat64)));
+
+  // Host scalars and started sums: the communicator makes the tensors on its own device.
+  EXPECT_EQ(comm->reduce_scalars({r + 1.0, -2.0 * r}, ScalarOp::kSum),
+            (std::vector<double>{3.0, -2.0}));
+  EXPECT_EQ(comm->reduce_scalars({r + 1.0, -2.0 * r}, ScalarOp::kMin),
+            (std::vector<double>{1.0, -2.0}));
+  EXPECT_EQ(comm->reduce_scalars({r + 1.0, -2.0 * r}, ScalarOp::kMax),
+            (std::vector<double>{2.0, 0.0}));
+  PendingSum first = comm->start_sum(r == 1 ? 1.0 : 0.0);
+  PendingSum second = comm->start_sum(10.0);
+  EXPECT_TRUE(first.pending());
+  EXPECT_EQ(second.get(), 20.0);  // read out of order: each sum is its own collective
+  EXPECT_EQ(first.get(), 1.0);
+  EXPECT_FALSE(first.pending());
 
   std::vector<torch::Tensor> weights{torch::full({4}, r + 7.0), torch::full({2, 3}, -r)};
   broadcast_tensors(*comm, weights, /*root=*/0);
@@ -106,13 +121,37 @@ TEST(DistGloo, StartupCheckNamesTheRankThatNeverJoins) {
 
 TEST(DistGloo, OneProcessNeedsNoProcessGroup) {
   LaunchInfo single;
-  const auto comm = Communicator::create(single, "gloo", std::chrono::seconds(1));
+  const auto comm = Communicator::create(single, torch::kCPU, "gloo", std::chrono::seconds(1));
   std::vector<torch::Tensor> t{torch::ones({2})};
   comm->all_reduce_sum(t);
   comm->broadcast(t, 0);
   comm->barrier();
   EXPECT_TRUE(torch::equal(t[0], torch::ones({2})));
   EXPECT_EQ(comm->world_size(), 1);
+  EXPECT_EQ(comm->reduce_scalars({4.0, -1.0}, ScalarOp::kMax), (std::vector<double>{4.0, -1.0}));
+  EXPECT_EQ(comm->start_sum(3.0).get(), 3.0);
+}
+
+// NCCL refuses tensors that are not on its GPU, Gloo takes CPU tensors whatever the device: a
+// collective given a tensor on another device than the communicator's fails on every backend and
+// with one process too, naming both devices, so that a CPU test catches what NCCL would refuse
+// (resume_path once all-reduced a CPU tensor on every GPU run). The meta device stands in for a
+// second device on a machine without a GPU.
+TEST(DistGloo, ATensorOnAnotherDeviceIsRefusedNamingBoth) {
+  const auto comm =
+      Communicator::create(LaunchInfo{}, torch::kCPU, "gloo", std::chrono::seconds(1));
+  std::vector<torch::Tensor> mixed{torch::ones({2}), torch::ones({3}, torch::Device(torch::kMeta))};
+  EXPECT_TRUE(contains_all(error_message([&] { comm->all_reduce_sum(mixed); }),
+                           {"all-reduce: tensor 1 of 2 is on meta",
+                            "this communicator's collectives run on cpu (gloo)"}));
+  EXPECT_TRUE(contains_all(error_message([&] { comm->broadcast(mixed, 0); }),
+                           {"broadcast: tensor 1 of 2 is on meta"}));
+  EXPECT_EQ(comm->device(), torch::Device(torch::kCPU));
+  EXPECT_TRUE(contains_all(error_message([] {
+                             Communicator::create(LaunchInfo{}, torch::kCPU, "nccl",
+                                                  std::chrono::seconds(1));
+                           }),
+                           {"dist.backend=nccl needs CUDA tensors but this process runs on cpu"}));
 }
 
 }  // namespace

@@ -309,6 +309,31 @@ TEST(Faults, StopSignalDuringStartUpSavesAndExits75) {
   EXPECT_TRUE(verifies(step_folder(run, 0)));
 }
 
+// Item 9: ranks given different run.out_dir folders fail at start, before any step, naming it.
+TEST(Faults, RanksWithDifferentRunFoldersFailAtStart) {
+  TempDir dir;
+  const std::string env =
+      "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(testing::free_port()) +
+      " RANK=";
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string run = dir / ("run" + std::to_string(rank));
+    pids.push_back(testing::start_tool("xlme-pretrain", tiny_pretrain_args(run, 2),
+                                       env + std::to_string(rank),
+                                       dir / ("err" + std::to_string(rank))));
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string run = dir / ("run" + std::to_string(rank));
+    const int code = testing::wait_exit_code(pids[rank]);
+    const std::string err = read_file(dir / ("err" + std::to_string(rank)));
+    EXPECT_EQ(code, kExitError) << err;
+    EXPECT_TRUE(contains_all(err, {"rank " + std::to_string(rank) + ": run.out_dir '" + run +
+                                   "' is not the same folder on every rank"}))
+        << err;
+    EXPECT_FALSE(fs::exists(run + "/checkpoints")) << rank;
+  }
+}
+
 // Item 9: a resumed run rewrites what the stopped run logged after its checkpoint: each step once.
 TEST(Faults, MetricsAreNotDuplicatedAfterAResume) {
   TempDir dir;
@@ -340,8 +365,8 @@ TEST(Faults, TakenMasterPortIsNamed) {
   dist::LaunchInfo launch;
   launch.world_size = 2;
   launch.master_port = ntohs(addr.sin_port);
-  const std::string message =
-      error_message([&] { dist::Communicator::create(launch, "gloo", std::chrono::seconds(5)); });
+  const std::string message = error_message(
+      [&] { dist::Communicator::create(launch, torch::kCPU, "gloo", std::chrono::seconds(5)); });
   ::close(fd);
   EXPECT_TRUE(
       contains_all(message, {"MASTER_PORT " + std::to_string(launch.master_port), "already taken"}))
@@ -357,8 +382,8 @@ TEST(Faults, RankZeroNamesTheMissingRankWhileWaiting) {
   dist::LaunchInfo launch;
   launch.world_size = 3;
   launch.master_port = testing::free_port();
-  const std::string message =
-      error_message([&] { dist::Communicator::create(launch, "gloo", std::chrono::seconds(32)); });
+  const std::string message = error_message(
+      [&] { dist::Communicator::create(launch, torch::kCPU, "gloo", std::chrono::seconds(32)); });
   spdlog::default_logger()->sinks().pop_back();
   EXPECT_TRUE(contains_all(message, {"rank(s) 1, 2 of 3 did not join"})) << message;
   EXPECT_TRUE(contains_all(log.str(), {"still waiting for rank(s) 1, 2 of 3 after 30 s"}))

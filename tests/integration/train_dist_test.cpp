@@ -33,7 +33,8 @@ config::Config two_rank_config(int64_t batch_per_rank) {
 // Runs inside the spawned ranks only.
 TEST(TrainDist, DISABLED_Worker) {
   const auto launch = dist::launch_info_from_env();
-  const auto comm = dist::Communicator::create(launch, "gloo", std::chrono::seconds(30));
+  const auto comm =
+      dist::Communicator::create(launch, torch::kCPU, "gloo", std::chrono::seconds(30));
   const auto c = two_rank_config(2);
   SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 2, 16, 0.15, 21,
                           comm->rank(), comm->world_size());

@@ -86,7 +86,7 @@ config::Config resplit_config(const std::string& dir, int64_t steps) {
 int run_rank(const config::Config& c, const dist::LaunchInfo& launch, const std::string& log,
              int64_t stop_at) {
   const data::Tokenizer tokenizer(c.data.tokenizer, data::VocabLayout::kOwn);
-  auto comm = dist::Communicator::create(launch, "gloo", std::chrono::seconds(60));
+  auto comm = dist::Communicator::create(launch, torch::kCPU, "gloo", std::chrono::seconds(60));
   data::ShardBatchSource shards(
       data::BatchOptions::from_config(c, &tokenizer, launch.rank, launch.world_size));
   RecordingSource source(shards, log, stop_at);

@@ -106,5 +106,39 @@ TEST_F(LaunchEnv, ErrorsNameTheVariable) {
                            {"neither MASTER_ADDR nor SLURM_JOB_NODELIST is set"}));
 }
 
+// The device of a rank, for the two layouts one process per GPU comes in.
+TEST(ResolveDevice, EveryGpuVisibleOrOnePerProcess) {
+  LaunchInfo launch;
+  launch.launcher = "slurm";
+  launch.world_size = 16;
+  launch.rank = 11;
+  launch.local_rank = 3;
+  // Every GPU of the node visible (torchrun, srun --gpus-per-node=8): the local rank's.
+  EXPECT_EQ(resolve_device("auto", launch, 8), torch::Device(torch::kCUDA, 3));
+  EXPECT_EQ(resolve_device("cuda", launch, 4), torch::Device(torch::kCUDA, 3));
+  // One GPU visible per process (srun --gpus-per-task=1): cuda:0 whatever the local rank (the
+  // old LOCAL_RANK % count happened to agree here, but cuda:LOCAL_RANK in the communicator did
+  // not: "invalid device ordinal").
+  EXPECT_EQ(resolve_device("auto", launch, 1), torch::Device(torch::kCUDA, 0));
+  EXPECT_EQ(resolve_device("cuda", launch, 1), torch::Device(torch::kCUDA, 0));
+  // No GPU, or the CPU asked for.
+  EXPECT_EQ(resolve_device("auto", launch, 0), torch::Device(torch::kCPU));
+  EXPECT_EQ(resolve_device("cpu", launch, 8), torch::Device(torch::kCPU));
+}
+
+TEST(ResolveDevice, ErrorsSayWhatDoesNotFit) {
+  LaunchInfo launch;
+  launch.launcher = "torchrun";
+  launch.local_rank = 3;
+  // Two GPUs visible for four local ranks: no silent sharing (LOCAL_RANK % 2 used to pick one).
+  EXPECT_TRUE(contains_all(error_message([&] { resolve_device("auto", launch, 2); }),
+                           {"local rank 3 (torchrun launch) has no GPU of its own",
+                            "sees 2 GPUs, cuda:0..cuda:1", "--gpus-per-task=1"}));
+  EXPECT_TRUE(contains_all(error_message([&] { resolve_device("cuda", launch, 0); }),
+                           {"run.device is cuda but this process sees no CUDA device"}));
+  EXPECT_TRUE(contains_all(error_message([&] { resolve_device("gpu", launch, 1); }),
+                           {"run.device must be auto, cpu or cuda, not 'gpu'"}));
+}
+
 }  // namespace
 }  // namespace xlme::dist

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <memory>
+#include <set>
 
 namespace xlme::finetune {
 namespace {
@@ -105,12 +106,15 @@ class ContainsTokenTask : public TrainableTask {
                      const torch::Device&) override {
     auto index = torch::tensor(indices);
     auto logits = run(model, train_.ids.index_select(0, index));
+    training_dtypes.insert(logits.scalar_type());
     return torch::cross_entropy_loss(logits, train_.labels.index_select(0, index));
   }
   Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
                   const torch::Device&, std::string* predictions) override {
     const auto& set = split == Split::kDev && language == "en" ? dev_ : train_;
-    auto predicted = run(model, set.ids).argmax(1);
+    auto logits = run(model, set.ids);
+    evaluation_dtypes.insert(logits.scalar_type());
+    auto predicted = logits.argmax(1);
     if (predictions) *predictions = std::to_string(predicted.sum().item<int64_t>()) + "\n";
     ++evaluations;
     return {
@@ -126,6 +130,7 @@ class ContainsTokenTask : public TrainableTask {
     return std::string(split_name(split)) + "-" + language + ".tsv";
   }
   int64_t evaluations = 0;
+  std::set<torch::ScalarType> training_dtypes, evaluation_dtypes;  // of the logits seen
 
  private:
   struct Set {
@@ -189,6 +194,24 @@ TEST(FinetuneRunner, SameSeedSameResult) {
   auto b = train_and_evaluate(settings, task, tiny_model, 5, torch::kCPU, "");
   EXPECT_EQ(a.by.at("dev").at("en").values, b.by.at("dev").at("en").values);
   EXPECT_EQ(a.by.at("test").at("de").values, b.by.at("test").at("de").values);
+}
+
+// finetune.precision follows train.precision: auto is fp32 on the CPU (bf16 autocast on CUDA);
+// bf16 runs the forward passes under autocast, which changes the result.
+TEST(FinetuneRunner, PrecisionBf16RunsUnderAutocast) {
+  auto settings = synthetic_settings();
+  settings.max_steps = 4;
+  settings.select = "last";
+  ContainsTokenTask fp32_task;
+  const auto fp32 = train_and_evaluate(settings, fp32_task, tiny_model, 5, torch::kCPU, "");
+  EXPECT_EQ(fp32.precision, "fp32");
+  EXPECT_EQ(fp32_task.training_dtypes, std::set<torch::ScalarType>{torch::kFloat});
+  settings.precision = "bf16";
+  ContainsTokenTask bf16_task;
+  const auto bf16 = train_and_evaluate(settings, bf16_task, tiny_model, 5, torch::kCPU, "");
+  EXPECT_EQ(bf16.precision, "bf16");
+  EXPECT_EQ(bf16_task.training_dtypes, std::set<torch::ScalarType>{torch::kBFloat16});
+  EXPECT_EQ(bf16_task.evaluation_dtypes, std::set<torch::ScalarType>{torch::kBFloat16});
 }
 
 TEST(FinetuneResults, MeanStdAndJson) {

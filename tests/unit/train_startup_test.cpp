@@ -108,7 +108,10 @@ TEST(Performance, FlopsCountAndPeakTable) {
   EXPECT_EQ(peak_bf16_flops("NVIDIA H200"), 989e12);
   EXPECT_EQ(peak_bf16_flops("NVIDIA A100-SXM4-80GB"), 312e12);
   EXPECT_FALSE(peak_bf16_flops("cpu").has_value());
-  EXPECT_FALSE(model_flops_utilization(c, torch::kCPU, 1e6).has_value());
+  // The job's FLOP/s over the job's peak: 4 H100s at 494.5 TFLOP/s of model work each are 50%.
+  EXPECT_DOUBLE_EQ(*model_flops_utilization(4 * 494.5e12, "NVIDIA H100 80GB HBM3", 4), 0.5);
+  EXPECT_DOUBLE_EQ(*model_flops_utilization(494.5e12, "NVIDIA H100 80GB HBM3", 1), 0.5);
+  EXPECT_FALSE(model_flops_utilization(1e12, "cpu", 1).has_value());
   EXPECT_GT(peak_memory_mib(torch::kCPU), 1.0);
 }
 

@@ -2,8 +2,13 @@
 // uninterrupted one bit for bit, non-finite updates are skipped and counted, and losses fall.
 #include "xlme/train/trainer.h"
 
+#include "xlme/train/performance.h"
+#include "xlme/train/rng.h"
+
 #include "test_util.h"
 #include "train_fixtures.h"
+
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <limits>
 
@@ -55,6 +60,31 @@ TEST(Trainer, AccumulatedMicroBatchesEqualOneLargerBatch) {
     EXPECT_EQ(a.terms.at("mlm").at("accuracy"), b.terms.at("mlm").at("accuracy"));
   }
   expect_same_parameters(accumulated.model(), direct.model(), 1e-6);
+}
+
+// MFU counts each micro-batch's attention at its own length, not at data.*.max_len.
+TEST(Trainer, StepFlopsCountEachMicroBatchAtItsLength) {
+  auto c = tiny_config(2, 2, 0.0);
+  c.data.mono.max_len = c.data.para.max_len = 64;  // the synthetic sequences are 16 long
+  auto source = make_source(c, 2);
+  Trainer trainer(c, make_model(c, 1), source, single_process());
+  const StepRecord record = trainer.train_step();
+  EXPECT_EQ(record.tokens, 2 * 2 * 2 * 16);  // 2 tasks x 2 micro-batches x 2 sequences x 16
+  EXPECT_DOUBLE_EQ(record.flops,
+                   static_cast<double>(record.tokens) * training_flops_per_token(c, 16));
+  EXPECT_LT(record.flops, static_cast<double>(record.tokens) * step_flops_per_token(c));
+}
+
+// run.seed makes the model, identical on every rank; dropout and sampling then draw from the
+// rank's own stream (every rank used to draw the same dropout masks and sampling noise).
+TEST(Trainer, EachRankDrawsFromItsOwnStream) {
+  auto c = tiny_config(2, 1, 0.1);
+  c.run.seed = 7;
+  auto source = make_source(c, 2);
+  Trainer trainer(c, make_model(c, 7), source, single_process());
+  EXPECT_EQ(at::detail::getDefaultCPUGenerator().current_seed(), training_seed(7, 0));
+  EXPECT_NE(training_seed(7, 0), 7u);  // not the initialization's stream again
+  EXPECT_NE(training_seed(7, 0), training_seed(7, 1));
 }
 
 TEST(Trainer, ResumedRunEqualsTheUninterruptedRun) {

@@ -8,6 +8,10 @@
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
+#include <sstream>
+#include <string>
+#include <type_traits>
+
 // True when the LibTorch being compiled against is at least major.minor.
 #define XLME_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) ||       \
@@ -55,6 +59,27 @@ inline at::ScalarType autocast_dtype(at::DeviceType device) {
 
 // "1.13.0"
 constexpr const char* kTorchVersion = TORCH_VERSION;
+
+// at::_fused_adamw_ (one CUDA kernel over every parameter) exists from LibTorch 2.1.
+#if XLME_TORCH_AT_LEAST(2, 1) && __has_include(<ATen/ops/_fused_adamw.h>)
+#define XLME_HAS_FUSED_ADAMW 1
+#else
+#define XLME_HAS_FUSED_ADAMW 0
+#endif
+
+// The key of a parameter in an optimizer's per-parameter state map: LibTorch 1.13 keys it by the
+// text of the parameter's TensorImpl address, 2.x by the address itself.
+template <class StateMap>
+typename StateMap::key_type optimizer_state_key(const StateMap& /*state*/, const at::Tensor& p) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;
+    text << p.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
 
 // Autocast on `device` (kCPU or kCUDA) to `dtype`, or off. LibTorch 2.4 replaced the per-device
 // functions (set_enabled = CUDA, set_cpu_enabled) by ones taking the device type.

@@ -369,6 +369,7 @@ struct FinetuneConfig {
   double layer_lr_decay = 1.0;
   double clip_norm = 1.0;
   double dropout = 0.1;
+  std::string precision = "auto";
   int64_t eval_every = 0;
   std::string select = "best_dev";
   std::vector<int64_t> seeds = {1};
@@ -428,6 +429,8 @@ struct FinetuneConfig {
     v.field("clip_norm", clip_norm, RealRange{0.0, 1e6}, "gradient-norm clipping; 0 = off");
     v.field("dropout", dropout, RealRange{0.0, 1.0, false, true},
             "dropout of the encoder and the task head while fine-tuning");
+    v.field("precision", precision, Choices{"auto", "fp32", "bf16"},
+            "as train.precision: auto = bf16 autocast (and TF32 matmuls) on CUDA, fp32 on CPU");
     v.field("eval_every", eval_every, IntRange{0, kNoLimit},
             "steps between dev evaluations; 0 = once per epoch");
     v.field("select", select, Choices{"best_dev", "last"},

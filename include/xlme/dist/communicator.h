@@ -8,19 +8,38 @@
 #include <torch/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace xlme::dist {
 
+enum class ScalarOp { kSum, kMin, kMax };
+
+// A sum over ranks started and not yet read (Communicator::start_sum).
+class PendingSum {
+ public:
+  PendingSum() = default;
+  explicit PendingSum(std::function<double()> read) : read_(std::move(read)) {}
+  bool pending() const { return static_cast<bool>(read_); }
+  // Waits for the sum (on a GPU: only for the work queued before the collective, not for what
+  // was queued after it) and returns it; afterwards pending() is false.
+  double get();
+
+ private:
+  std::function<double()> read_;
+};
+
 class Communicator {
  public:
   // Connects to the rendezvous (a TCPStore served by rank 0 at master_addr:master_port), checks
   // that every rank answers within `timeout` (naming the ranks that do not), creates the process
-  // group and runs one all-reduce to prove it. `backend`: "gloo", "nccl" or "auto" (nccl when
-  // CUDA is available). Throws xlme::Error with what to check.
-  static std::shared_ptr<Communicator> create(const LaunchInfo& launch, const std::string& backend,
+  // group and runs one all-reduce to prove it. `device`: this process's device (dist::use_device):
+  // every tensor a collective takes must live there, with one process too. `backend`: "gloo",
+  // "nccl" or "auto" (nccl on a CUDA device, else gloo). Throws xlme::Error with what to check.
+  static std::shared_ptr<Communicator> create(const LaunchInfo& launch, const torch::Device& device,
+                                              const std::string& backend,
                                               std::chrono::milliseconds timeout);
   ~Communicator();
 
@@ -28,17 +47,29 @@ class Communicator {
   int world_size() const { return launch_.world_size; }
   int local_rank() const { return launch_.local_rank; }
   const std::string& backend() const { return backend_; }
+  const torch::Device& device() const { return device_; }
 
-  // In place, on every rank; all tensors on the backend's device (CUDA for NCCL).
+  // In place, on every rank. Every tensor must be on device(): one on another device is an error
+  // naming both, checked with one process as well, so that a CPU run catches what NCCL would
+  // refuse.
   void all_reduce_sum(std::vector<torch::Tensor>& tensors);
   void broadcast(std::vector<torch::Tensor>& tensors, int root);
   void barrier();
+  // Starts the sum of one host value over ranks and returns at once: the trainer agrees on stop
+  // signals with it without draining the GPU's queue (the result is copied to pinned host memory
+  // behind the collective, and get() waits for that copy alone).
+  PendingSum start_sum(double value);
+  // Host values reduced over ranks, through a float64 tensor the communicator creates on its own
+  // device (exact for integers below 2^53). One synchronization.
+  std::vector<double> reduce_scalars(const std::vector<double>& values, ScalarOp op);
 
  private:
   struct Group;  // the store and process group, hidden to keep c10d out of this header
-  Communicator(LaunchInfo launch, std::string backend);
+  Communicator(LaunchInfo launch, torch::Device device, std::string backend);
+  void check_devices(const std::vector<torch::Tensor>& tensors, const char* collective) const;
 
   LaunchInfo launch_;
+  torch::Device device_;
   std::string backend_;
   std::unique_ptr<Group> group_;  // null with one process
 };

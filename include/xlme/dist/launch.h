@@ -4,6 +4,8 @@
 // either, a single process.
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <string>
 
@@ -20,6 +22,22 @@ struct LaunchInfo {
 
 // Reads the environment; throws xlme::Error naming the variable that is missing or malformed.
 LaunchInfo launch_info_from_env();
+
+// The one device this process computes and communicates on, from run.device ("auto", "cpu",
+// "cuda") and the launch layout, given the number of GPUs this process sees. One process per GPU
+// either way: with every GPU of the node visible (torchrun, `srun --gpus-per-node`) local rank r
+// drives cuda:r; with one GPU visible per process (`srun --gpus-per-task=1`, or
+// CUDA_VISIBLE_DEVICES set per task) every process drives cuda:0. Several processes sharing one
+// visible GPU are allowed only in the second layout (tests: two Gloo ranks on one GPU). Throws
+// naming LOCAL_RANK and the visible GPUs when neither layout fits.
+torch::Device resolve_device(const std::string& requested, const LaunchInfo& launch,
+                             int visible_gpus);
+
+// resolve_device() with this process's visible GPUs, made the current CUDA device (before any
+// CUDA allocation and before NCCL starts), so that every CUDA call of this process, the
+// synchronizations and NCCL's communicator included, lands on it and no context is opened on
+// GPU 0 by every rank. Call once, right after launch_info_from_env().
+torch::Device use_device(const std::string& requested, const LaunchInfo& launch);
 
 // The first host of a SLURM node list: "gpu[07-12,20],cpu1" -> "gpu07", "r[1-2]n[3-4]" -> "r1n3".
 std::string first_slurm_host(const std::string& nodelist);

@@ -64,6 +64,7 @@ struct SeedResult {
   int64_t steps = 0;
   int64_t best_step = 0;                                    // step of the kept weights
   double best_dev = 0.0;                                    // its train-language dev score
+  std::string precision;                                    // "bf16" (autocast) or "fp32"
   std::map<std::string, std::map<std::string, Scores>> by;  // split -> language -> scores
 };
 

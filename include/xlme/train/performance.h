@@ -27,8 +27,9 @@ void reset_peak_memory(const torch::Device& device);
 // The MLM baselines (objectives.set mlm, mlm+tlm) have one encoder with the generator-style head.
 // Embedding look-ups, softmax, LayerNorm and sampling are left out (a few percent).
 double training_flops_per_token(const config::Config& config, int64_t length);
-// The mean over the tasks of the step (MRTD at data.mono.max_len, TRTD at data.para.max_len,
-// equal token budgets): the figure MFU is computed with.
+// The mean over the tasks of the step at their maximum lengths (MRTD at data.mono.max_len, TRTD
+// at data.para.max_len, equal token budgets): a configuration's nominal figure (--print-model,
+// --benchmark). Training counts each micro-batch at its own length (StepRecord::flops).
 double step_flops_per_token(const config::Config& config);
 
 // Dense bf16 peak FLOP/s of a GPU from its name: H100 (SXM) and H200 989e12, H100 PCIe 756e12,
@@ -36,9 +37,9 @@ double step_flops_per_token(const config::Config& config);
 std::optional<double> peak_bf16_flops(const std::string& device_name);
 // The CUDA device's name, "cpu" for the CPU.
 std::string device_name(const torch::Device& device);
-// MFU of `tokens_per_second` on `device`; nullopt on the CPU or an unknown GPU.
-std::optional<double> model_flops_utilization(const config::Config& config,
-                                              const torch::Device& device,
-                                              double tokens_per_second);
+// MFU: model FLOP/s of the whole job (all ranks) over the job's peak, `ranks` x the peak of
+// `device_name`; nullopt on the CPU or an unknown GPU.
+std::optional<double> model_flops_utilization(double flops_per_second,
+                                              const std::string& device_name, int ranks);
 
 }  // namespace xlme::train

@@ -1,8 +1,10 @@
 // One optimizer step of XLM-E, read top to bottom (DESIGN section 6):
 //   fetch every micro-batch of the step -> all-reduce the term counts (the normalizers) ->
 //   forward (bf16 autocast when train.precision says so) + backward each micro-batch, agreeing
-//   on stop signals after each -> all-reduce gradients in buckets -> grad norm (skip the update
-//   if non-finite) -> clip -> AdamW with the scheduled lr -> one record of statistics.
+//   on stop signals after each (read one micro-batch late: no host synchronization) -> all-reduce
+//   gradients in buckets -> grad norm, read with the statistics in the step's one host
+//   synchronization (skip the update if non-finite) -> clip -> AdamW with the scheduled lr ->
+//   one record of statistics.
 // Losses are normalized by counts summed over every micro-batch and rank, so k micro-batches give
 // the gradient of one batch k times larger, and R ranks the gradient of the combined batch.
 #pragma once
@@ -13,6 +15,7 @@
 #include "xlme/model/electra.h"
 #include "xlme/objectives/objectives.h"
 #include "xlme/train/checkpoint.h"
+#include "xlme/train/rng.h"
 #include "xlme/train/schedule.h"
 
 #include <torch/optim/adamw.h>
@@ -49,10 +52,6 @@ class SyntheticBatches : public data::BatchSource {
   int64_t cursor_[2] = {0, 0};  // per task: the stream position of the next micro-batch
 };
 
-// run.device resolved: CPU, or the GPU of this process's local rank (one process per GPU, as
-// torchrun and SLURM launch them); "cuda" without a CUDA device is an error.
-torch::Device choose_device(const std::string& device, int local_rank);
-
 struct StepRecord {
   int64_t step = 0;  // updates done, this one included
   double lr = 0;
@@ -62,13 +61,17 @@ struct StepRecord {
   // A stop signal reached some rank during the step: every rank abandoned it after the same
   // micro-batch, nothing was updated, and step() is still the previous step.
   bool interrupted = false;
-  int64_t tokens = 0;                                          // real tokens in the step, all ranks
+  int64_t tokens = 0;  // real tokens in the step, all ranks
+  // Model FLOPs of the step, all ranks (training_flops_per_token at each micro-batch's length).
+  double flops = 0;
   std::map<std::string, std::map<std::string, double>> terms;  // "mlm" -> {loss, accuracy, ...}
   // The sums behind `terms`, over all micro-batches and ranks (host tensors): add several steps'
   // sums and summarize them to report an interval.
   std::map<std::string, objectives::Term> sums;
-  // Wall-clock seconds per phase: data, forward, backward, communication, optimizer. On CUDA
-  // they are exact only with set_phase_timing(true), which synchronizes at each boundary.
+  // Wall-clock seconds per phase: data (reading and counting), forward, backward (freeing the
+  // micro-batch's tensors included), communication (collectives, stop-signal agreement and the
+  // step's one host read), optimizer (clipping, AdamW). On CUDA they are exact only with
+  // set_phase_timing(true), which synchronizes at each boundary.
   std::map<std::string, double> seconds;
 };
 
@@ -105,7 +108,8 @@ class Trainer {
   bool bf16() const { return bf16_; }
   int64_t parameter_count() const;
   // Whether a stop signal (SIGTERM, SIGINT, SIGUSR1) reached any rank: every rank calls it at the
-  // same point and gets the same answer (one all-reduce of a flag).
+  // same point and gets the same answer (one all-reduce of a flag and one host read: once per
+  // step).
   bool stop_requested();
 
  private:
@@ -127,7 +131,7 @@ class Trainer {
   bool bf16_ = false;
   // The reader and RNG state before the current step, for a checkpoint after an interruption.
   std::string reader_before_step_;
-  torch::Tensor rng_before_step_;
+  GeneratorStates rng_before_step_;
   bool interrupted_ = false;
 };
 

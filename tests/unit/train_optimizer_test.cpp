@@ -1,0 +1,155 @@
+// The multi-tensor AdamW against LibTorch's per-parameter AdamW, and the gradient norm and
+// clipping helpers against naive double-precision references.
+#include "xlme/train/optimizer.h"
+
+#include "test_util.h"
+
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+namespace xlme::train {
+namespace {
+
+using xlme::testing::TempDir;
+
+// Parameters of several shapes, in the two groups make_adamw builds (matrices decay, vectors do
+// not); the same values for both optimizers.
+std::vector<torch::Tensor> make_parameters() {
+  torch::manual_seed(4);
+  return {torch::randn({5, 3}).requires_grad_(), torch::randn({7}).requires_grad_(),
+          torch::randn({2, 4, 3}).requires_grad_(), torch::randn({1}).requires_grad_()};
+}
+
+std::vector<torch::Tensor> clone_parameters(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params) out.push_back(p.detach().clone().requires_grad_());
+  return out;
+}
+
+config::TrainConfig adamw_settings() {
+  config::TrainConfig train;
+  train.lr = 3e-2;
+  train.weight_decay = 0.1;
+  train.adam_beta1 = 0.9;
+  train.adam_beta2 = 0.98;
+  train.adam_eps = 1e-6;
+  return train;
+}
+
+// Gradients of step `step` (the same on both sides); parameter 3 has none on odd steps, so that
+// its step count falls behind the others'.
+void set_gradients(std::vector<torch::Tensor>& params, int step) {
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (i == 3 && step % 2 == 1) {
+      params[i].mutable_grad() = torch::Tensor();
+      continue;
+    }
+    torch::manual_seed(100 + step * 10 + static_cast<int>(i));
+    params[i].mutable_grad() = torch::randn_like(params[i]);
+  }
+}
+
+TEST(MultiTensorAdamW, BitIdenticalToLibTorchsAdamW) {
+  auto ours = make_parameters();
+  auto reference = clone_parameters(ours);
+  const auto train = adamw_settings();
+  auto multi = make_adamw(ours, train);
+  ASSERT_NE(dynamic_cast<MultiTensorAdamW*>(multi.get()), nullptr);
+  // LibTorch's own AdamW with the same two groups.
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : reference) (takes_weight_decay(p) ? decay : no_decay).push_back(p);
+  auto options = [&](double weight_decay) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(train.lr)
+            .betas({train.adam_beta1, train.adam_beta2})
+            .eps(train.adam_eps)
+            .weight_decay(weight_decay));
+  };
+  groups.emplace_back(decay, options(train.weight_decay));
+  groups.emplace_back(no_decay, options(0.0));
+  torch::optim::AdamW libtorch(std::move(groups), torch::optim::AdamWOptions(train.lr));
+  for (int step = 0; step < 12; ++step) {
+    set_gradients(ours, step);
+    set_gradients(reference, step);
+    const double lr = 3e-2 / (1 + step);
+    set_learning_rate(*multi, lr);
+    set_learning_rate(libtorch, lr);
+    multi->step();
+    libtorch.step();
+  }
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_TRUE(torch::equal(ours[i], reference[i])) << "parameter " << i;
+  }
+}
+
+// The checkpoint format is LibTorch's: a state saved by one optimizer continues in the other.
+TEST(MultiTensorAdamW, StateRoundTripsThroughLibTorchsFormat) {
+  const auto train = adamw_settings();
+  auto a = make_parameters();
+  auto first = make_adamw(a, train);
+  for (int step = 0; step < 3; ++step) {
+    set_gradients(a, step);
+    first->step();
+  }
+  TempDir dir;
+  torch::save(*first, dir / "optimizer.pt");
+  auto b = clone_parameters(a);
+  auto second = make_adamw(b, train);
+  torch::load(*second, dir / "optimizer.pt");
+  for (int step = 3; step < 6; ++step) {
+    set_gradients(a, step);
+    set_gradients(b, step);
+    first->step();
+    second->step();
+  }
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
+}
+
+// On CUDA the fused kernel (LibTorch >= 2.1) or the multi-tensor kernels do the same arithmetic
+// in another order: equal to the CPU's steps within float rounding.
+TEST(MultiTensorAdamW, CudaStepsEqualTheCpuSteps) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device: the CUDA AdamW path is not run";
+  const auto train = adamw_settings();
+  auto cpu = make_parameters();
+  std::vector<torch::Tensor> gpu;
+  for (const auto& p : cpu) gpu.push_back(p.detach().to(torch::kCUDA).requires_grad_());
+  auto on_cpu = make_adamw(cpu, train);
+  auto on_gpu = make_adamw(gpu, train);
+  for (int step = 0; step < 12; ++step) {
+    set_gradients(cpu, step);
+    for (std::size_t i = 0; i < cpu.size(); ++i) {
+      gpu[i].mutable_grad() =
+          cpu[i].grad().defined() ? cpu[i].grad().to(torch::kCUDA) : torch::Tensor();
+    }
+    on_cpu->step();
+    on_gpu->step();
+  }
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(gpu[i].cpu(), cpu[i], /*rtol=*/1e-5, /*atol=*/1e-6)) << i;
+  }
+}
+
+TEST(GradientNorm, EqualsTheDoublePrecisionNormAndClipsEveryGradient) {
+  auto params = make_parameters();
+  set_gradients(params, 1);  // parameter 3 without a gradient: left out
+  double squares = 0;
+  for (std::size_t i = 0; i < 3; ++i) {
+    squares += params[i].grad().to(torch::kDouble).pow(2).sum().item<double>();
+  }
+  const auto norm = gradient_norm(params);
+  EXPECT_EQ(norm.dim(), 0);
+  EXPECT_NEAR(norm.item<double>(), std::sqrt(squares), 1e-6 * std::sqrt(squares));
+  std::vector<torch::Tensor> before;
+  for (std::size_t i = 0; i < 3; ++i) before.push_back(params[i].grad().clone());
+  scale_gradients(params, 0.25);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(params[i].grad(), before[i] * 0.25));
+  EXPECT_FALSE(params[3].grad().defined());
+}
+
+}  // namespace
+}  // namespace xlme::train
