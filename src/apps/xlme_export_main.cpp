@@ -35,6 +35,8 @@ int main(int argc, char** argv) {
                      "also export the generator and its head (= --set export.with_generator=true)");
         cli.add_option("--dtype", dtype, "dtype of the weights (= --set export.dtype=...)")
             ->check(CLI::IsMember({"fp32", "bf16"}));
-        cli.add_flag("--force", force, "replace a non-empty --out folder");
+        cli.add_flag("--force", force,
+                     "replace a non-empty --out folder written by xlme-export (its .xlme-export "
+                     "marker); any other folder is refused");
       });
 }

@@ -5,12 +5,16 @@
 #include "xlme/model/parameter_count.h"
 #include "xlme/train/benchmark.h"
 #include "xlme/train/pretrain.h"
+#include "xlme/train/signals.h"
 
 #include <spdlog/spdlog.h>
 
 #include <iostream>
 
 int main(int argc, char** argv) {
+  // First: a stop signal during start-up (config, rendezvous, data) is honoured at the first step
+  // (checkpoint, exit code 75) instead of killing the process.
+  xlme::train::install_stop_signal_handlers();
   const xlme::AppSpec spec{
       "xlme-pretrain",
       "pre-train XLM-E: generator + discriminator, MLM + TLM + MRTD + TRTD, DDP over c10d",
@@ -52,6 +56,10 @@ int main(int argc, char** argv) {
         cli.add_flag("--allow-data-change", run_options.allow_data_change,
                      "resume although the shards differ from the checkpoint's (languages added, "
                      "removed or re-binarized); what changed is logged");
+        cli.add_flag("--overwrite", run_options.overwrite,
+                     "with --resume none in a run.out_dir that holds checkpoints: move them and "
+                     "metrics.jsonl aside to <run.out_dir>/replaced-<time>/ and start afresh "
+                     "(without it such a run refuses to start)");
         cli.add_option("--init-from", run_options.init_from,
                        "start a fresh run (step 0, new optimizer) from the weights of this "
                        "pre-training checkpoint folder; train.init_parts picks all, generator or "

@@ -3,6 +3,8 @@
 #include "xlme/common/error.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +15,29 @@ namespace xlme {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+std::string io_failure(int err, const std::string& path, uint64_t needed,
+                       const std::string& folder) {
+  const double mb = 1024.0 * 1024.0;
+  if (err == ENOSPC || err == EDQUOT) {
+    return fmt::format(
+        "no space left on the device writing '{}' (needed ~{:.1f} MB, {:.1f} MB free in '{}'); "
+        "free space or choose another folder; the files written before are untouched",
+        path, needed / mb, free_bytes(folder) / mb, folder);
+  }
+  if (err == EFBIG) {
+    return fmt::format(
+        "cannot write '{}': the file would exceed the file-size limit (needed ~{:.1f} MB; see "
+        "`ulimit -f`); the files written before are untouched",
+        path, needed / mb);
+  }
+  return fmt::format("cannot write '{}' ({:.1f} MB): {}; the files written before are untouched",
+                     path, needed / mb, std::strerror(err));
+}
+
+}  // namespace
+
 void fsync_path(const std::string& path, int flags) {
   const int fd = ::open(path.c_str(), flags);
   XLME_CHECK(fd >= 0, "cannot open '{}' to sync it: {}", path, std::strerror(errno));
@@ -22,7 +47,14 @@ void fsync_path(const std::string& path, int flags) {
   XLME_CHECK(rc == 0, "cannot sync '{}' to disk: {}", path, std::strerror(err));
 }
 
-void write_file_atomic(const std::string& path, const std::string& content) {
+uint64_t free_bytes(const std::string& path) {
+  struct statvfs info {};
+  if (::statvfs(path.c_str(), &info) != 0) return 0;
+  return static_cast<uint64_t>(info.f_bavail) * info.f_frsize;
+}
+
+void write_file_streamed(const std::string& path,
+                         const std::function<void(const ByteSink&)>& produce) {
   const fs::path target(path);
   const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::error_code ec;
@@ -31,24 +63,35 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   XLME_CHECK(fd >= 0, "cannot create '{}': {}", tmp, std::strerror(errno));
-  std::size_t written = 0;
-  while (written < content.size()) {
-    const ssize_t n = ::write(fd, content.data() + written, content.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      XLME_FAIL("cannot write '{}': {} (is the disk full?)", tmp, std::strerror(err));
+  int err = 0;         // the first failed write's errno
+  uint64_t total = 0;  // every byte handed over, also after a failure
+  const ByteSink sink = [&](const void* data, std::size_t size) -> std::size_t {
+    total += size;
+    const auto* bytes = static_cast<const char*>(data);
+    for (std::size_t done = 0; err == 0 && done < size;) {
+      const ssize_t n = ::write(fd, bytes + done, size - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        err = n < 0 ? errno : ENOSPC;
+        break;
+      }
+      done += static_cast<std::size_t>(n);
     }
-    written += static_cast<std::size_t>(n);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  const int err = errno;
-  ::close(fd);
-  if (!synced) {
+    return size;  // the producer runs to its end, so that `total` is the size it needed
+  };
+  try {
+    produce(sink);
+  } catch (...) {
+    ::close(fd);
     ::unlink(tmp.c_str());
-    XLME_FAIL("cannot sync '{}' to disk: {}", tmp, std::strerror(err));
+    if (err != 0) throw Error(io_failure(err, path, total, folder.string()), __FILE__, __LINE__);
+    throw;
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    throw Error(io_failure(err, path, total, folder.string()), __FILE__, __LINE__);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int rename_err = errno;
@@ -56,6 +99,47 @@ void write_file_atomic(const std::string& path, const std::string& content) {
     XLME_FAIL("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(rename_err));
   }
   fsync_path(folder.string(), O_RDONLY | O_DIRECTORY);
+}
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  write_file_streamed(path, [&](const ByteSink& sink) { sink(content.data(), content.size()); });
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown host";
+  return name;
+}
+
+FileLock::FileLock(const std::string& path, const std::string& what) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  XLME_CHECK(fd_ >= 0, "cannot open the lock file '{}' of {}: {}", path, what,
+             std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[512] = {};
+    const ssize_t n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    XLME_CHECK(err != EWOULDBLOCK,
+               "{} is in use by another process ({}; lock file '{}'): two runs in one folder "
+               "would overwrite each other's checkpoints and metrics; wait for it to end, stop "
+               "it, or choose another folder",
+               what, n > 0 ? std::string(holder, static_cast<std::size_t>(n)) : "holder unknown",
+               path);
+    XLME_FAIL("cannot lock '{}' ({}): {}", path, what, std::strerror(err));
+  }
+  const std::string holder = fmt::format("pid {} on host {}", ::getpid(), host_name());
+  if (::ftruncate(fd_, 0) != 0 ||
+      ::pwrite(fd_, holder.data(), holder.size(), 0) != static_cast<ssize_t>(holder.size())) {
+    const int err = errno;
+    ::close(fd_);
+    XLME_FAIL("cannot write the lock file '{}' of {}: {}", path, what, std::strerror(err));
+  }
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace xlme

@@ -22,6 +22,10 @@ using detail::Source;
 constexpr const char* kIncludeKey = "include";
 
 YAML::Node parse_file(const std::string& path) {
+  XLME_CHECK(!fs::is_directory(path),
+             "config file '{}' is a folder, not a YAML file; pass a file to --config, e.g. "
+             "configs/pretrain/demo.yaml",
+             path);
   XLME_CHECK(fs::is_regular_file(path),
              "config file '{}' not found (working directory: {}); pass an existing YAML file to "
              "--config, e.g. configs/pretrain/demo.yaml",
@@ -119,6 +123,10 @@ std::string origin_of(const Origins& origins, const std::string& key) {
 
 // Constraints that involve more than one key; the message names each key and where it was set.
 void validate(const Config& c, const Origins& o) {
+  XLME_CHECK(c.run.out_dir.find_first_not_of(" \t") != std::string::npos,
+             "run.out_dir ({}) is empty: the run would write into the working directory; set it "
+             "to a folder, e.g. --set run.out_dir=runs/demo",
+             origin_of(o, "run.out_dir"));
   const auto& m = c.model;
   XLME_CHECK(m.hidden_size % m.heads == 0,
              "model.hidden_size ({}, {}) must be a multiple of model.heads ({}, {})", m.hidden_size,

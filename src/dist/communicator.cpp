@@ -31,6 +31,8 @@ std::string alive_key(int rank) {
   return fmt::format("xlme/alive/{}", rank);
 }
 constexpr const char* kAllAliveKey = "xlme/alive/all";
+// How often rank 0 names the ranks it is still waiting for at the rendezvous.
+constexpr auto kMissingReportEvery = std::chrono::seconds(30);
 
 std::string this_host() {
   char name[256] = {};
@@ -138,17 +140,28 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
   try {
     group.store = make_store(launch.master_addr, options);
   } catch (const std::exception& e) {
+    const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+    const std::string what = torch_error ? torch_error->what_without_backtrace() : e.what();
+    XLME_CHECK(rank != 0 || (what.find("EADDRINUSE") == std::string::npos &&
+                             what.find("ddress already in use") == std::string::npos),
+               "rank 0 of {}: MASTER_PORT {} is already taken on {} (another job, or a process "
+               "left over from an earlier one, listens there); set MASTER_PORT to a free port "
+               "for every rank, or stop that process",
+               world, launch.master_port, launch.master_addr);
     XLME_FAIL(
         "rank {} of {}: cannot {} the rendezvous at {} within {} s ({}); check MASTER_ADDR and "
         "MASTER_PORT, that the port is free on rank 0's host, and that rank 0 is running",
-        rank, world, rank == 0 ? "serve" : "reach", where, seconds, e.what());
+        rank, world, rank == 0 ? "serve" : "reach", where, seconds,
+        what.substr(0, what.find('\n')));
   }
 
   // Start-up check: every rank announces itself; rank 0 names the ones that stay silent.
   const std::string host = this_host();
   group.store->set(alive_key(rank), std::vector<uint8_t>(host.begin(), host.end()));
   if (rank == 0) {
-    const auto deadline = Clock::now() + timeout;
+    const auto start = Clock::now();
+    const auto deadline = start + timeout;
+    auto next_report = start + kMissingReportEvery;
     std::vector<int> missing;
     do {
       missing.clear();
@@ -156,6 +169,14 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
         if (!group.store->check({alive_key(r)})) missing.push_back(r);
       }
       if (missing.empty()) break;
+      if (Clock::now() >= next_report) {
+        next_report += kMissingReportEvery;
+        spdlog::warn(
+            "rendezvous at {}: still waiting for rank(s) {} of {} after {:.0f} s (giving up "
+            "after dist.timeout_s = {} s)",
+            where, fmt::join(missing, ", "), world,
+            std::chrono::duration<double>(Clock::now() - start).count(), seconds);
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     } while (Clock::now() < deadline);
     XLME_CHECK(missing.empty(),

@@ -175,6 +175,47 @@ bool is_non_empty_directory(const fs::path& path) {
   return fs::is_directory(path, ec) && !fs::is_empty(path, ec);
 }
 
+// Why --force may not replace the existing folder `out` ("" when it may): only a folder that
+// xlme-export wrote (its marker file) and that holds nothing but an export's files is replaced.
+std::string not_replaceable(const fs::path& out) {
+  std::error_code ec;
+  if (fs::exists(out / "checkpoints", ec) || fs::exists(out / "manifest.yaml", ec) ||
+      fs::exists(out / "model.pt", ec)) {
+    return "it holds checkpoints (a run or checkpoint folder)";
+  }
+  if (!fs::is_regular_file(out / kExportMarkerFile, ec)) {
+    return fmt::format("xlme-export did not write it (no {} marker file)", kExportMarkerFile);
+  }
+  for (const auto& entry : fs::directory_iterator(out)) {
+    const std::string name = entry.path().filename().string();
+    if (name != kExportWeightsFile && name != kExportConfigFile && name != kExportTokenizerFile &&
+        name != kExportReadmeFile && name != kExportMarkerFile) {
+      return fmt::format("it holds '{}', which xlme-export does not write", name);
+    }
+  }
+  return "";
+}
+
+// `path` absolute, normalized, without a trailing separator.
+fs::path plain_absolute(const std::string& path) {
+  fs::path p = fs::absolute(path).lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+  return p;
+}
+
+// Whether `inner` is `outer` or lies inside it (symbolic links resolved).
+bool is_within(const fs::path& inner, const fs::path& outer) {
+  std::error_code ec;
+  const fs::path a = fs::weakly_canonical(inner, ec);
+  const fs::path b = fs::weakly_canonical(outer, ec);
+  auto i = a.begin();
+  for (auto o = b.begin(); o != b.end(); ++o, ++i) {
+    if (o->empty()) continue;  // a trailing separator
+    if (i == a.end() || *i != *o) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 ExportOptions ExportOptions::from_config(const config::Config& config) {
@@ -194,16 +235,28 @@ ExportSummary export_model(const ExportOptions& options) {
   XLME_CHECK(!options.out_dir.empty(), "export.out_dir is empty; pass --out DIR");
   XLME_CHECK(options.dtype == "fp32" || options.dtype == "bf16",
              "export dtype must be fp32 or bf16, not '{}'", options.dtype);
-  const fs::path out = fs::absolute(options.out_dir).lexically_normal();
+  const fs::path out = plain_absolute(options.out_dir);
   std::error_code ec;
+  XLME_CHECK(!fs::is_symlink(out, ec),
+             "export folder '{}' is a symbolic link; xlme-export never writes or replaces "
+             "through one: give the real folder as --out",
+             options.out_dir);
   XLME_CHECK(!fs::exists(out, ec) || fs::is_directory(out, ec),
              "export folder '{}' exists and is a file; choose another --out", options.out_dir);
-  XLME_CHECK(options.force || !is_non_empty_directory(out),
-             "export folder '{}' exists and is not empty; pass --force to replace it, or choose "
-             "another --out",
-             options.out_dir);
-  XLME_CHECK(fs::absolute(options.checkpoint).lexically_normal() != out,
-             "--out '{}' is the folder being exported; choose another --out", options.out_dir);
+  XLME_CHECK(!is_within(options.checkpoint, out),
+             "--out '{}' is the folder being exported or holds it ('{}'); choose another --out",
+             options.out_dir, options.checkpoint);
+  if (is_non_empty_directory(out)) {
+    XLME_CHECK(options.force,
+               "export folder '{}' exists and is not empty; pass --force to replace it, or choose "
+               "another --out",
+               options.out_dir);
+    const std::string reason = not_replaceable(out);
+    XLME_CHECK(reason.empty(),
+               "--force refuses to replace '{}': {}; only an export folder written by xlme-export "
+               "is replaced. Choose another --out (or remove the folder yourself)",
+               options.out_dir, reason);
+  }
 
   PretrainedOptions load;
   load.with_generator = options.with_generator;
@@ -256,6 +309,8 @@ ExportSummary export_model(const ExportOptions& options) {
     copy_file_synced(p.tokenizer_path, (tmp / kExportTokenizerFile).string());
     write_file_atomic((tmp / kExportReadmeFile).string(),
                       model_card(p, exported, summary, metrics.string()));
+    write_file_atomic((tmp / kExportMarkerFile).string(),
+                      "written by xlme-export " XLME_VERSION "; --force may replace this folder\n");
     // An existing folder (empty, or replaced with --force) moves aside until the new one is in.
     const fs::path old = out.string() + fmt::format(".old-{}", ::getpid());
     const bool replace = fs::exists(out);

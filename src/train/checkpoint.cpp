@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <regex>
 
 namespace xlme::train {
@@ -31,6 +33,49 @@ int64_t step_of(const std::string& name) {
   std::smatch match;
   if (!std::regex_match(name, match, pattern)) return -1;
   return std::stoll(match[1].str());
+}
+
+// A manifest field, with errors that name the manifest and the field.
+template <class T>
+T manifest_field(const YAML::Node& node, const std::string& field, const std::string& manifest) {
+  XLME_CHECK(node.IsDefined() && !node.IsNull(),
+             "checkpoint manifest '{}' is damaged: field '{}' is missing", manifest, field);
+  try {
+    return node.as<T>();
+  } catch (const YAML::Exception&) {
+    XLME_FAIL("checkpoint manifest '{}' is damaged: field '{}' has the malformed value '{}'",
+              manifest, field, node.IsScalar() ? node.Scalar() : std::string("(not a value)"));
+  }
+}
+
+// The parsed manifest of checkpoint `path`, its format and version checked.
+YAML::Node load_manifest(const std::string& path) {
+  std::error_code ec;
+  XLME_CHECK(fs::exists(path, ec), "checkpoint '{}' does not exist; check the path", path);
+  XLME_CHECK(fs::is_directory(path, ec), "checkpoint '{}' is not a folder; give a step_<N> folder",
+             path);
+  const std::string manifest_path = (fs::path(path) / kManifest).string();
+  XLME_CHECK(fs::is_regular_file(manifest_path),
+             "checkpoint '{}' has no {}: its save did not finish", path, kManifest);
+  YAML::Node manifest;
+  try {
+    manifest = YAML::LoadFile(manifest_path);
+  } catch (const YAML::Exception& e) {
+    XLME_FAIL("checkpoint manifest '{}' is damaged: {}", manifest_path, e.what());
+  }
+  XLME_CHECK(manifest.IsMap(), "checkpoint manifest '{}' is damaged: it is not a YAML map",
+             manifest_path);
+  XLME_CHECK(manifest_field<std::string>(manifest["format"], "format", manifest_path) == kFormat,
+             "'{}' is not an xlme checkpoint manifest (field 'format' is not '{}')", manifest_path,
+             kFormat);
+  const int version = manifest_field<int>(manifest["version"], "version", manifest_path);
+  XLME_CHECK(version == kFormatVersion,
+             "checkpoint '{}' has format version {}; this xlme reads version {}", path, version,
+             kFormatVersion);
+  XLME_CHECK(manifest["files"].IsMap(),
+             "checkpoint manifest '{}' is damaged: field 'files' is missing or not a map",
+             manifest_path);
+  return manifest;
 }
 
 void flatten_module_archive(torch::serialize::InputArchive& archive, const std::string& prefix,
@@ -75,7 +120,7 @@ uint32_t file_crc32(const std::string& path) {
 }
 
 CheckpointManager::CheckpointManager(std::string dir, int64_t keep_last, int64_t keep_every)
-    : dir_(std::move(dir)), keep_last_(keep_last), keep_every_(keep_every) {
+    : dir_(std::move(dir)), keep_last_(keep_last), keep_every_(keep_every), run_id_(new_run_id()) {
   XLME_CHECK(keep_last >= 1, "keep_last must be at least 1, got {}", keep_last);
   XLME_CHECK(keep_every >= 0, "keep_every must be 0 or positive, got {}", keep_every);
 }
@@ -100,8 +145,9 @@ std::string CheckpointManager::commit(int64_t step) const {
              step, tmp);
   YAML::Emitter out;
   out << YAML::BeginMap << YAML::Key << "format" << YAML::Value << kFormat << YAML::Key << "version"
-      << YAML::Value << kFormatVersion << YAML::Key << "step" << YAML::Value << step << YAML::Key
-      << "files" << YAML::Value << YAML::BeginMap;
+      << YAML::Value << kFormatVersion << YAML::Key << "step" << YAML::Value << step;
+  if (!run_id_.empty()) out << YAML::Key << "run_id" << YAML::Value << run_id_;
+  out << YAML::Key << "files" << YAML::Value << YAML::BeginMap;
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(tmp)) {
     XLME_CHECK(entry.is_regular_file(), "checkpoint folder '{}' holds '{}', which is not a file",
@@ -119,25 +165,60 @@ std::string CheckpointManager::commit(int64_t step) const {
   out << YAML::EndMap << YAML::EndMap;
   write_file_atomic((fs::path(tmp) / kManifest).string(), std::string(out.c_str()) + "\n");
   std::error_code ec;
-  fs::remove_all(final_path, ec);  // a checkpoint of the same step from an earlier attempt
+  if (fs::exists(final_path, ec)) {
+    // The same step again: this run's earlier save of it (a resume from an older checkpoint) is
+    // replaced; anything else is kept aside.
+    std::string owner;
+    try {
+      owner = run_id_of(final_path);
+    } catch (const Error&) {
+      owner.clear();
+    }
+    if (!run_id_.empty() && owner == run_id_) {
+      fs::remove_all(final_path, ec);
+    } else {
+      const std::string aside = fmt::format("{}.superseded-{}", final_path,
+                                            std::chrono::duration_cast<std::chrono::seconds>(
+                                                std::chrono::system_clock::now().time_since_epoch())
+                                                .count());
+      spdlog::warn("'{}' is not this run's checkpoint (run id '{}'): moved aside to '{}'",
+                   final_path, owner, aside);
+      fs::rename(final_path, aside, ec);
+      XLME_CHECK(!ec, "cannot move '{}' aside to '{}': {}", final_path, aside, ec.message());
+    }
+    own_.erase(final_path);
+  }
   fs::rename(tmp, final_path, ec);
   XLME_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp, final_path, ec.message());
   fsync_path(dir_, O_RDONLY | O_DIRECTORY);
-  prune();
+  if (!run_id_.empty()) own_.insert(final_path);
+  prune(step);
   return final_path;
+}
+
+void CheckpointManager::abort(int64_t step) const {
+  std::error_code ec;
+  fs::remove_all(temporary_path_for(step), ec);
+}
+
+std::string CheckpointManager::new_run_id() {
+  std::random_device device;
+  const uint64_t high = device(), low = device();
+  const auto now =
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return fmt::format("{:016x}", ((high << 32) | low) ^ now);
 }
 
 std::string CheckpointManager::save(
     int64_t step, const std::function<void(const std::string& folder)>& write) const {
-  const std::string tmp = begin(step);
+  begin(step);
   try {
-    write(tmp);
+    write(temporary_path_for(step));
+    return commit(step);
   } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
+    abort(step);
     throw;
   }
-  return commit(step);
 }
 
 std::vector<CheckpointRef> CheckpointManager::list() const {
@@ -170,55 +251,81 @@ void CheckpointManager::remove_temporaries() const {
   std::error_code ec;
   if (!fs::is_directory(dir_, ec)) return;
   for (const auto& entry : fs::directory_iterator(dir_)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
+    // Only the temporary folders begin() makes: step_<N>.tmp.
+    static const std::regex temporary("step_[0-9]+\\.tmp");
+    if (entry.is_directory() && std::regex_match(entry.path().filename().string(), temporary)) {
       spdlog::info("removing '{}', left by an interrupted save", entry.path().string());
       fs::remove_all(entry.path(), ec);
     }
   }
 }
 
-void CheckpointManager::prune() const {
-  const auto all = list();
-  const int64_t excess = static_cast<int64_t>(all.size()) - keep_last_;
+bool CheckpointManager::of_this_run(const CheckpointRef& ref) const {
+  if (own_.count(ref.path)) return true;
+  try {
+    if (run_id_of(ref.path) != run_id_) return false;
+    verify(ref.path);
+  } catch (const Error& e) {
+    spdlog::debug("not pruned, not counted: {}", e.what());
+    return false;
+  }
+  own_.insert(ref.path);
+  return true;
+}
+
+void CheckpointManager::prune(int64_t written) const {
+  if (run_id_.empty()) return;
+  std::vector<CheckpointRef> older;  // this run's verified checkpoints before `written`
+  for (const auto& ref : list()) {
+    if (ref.step < written && of_this_run(ref)) older.push_back(ref);
+  }
+  // keep_last counts the checkpoint just written.
+  const int64_t excess = static_cast<int64_t>(older.size()) - (keep_last_ - 1);
   for (int64_t i = 0; i < excess; ++i) {
-    if (keep_every_ > 0 && all[i].step % keep_every_ == 0) continue;
+    if (keep_every_ > 0 && older[i].step % keep_every_ == 0) continue;
     std::error_code ec;
-    fs::remove_all(all[i].path, ec);
-    if (ec) spdlog::warn("cannot remove old checkpoint '{}': {}", all[i].path, ec.message());
+    fs::remove_all(older[i].path, ec);
+    own_.erase(older[i].path);
+    if (ec) spdlog::warn("cannot remove old checkpoint '{}': {}", older[i].path, ec.message());
   }
 }
 
 void CheckpointManager::verify(const std::string& path) {
+  const YAML::Node manifest = load_manifest(path);
   const std::string manifest_path = (fs::path(path) / kManifest).string();
-  XLME_CHECK(fs::is_regular_file(manifest_path),
-             "checkpoint '{}' has no {}: its save did not finish", path, kManifest);
-  YAML::Node manifest;
-  try {
-    manifest = YAML::LoadFile(manifest_path);
-  } catch (const YAML::Exception& e) {
-    XLME_FAIL("checkpoint '{}': {} is malformed: {}", path, kManifest, e.what());
-  }
-  XLME_CHECK(manifest["format"] && manifest["format"].as<std::string>() == kFormat &&
-                 manifest["files"] && manifest["files"].IsMap(),
-             "checkpoint '{}': {} is not an xlme checkpoint manifest", path, kManifest);
-  const int version = manifest["version"].as<int>(0);
-  XLME_CHECK(version == kFormatVersion,
-             "checkpoint '{}' has format version {}; this xlme reads version {}", path, version,
-             kFormatVersion);
   for (const auto& entry : manifest["files"]) {
-    const std::string name = entry.first.as<std::string>();
+    const std::string name = manifest_field<std::string>(entry.first, "files", manifest_path);
+    const std::string field = "files." + name;
     const std::string file = (fs::path(path) / name).string();
     XLME_CHECK(fs::is_regular_file(file), "checkpoint '{}': {} is missing", path, name);
-    const uint64_t expected = entry.second["bytes"].as<uint64_t>();
+    const auto expected =
+        manifest_field<uint64_t>(entry.second["bytes"], field + ".bytes", manifest_path);
+    const auto recorded =
+        manifest_field<std::string>(entry.second["crc32"], field + ".crc32", manifest_path);
     const uint64_t actual = fs::file_size(file);
     XLME_CHECK(actual == expected, "checkpoint '{}': {} is truncated: expected {} bytes, found {}",
                path, name, expected, actual);
     const std::string crc = fmt::format("{:08x}", file_crc32(file));
-    XLME_CHECK(crc == entry.second["crc32"].as<std::string>(),
-               "checkpoint '{}': {} is corrupted: CRC32 {} instead of {}", path, name, crc,
-               entry.second["crc32"].as<std::string>());
+    XLME_CHECK(crc == recorded, "checkpoint '{}': {} is corrupted: CRC32 {} instead of {}", path,
+               name, crc, recorded);
   }
+}
+
+std::string CheckpointManager::run_id_of(const std::string& path) {
+  const YAML::Node manifest = load_manifest(path);
+  if (!manifest["run_id"]) return "";
+  return manifest_field<std::string>(manifest["run_id"], "run_id",
+                                     (fs::path(path) / kManifest).string());
+}
+
+void save_archive(torch::serialize::OutputArchive& archive, const std::string& path) {
+  write_file_streamed(path, [&](const ByteSink& sink) {
+    try {
+      archive.save_to(sink);
+    } catch (const c10::Error& e) {
+      XLME_FAIL("cannot write '{}': {}", path, e.what_without_backtrace());
+    }
+  });
 }
 
 }  // namespace xlme::train

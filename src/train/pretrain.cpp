@@ -2,6 +2,7 @@
 
 #include "xlme/common/app.h"
 #include "xlme/common/error.h"
+#include "xlme/common/io.h"
 #include "xlme/common/runtime.h"
 #include "xlme/data/batches.h"
 #include "xlme/data/tokenizer.h"
@@ -16,7 +17,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 namespace xlme::train {
@@ -142,11 +145,73 @@ std::string resume_path(const PretrainOptions& options, const CheckpointManager&
   }
   double step = 0;  // only rank 0 contributes to the sum
   if (comm.rank() == 0) {
-    const auto latest = manager.latest_valid();
-    step = latest ? static_cast<double>(latest->step) : -1;
+    if (const auto latest = manager.latest_valid()) {
+      step = static_cast<double>(latest->step);
+    } else {
+      XLME_CHECK(manager.list().empty(),
+                 "--resume auto: '{}' holds checkpoints but none of them verifies (see the "
+                 "warnings above); repair or restore one, resume from a given one with --resume "
+                 "DIR, or start afresh with --resume none --overwrite (the old ones are kept "
+                 "aside)",
+                 manager.dir());
+      step = -1;
+    }
   }
   step = comm.reduce_scalars({step}, dist::ScalarOp::kSum).front();
   return step < 0 ? "" : manager.path_for(static_cast<int64_t>(step));
+}
+
+// Every rank must name the same run folder: rank 0 writes the checkpoints into its run.out_dir and
+// every rank resumes from there. Compared as 52 bits of a hash of the absolute path (exact in the
+// doubles reduce_scalars carries), at start rather than at the first checkpoint.
+void check_same_run_folder(const config::Config& config, dist::Communicator& comm) {
+  const std::string resolved = fs::weakly_canonical(fs::absolute(config.run.out_dir)).string();
+  const double key = static_cast<double>(std::hash<std::string>{}(resolved) >> 12);
+  const double low = comm.reduce_scalars({key}, dist::ScalarOp::kMin).front();
+  const double high = comm.reduce_scalars({key}, dist::ScalarOp::kMax).front();
+  XLME_CHECK(low == high,
+             "rank {}: run.out_dir '{}' is not the same folder on every rank; rank 0 writes the "
+             "checkpoints into its run.out_dir and every rank resumes from there: give all ranks "
+             "the same run.out_dir (on a file system they share)",
+             comm.rank(), resolved);
+}
+
+// Rank 0's hold on the run folder for the length of the run (an exclusive lock: a second run in
+// the same run.out_dir fails at once, naming this one), after checking that the run may write
+// there: a fresh start (--resume none) refuses a folder that holds checkpoints, unless
+// --overwrite moves them and metrics.jsonl aside to <run.out_dir>/replaced-<time>/.
+std::unique_ptr<FileLock> claim_run_folder(const config::Config& config,
+                                           const PretrainOptions& options,
+                                           const CheckpointManager& manager) {
+  const fs::path out_dir(config.run.out_dir);
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  XLME_CHECK(!ec, "cannot create run.out_dir '{}': {}", out_dir.string(), ec.message());
+  auto lock = std::make_unique<FileLock>((out_dir / "run.lock").string(),
+                                         fmt::format("run folder '{}'", out_dir.string()));
+  if (options.resume != "none" || manager.list().empty()) return lock;
+  XLME_CHECK(options.overwrite,
+             "--resume none, but run.out_dir '{}' holds checkpoints of an earlier run (newest: "
+             "{}); a fresh run there would mix with them. Choose a fresh run.out_dir, continue it "
+             "with --resume auto, or pass --overwrite to move them aside and start again",
+             out_dir.string(), manager.list().back().path);
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &utc);
+  const fs::path aside = out_dir / (std::string("replaced-") + stamp);
+  fs::create_directories(aside, ec);
+  XLME_CHECK(!ec, "cannot create '{}': {}", aside.string(), ec.message());
+  for (const char* name : {"checkpoints", "metrics.jsonl"}) {
+    if (!fs::exists(out_dir / name)) continue;
+    fs::rename(out_dir / name, aside / name, ec);
+    XLME_CHECK(!ec, "cannot move '{}' aside to '{}': {}", (out_dir / name).string(), aside.string(),
+               ec.message());
+  }
+  spdlog::warn("--overwrite: the earlier run's checkpoints and metrics are moved to {}",
+               aside.string());
+  return lock;
 }
 
 }  // namespace
@@ -156,14 +221,27 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
              const Validator* validator) {
   install_stop_signal_handlers();
   const bool leader = comm->rank() == 0;
-  const CheckpointManager manager((fs::path(config.run.out_dir) / "checkpoints").string(),
-                                  config.train.keep_last, config.train.keep_every);
-  if (leader) manager.remove_temporaries();
+  CheckpointManager manager((fs::path(config.run.out_dir) / "checkpoints").string(),
+                            config.train.keep_last, config.train.keep_every);
+  check_same_run_folder(config, *comm);
+  std::unique_ptr<FileLock> lock;
+  if (leader) {
+    lock = claim_run_folder(config, options, manager);
+    manager.remove_temporaries();
+  }
   comm->barrier();
 
   torch::manual_seed(config.run.seed);
   model::ElectraModel model(config.model, model::architecture_for(config.objectives.set));
   const std::string resume = resume_path(options, manager, *comm);
+  if (leader) {
+    // The run's lineage: drawn at step 0, carried through every resume.
+    std::string run_id = resume.empty() ? "" : CheckpointManager::run_id_of(resume);
+    if (run_id.empty()) run_id = CheckpointManager::new_run_id();
+    manager.set_run_id(run_id);
+    spdlog::info("run id {} (recorded in each checkpoint; only its own checkpoints are pruned)",
+                 run_id);
+  }
   if (resume.empty() && !options.init_from.empty()) {
     // Every rank loads the same weights (the trainer broadcasts rank 0's anyway).
     const auto report = init_weights(model, checkpoint_weights(options.init_from),
@@ -189,8 +267,11 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
       trainer.bf16() ? "bf16 autocast" : "fp32", peak_memory_mib(trainer.device()));
   std::unique_ptr<MetricsWriter> metrics;
   if (leader) {
-    metrics =
-        std::make_unique<MetricsWriter>((fs::path(config.run.out_dir) / "metrics.jsonl").string());
+    // The run rewrites what a stopped run logged after the checkpoint it resumes from (or after
+    // step 0, when it stopped before its first checkpoint).
+    metrics = std::make_unique<MetricsWriter>(
+        (fs::path(config.run.out_dir) / "metrics.jsonl").string(), trainer.step(),
+        !(validator != nullptr && config.train.validate_at_start));
   }
   // train.release_memory: CPU tensors live in the C heap, which keeps what they free, fragmented
   // by the changing micro-batch shapes (runtime::release_free_memory).

@@ -10,6 +10,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/cuda.h>
 #include <torch/serialize.h>
@@ -18,7 +19,9 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 namespace xlme::train {
@@ -366,37 +369,120 @@ std::string Trainer::save_checkpoint(const CheckpointManager& manager) {
     const GeneratorStates rng = interrupted_ ? rng_before_step_ : generator_states(device_);
     archive.write("rng_cpu", rng.cpu);
     if (rng.device.defined()) archive.write("rng_device", rng.device);
-    archive.save_to(rank_file(folder, rank));
+    save_archive(archive, rank_file(folder, rank));
   }
   comm_->barrier();
   if (rank == 0) {
-    torch::save(model_, (fs::path(folder) / "model.pt").string());
-    torch::save(*optimizer_, (fs::path(folder) / "optimizer.pt").string());
-    YAML::Emitter out;
-    out << YAML::BeginMap << YAML::Key << "step" << YAML::Value << step_ << YAML::Key
-        << "tokens_seen" << YAML::Value << tokens_seen_ << YAML::Key << "skipped_steps"
-        << YAML::Value << skipped_steps_ << YAML::Key << "world_size" << YAML::Value
-        << comm_->world_size() << YAML::EndMap;
-    write_file_atomic((fs::path(folder) / "trainer.yaml").string(),
-                      std::string(out.c_str()) + "\n");
-    config::save_config(config_, (fs::path(folder) / "config.yaml").string());
-    if (!config_.data.tokenizer.empty() && fs::is_regular_file(config_.data.tokenizer)) {
-      fs::copy_file(config_.data.tokenizer, fs::path(folder) / "tokenizer.model");
+    try {
+      torch::serialize::OutputArchive model_archive, optimizer_archive;
+      model_->save(model_archive);
+      save_archive(model_archive, (fs::path(folder) / "model.pt").string());
+      optimizer_->save(optimizer_archive);
+      save_archive(optimizer_archive, (fs::path(folder) / "optimizer.pt").string());
+      YAML::Emitter out;
+      out << YAML::BeginMap << YAML::Key << "step" << YAML::Value << step_ << YAML::Key
+          << "tokens_seen" << YAML::Value << tokens_seen_ << YAML::Key << "skipped_steps"
+          << YAML::Value << skipped_steps_ << YAML::Key << "world_size" << YAML::Value
+          << comm_->world_size() << YAML::EndMap;
+      write_file_atomic((fs::path(folder) / "trainer.yaml").string(),
+                        std::string(out.c_str()) + "\n");
+      config::save_config(config_, (fs::path(folder) / "config.yaml").string());
+      if (!config_.data.tokenizer.empty() && fs::is_regular_file(config_.data.tokenizer)) {
+        std::ifstream in(config_.data.tokenizer, std::ios::binary);
+        write_file_atomic(
+            (fs::path(folder) / "tokenizer.model").string(),
+            std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
+      }
+      manager.commit(step_);
+    } catch (...) {
+      manager.abort(step_);  // the earlier checkpoints stay as they were
+      throw;
     }
-    manager.commit(step_);
   }
   comm_->barrier();
   return manager.path_for(step_);
 }
 
+namespace {
+
+// A field of a checkpoint's trainer.yaml, with errors that name the file and the field.
+template <class T>
+T trainer_field(const YAML::Node& state, const std::string& field, const std::string& file) {
+  XLME_CHECK(state[field].IsDefined(), "checkpoint file '{}' is damaged: field '{}' is missing",
+             file, field);
+  try {
+    return state[field].as<T>();
+  } catch (const YAML::Exception&) {
+    XLME_FAIL("checkpoint file '{}' is damaged: field '{}' has the malformed value '{}'", file,
+              field, state[field].IsScalar() ? state[field].Scalar() : "(not a value)");
+  }
+}
+
+// "a.b.c" -> value of every scalar or list under `node`.
+void flatten_yaml(const YAML::Node& node, const std::string& prefix,
+                  std::map<std::string, std::string>& out) {
+  if (node.IsMap()) {
+    for (const auto& item : node) {
+      const std::string key = item.first.as<std::string>();
+      flatten_yaml(item.second, prefix.empty() ? key : prefix + "." + key, out);
+    }
+  } else {
+    out[prefix] = YAML::Dump(node);
+  }
+}
+
+// The model.* fields in which the config of the checkpoint at `path` differs from `config`, as
+// "model.hidden_size: 32 in the checkpoint, 64 now"; empty when they agree or the checkpoint's
+// config cannot be read. Dropout, initialization and sampling temperature may change on resume.
+std::vector<std::string> model_differences(const config::Config& config, const std::string& path) {
+  static const std::set<std::string> may_change = {"model.dropout", "model.attention_dropout",
+                                                   "model.init_std",
+                                                   "model.generator.sampling_temperature"};
+  std::map<std::string, std::string> saved, current;
+  try {
+    flatten_yaml(YAML::LoadFile((fs::path(path) / "config.yaml").string()), "", saved);
+    flatten_yaml(YAML::Load(config::to_yaml(config)), "", current);
+  } catch (const YAML::Exception&) {
+    return {};
+  }
+  std::vector<std::string> out;
+  for (const auto& [key, value] : current) {
+    if (key.rfind("model.", 0) != 0 || may_change.count(key)) continue;
+    const auto it = saved.find(key);
+    if (it != saved.end() && it->second != value) {
+      out.push_back(fmt::format("{}: {} in the checkpoint, {} now", key, it->second, value));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 void Trainer::load_checkpoint(const std::string& path) {
-  const YAML::Node state = YAML::LoadFile((fs::path(path) / "trainer.yaml").string());
-  const int saved_world = state["world_size"].as<int>();
-  torch::load(model_, (fs::path(path) / "model.pt").string(), device_);
+  const std::string state_file = (fs::path(path) / "trainer.yaml").string();
+  YAML::Node state;
+  try {
+    state = YAML::LoadFile(state_file);
+  } catch (const YAML::Exception& e) {
+    XLME_FAIL("checkpoint file '{}' is damaged: {}", state_file, e.what());
+  }
+  const int saved_world = trainer_field<int>(state, "world_size", state_file);
+  // Checked before loading: a tensor of another shape would be loaded as it is.
+  const auto differences = model_differences(config_, path);
+  XLME_CHECK(differences.empty(),
+             "checkpoint '{}' holds another model than the config describes ({}); a run resumes "
+             "with the model it started with: set these fields back, or start a new run in "
+             "another run.out_dir (--init-from can take over matching weights)",
+             path, fmt::join(differences, "; "));
+  try {
+    torch::load(model_, (fs::path(path) / "model.pt").string(), device_);
+  } catch (const c10::Error& e) {
+    XLME_FAIL("cannot load the model of checkpoint '{}': {}", path, e.what_without_backtrace());
+  }
   torch::load(*optimizer_, (fs::path(path) / "optimizer.pt").string(), device_);
-  step_ = state["step"].as<int64_t>();
-  tokens_seen_ = state["tokens_seen"].as<int64_t>();
-  skipped_steps_ = state["skipped_steps"].as<int64_t>();
+  step_ = trainer_field<int64_t>(state, "step", state_file);
+  tokens_seen_ = trainer_field<int64_t>(state, "tokens_seen", state_file);
+  skipped_steps_ = trainer_field<int64_t>(state, "skipped_steps", state_file);
   bad_in_a_row_ = 0;
   std::vector<std::string> readers;
   GeneratorStates my_rng;

@@ -1,17 +1,54 @@
 // File helpers shared by every area.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <string>
 
 namespace xlme {
 
-// Replaces `path` with `content` atomically: writes `path.tmp-<pid>` beside it, fsyncs it,
-// renames it over `path` and fsyncs the folder, so that a crash leaves the old file or the new
-// one, never a truncated mix. Creates missing parent folders.
+// Receives the bytes of a file being written, in order; returns how many it took (all of them).
+using ByteSink = std::function<std::size_t(const void* data, std::size_t size)>;
+
+// Writes `path` atomically from what `produce` hands to its sink: the bytes go to
+// `path.tmp-<pid>` beside it, every write is checked, the file is fsynced and renamed over `path`
+// and the folder fsynced, so that a crash leaves the old file or the new one, never a truncated
+// mix. On a failed write (disk full, file-size limit) the sink keeps counting what `produce` hands
+// it, the temporary file is removed, `path` is left as it was, and an xlme::Error says e.g. "no
+// space left on the device writing 'PATH' (needed ~N MB, M MB free)". Creates missing folders.
+void write_file_streamed(const std::string& path,
+                         const std::function<void(const ByteSink&)>& produce);
+
+// write_file_streamed with `content`.
 void write_file_atomic(const std::string& path, const std::string& content);
 
 // fsync()s a file (flags O_RDONLY) or a folder (O_RDONLY | O_DIRECTORY); throws xlme::Error
 // naming the path.
 void fsync_path(const std::string& path, int flags);
+
+// Bytes available to this user on the file system holding `path` (0 when unknown).
+uint64_t free_bytes(const std::string& path);
+
+// An exclusive advisory lock (flock) on a file, held until destruction; the operating system
+// releases it when the process ends, crash included. The file records the holder's pid and host.
+class FileLock {
+ public:
+  // Takes the lock on `path` (created if missing) or throws xlme::Error naming `what`, the file
+  // and the holder's pid and host, without waiting.
+  FileLock(const std::string& path, const std::string& what);
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// The host name (for messages that say where a process runs).
+std::string host_name();
 
 }  // namespace xlme

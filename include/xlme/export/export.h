@@ -16,7 +16,7 @@ struct ExportOptions {
   std::string out_dir;             // the folder to write
   bool with_generator = false;     // also the generator and its head
   std::string dtype = "fp32";      // fp32 or bf16 (floating-point weights only)
-  bool force = false;              // replace a non-empty out_dir
+  bool force = false;              // replace a non-empty out_dir that xlme-export wrote
   std::string fallback_tokenizer;  // for a checkpoint without tokenizer.model (data.tokenizer)
 
   // export.* and data.tokenizer of a resolved config.

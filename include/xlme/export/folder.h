@@ -4,6 +4,7 @@
 //   config.json        every architectural field, the vocabulary, the format and xlme versions
 //   spm.model          the SentencePiece model
 //   README.md          a short model card
+//   .xlme-export       marker: xlme-export wrote this folder (only such a folder is replaced)
 #pragma once
 
 #include "xlme/config/config.h"
@@ -18,6 +19,7 @@ constexpr const char* kExportWeightsFile = "model.safetensors";
 constexpr const char* kExportConfigFile = "config.json";
 constexpr const char* kExportTokenizerFile = "spm.model";
 constexpr const char* kExportReadmeFile = "README.md";
+constexpr const char* kExportMarkerFile = ".xlme-export";
 constexpr const char* kExportFormat = "xlme-export";
 constexpr int kExportFormatVersion = 1;
 

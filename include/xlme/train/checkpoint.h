@@ -5,14 +5,22 @@
 // lists every file with its size and CRC32. It is written into `step_<N>.tmp/`, each file
 // fsynced, the manifest written last, then renamed into place and the folder fsynced: a crash
 // at any point leaves either the finished checkpoint or a temporary folder that is ignored.
+//
+// Lineage: a run draws a run id when it starts at step 0 and carries it through every resume
+// (it is read back from the manifest of the checkpoint it resumes from); each manifest records
+// it. Pruning (keep_last / keep_every) only ever removes complete, verified checkpoints with the
+// manager's run id and a lower step than the one just written: damaged, empty, stray and other
+// runs' folders are never counted nor removed.
 #pragma once
 
+#include <torch/serialize/output-archive.h>
 #include <torch/types.h>
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,14 +37,25 @@ class CheckpointManager {
   // `keep_every` (0: none).
   CheckpointManager(std::string dir, int64_t keep_last, int64_t keep_every);
 
+  // The run id recorded in the manifests this manager commits; pruning considers only
+  // checkpoints with this id. A fresh one (new_run_id) unless set.
+  void set_run_id(std::string run_id) { run_id_ = std::move(run_id); }
+  const std::string& run_id() const { return run_id_; }
+  // A fresh random run id (16 hex digits).
+  static std::string new_run_id();
+
   // Creates (empty) the temporary folder for `step` and returns its path. With several ranks,
   // rank 0 calls begin(), every rank writes its files there, rank 0 calls commit().
   std::string begin(int64_t step) const;
   // Checksums every file of the temporary folder into the manifest, renames the folder into
-  // place, removes checkpoints beyond keep_last / keep_every, and returns the final path.
+  // place, prunes (see the lineage note above), and returns the final path. A finished folder of
+  // the same step is replaced when it is this run's, else moved aside to
+  // `step_<N>.superseded-<time>` with a warning.
   std::string commit(int64_t step) const;
-  // begin + `write(folder)` + commit; if `write` throws, the temporary folder is removed and the
-  // error rethrown, and earlier checkpoints are untouched.
+  // Removes the temporary folder of `step` (a save that failed); earlier checkpoints are untouched.
+  void abort(int64_t step) const;
+  // begin + `write(folder)` + commit; if `write` or the commit throws, the temporary folder is
+  // removed and the error rethrown, and earlier checkpoints are untouched.
   std::string save(int64_t step, const std::function<void(const std::string& folder)>& write) const;
 
   // Finished checkpoints, oldest first (not verified).
@@ -47,8 +66,12 @@ class CheckpointManager {
   // Removes temporary folders left by interrupted saves.
   void remove_temporaries() const;
 
-  // Throws xlme::Error naming the checkpoint and the file that is missing, truncated or corrupt.
+  // Throws xlme::Error naming the checkpoint and the file that is missing, truncated or corrupt,
+  // or the manifest field that is missing or malformed. A path that does not exist is named so.
   static void verify(const std::string& path);
+  // The run id in the checkpoint's manifest ("" for checkpoints written before run ids); throws
+  // like verify() when the manifest cannot be read.
+  static std::string run_id_of(const std::string& path);
 
   const std::string& dir() const { return dir_; }
   // Where the checkpoint of `step` lives once committed, and while it is written.
@@ -56,16 +79,24 @@ class CheckpointManager {
   std::string temporary_path_for(int64_t step) const { return path_for(step) + ".tmp"; }
 
  private:
-  void prune() const;
+  void prune(int64_t written) const;
+  // Whether `ref` verifies and carries run_id_ (remembered once known).
+  bool of_this_run(const CheckpointRef& ref) const;
 
   std::string dir_;
   int64_t keep_last_;
   int64_t keep_every_;
+  std::string run_id_;
+  mutable std::set<std::string> own_;  // folders known to verify with run_id_
 };
 
 // The flat "a.b.c" -> tensor map of a module saved with torch::save(module) (a checkpoint's
 // model.pt), on the CPU, read without building the module.
 std::map<std::string, torch::Tensor> read_module_archive(const std::string& path);
+
+// Writes `archive` (a module's or an optimizer's) to `path` through write_file_streamed: a
+// temporary name, every write checked, a disk-full error that names the file and the size.
+void save_archive(torch::serialize::OutputArchive& archive, const std::string& path);
 
 // CRC32 (zlib's polynomial) of a whole file, read in chunks.
 uint32_t file_crc32(const std::string& path);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -27,8 +28,14 @@ class MetricsRecord {
 
 class MetricsWriter {
  public:
-  // Appends to `path` (a resumed run continues the same file); creates missing folders.
-  explicit MetricsWriter(const std::string& path);
+  // Appends to `path` (a resumed run continues the same file); creates missing folders. With
+  // `resumed_step`, first drops the records after that step (written by the run after the
+  // checkpoint it resumes from, and about to be written again), the validation records at that
+  // step unless `keep_validation_at_step`, and unreadable lines (a crash mid-write), so that each
+  // step is logged once.
+  explicit MetricsWriter(const std::string& path,
+                         std::optional<int64_t> resumed_step = std::nullopt,
+                         bool keep_validation_at_step = true);
 
   // Writes one line and flushes it, so that a crash loses at most the line being written.
   void write(const MetricsRecord& record);

@@ -1,0 +1,394 @@
+// The fault suite of run folders and checkpoints: each case makes the fault for real (a damaged
+// checkpoint, a used folder, a held lock, a full disk, a taken port, a signal), runs the command,
+// and checks the exit code or error, that the message names the file or field, and that nothing
+// the user had before is gone.
+#include "xlme/common/app.h"
+#include "xlme/common/io.h"
+#include "xlme/dist/communicator.h"
+#include "xlme/train/metrics.h"
+#include "xlme/train/signals.h"
+
+#include "fault_fixtures.h"
+#include "test_util.h"
+
+#include <netinet/in.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <csignal>
+#include <sstream>
+#include <thread>
+
+namespace xlme {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::contains_all;
+using testing::error_message;
+using testing::fault_run_config;
+using testing::nothing_lost;
+using testing::read_file;
+using testing::run_in_process;
+using testing::run_tool;
+using testing::snapshot;
+using testing::step_folder;
+using testing::TempDir;
+using testing::tiny_pretrain_args;
+using testing::verifies;
+
+// Item 1: a damaged newest checkpoint (step 4) and keep_last 1. Resuming from step 2, the save
+// of step 3 used to count the damaged step 4 and delete both 2 and the new 3.
+TEST(Faults, DamagedNewestCheckpointNeverCostsTheNewOne) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  ASSERT_EQ(run_in_process(fault_run_config(run, 4, 2, 5)), kExitOk);
+  fs::resize_file(step_folder(run, 4) + "/model.pt", 100);
+  ASSERT_EQ(run_in_process(fault_run_config(run, 3, 1, 1)), kExitOk);
+  EXPECT_TRUE(verifies(step_folder(run, 3)));
+  EXPECT_FALSE(fs::exists(step_folder(run, 2)));  // pruned: this run's, older, verified
+  EXPECT_TRUE(fs::exists(step_folder(run, 4)));   // damaged: neither counted nor removed
+}
+
+// Item 1: --resume none in a used folder is refused (it used to start a run whose checkpoints
+// were pruned right after each save, the old run's higher steps winning); --overwrite keeps the
+// old run aside.
+TEST(Faults, FreshStartInAUsedFolderIsRefusedAndOverwriteKeepsTheOldRunAside) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  ASSERT_EQ(run_in_process(fault_run_config(run, 4, 1, 2)), kExitOk);
+  const auto before = snapshot(run);
+  train::PretrainOptions fresh;
+  fresh.resume = "none";
+  const std::string message =
+      error_message([&] { run_in_process(fault_run_config(run, 3, 1, 2), fresh); });
+  EXPECT_TRUE(contains_all(message, {"--resume none", run, step_folder(run, 4), "--overwrite"}));
+  EXPECT_TRUE(nothing_lost(before));
+
+  fresh.overwrite = true;
+  ASSERT_EQ(run_in_process(fault_run_config(run, 3, 1, 2), fresh), kExitOk);
+  EXPECT_TRUE(verifies(step_folder(run, 2)));
+  EXPECT_TRUE(verifies(step_folder(run, 3)));
+  EXPECT_FALSE(fs::exists(step_folder(run, 4)));
+  std::vector<fs::path> aside;
+  for (const auto& entry : fs::directory_iterator(run)) {
+    if (entry.path().filename().string().rfind("replaced-", 0) == 0) aside.push_back(entry.path());
+  }
+  ASSERT_EQ(aside.size(), 1u);
+  EXPECT_TRUE(verifies((aside[0] / "checkpoints/step_00000004").string()));
+  EXPECT_TRUE(verifies((aside[0] / "checkpoints/step_00000003").string()));
+  EXPECT_TRUE(fs::is_regular_file(aside[0] / "metrics.jsonl"));
+}
+
+// Item 1: an empty step_00000050 and another run's valid checkpoint are never counted nor removed;
+// the run keeps keep_last of its own.
+TEST(Faults, PruningCountsAndRemovesOnlyTheRunsOwnCheckpoints) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  ASSERT_EQ(run_in_process(fault_run_config(dir / "other", 1, 1, 5)), kExitOk);
+  ASSERT_EQ(run_in_process(fault_run_config(run, 2, 1, 5)), kExitOk);
+  fs::create_directories(step_folder(run, 50));
+  fs::copy(step_folder(dir / "other", 1), step_folder(run, 0));  // another run's, at step 0
+  ASSERT_EQ(run_in_process(fault_run_config(run, 6, 1, 2)), kExitOk);
+  EXPECT_TRUE(verifies(step_folder(run, 5)));
+  EXPECT_TRUE(verifies(step_folder(run, 6)));
+  for (int step : {1, 2, 3, 4}) EXPECT_FALSE(fs::exists(step_folder(run, step))) << step;
+  EXPECT_TRUE(fs::is_directory(step_folder(run, 50)));
+  EXPECT_TRUE(verifies(step_folder(run, 0)));
+  // The lineage: one run id through the resume, recorded in each of its manifests.
+  EXPECT_EQ(train::CheckpointManager::run_id_of(step_folder(run, 5)),
+            train::CheckpointManager::run_id_of(step_folder(run, 6)));
+  EXPECT_NE(train::CheckpointManager::run_id_of(step_folder(run, 0)),
+            train::CheckpointManager::run_id_of(step_folder(run, 6)));
+}
+
+// Item 1: a failed save leaves the earlier checkpoints and no temporary folder.
+TEST(Faults, FailedSaveRemovesItsTemporaryFolder) {
+  TempDir dir;
+  const train::CheckpointManager manager(dir / "checkpoints", 1, 0);
+  manager.save(1, [](const std::string& folder) { testing::write_file(folder + "/a", "1"); });
+  const auto before = snapshot(dir / "checkpoints");
+  const std::string message = error_message([&] {
+    manager.save(2, [](const std::string& folder) {
+      testing::write_file(folder + "/a", "2");
+      XLME_FAIL("write failed");
+    });
+  });
+  EXPECT_EQ(message, "write failed");
+  EXPECT_TRUE(nothing_lost(before));
+  EXPECT_FALSE(fs::exists(manager.temporary_path_for(2)));
+}
+
+// Item 2: --force replaces only a folder xlme-export wrote.
+TEST(Faults, ExportForceReplacesOnlyAnExportFolder) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  auto c = fault_run_config(run, 2, 1, 5);
+  // export needs a tokenizer in the checkpoint
+  testing::write_heldout_and_tokenizer(dir / "tok", 40);
+  c.data.tokenizer = dir / "tok/spm.model";
+  c.model.vocab_size = 60;
+  ASSERT_EQ(run_in_process(c), kExitOk);
+  const std::string checkpoint = step_folder(run, 2);
+  const auto before = snapshot(run);
+
+  // The run folder, an ancestor of the checkpoint, and a folder of the user's.
+  auto r = run_tool("xlme-export", {"--checkpoint", checkpoint, "--out", run, "--force"});
+  EXPECT_EQ(r.code, kExitError);
+  EXPECT_TRUE(contains_all(r.err, {run, "holds it"})) << r.err;
+  r = run_tool("xlme-export", {"--checkpoint", checkpoint, "--out",
+                               run + "/checkpoints/step_00000001", "--force"});
+  EXPECT_EQ(r.code, kExitError);
+  EXPECT_TRUE(contains_all(r.err, {"--force refuses to replace", "holds checkpoints"})) << r.err;
+  testing::write_file(dir / "mine/notes.txt", "mine");
+  r = run_tool("xlme-export", {"--checkpoint", checkpoint, "--out", dir / "mine", "--force"});
+  EXPECT_EQ(r.code, kExitError);
+  EXPECT_TRUE(contains_all(r.err, {dir / "mine", "no .xlme-export marker"})) << r.err;
+  EXPECT_EQ(read_file(dir / "mine/notes.txt"), "mine");
+  // A symbolic link to the run is never written or replaced through.
+  fs::create_directory_symlink(run, dir / "link");
+  r = run_tool("xlme-export", {"--checkpoint", checkpoint, "--out", dir / "link", "--force"});
+  EXPECT_EQ(r.code, kExitError);
+  EXPECT_TRUE(contains_all(r.err, {dir / "link", "symbolic link"})) << r.err;
+  EXPECT_TRUE(nothing_lost(before));
+
+  // An export folder is replaced; with a file of the user's added, it is not.
+  r = run_tool("xlme-export", {"--checkpoint", checkpoint, "--out", dir / "export"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  r = run_tool("xlme-export", {"--checkpoint", checkpoint, "--out", dir / "export", "--force"});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  testing::write_file(dir / "export/eval.txt", "results");
+  r = run_tool("xlme-export", {"--checkpoint", checkpoint, "--out", dir / "export", "--force"});
+  EXPECT_EQ(r.code, kExitError);
+  EXPECT_TRUE(contains_all(r.err, {"'eval.txt'", "does not write"})) << r.err;
+  EXPECT_EQ(read_file(dir / "export/eval.txt"), "results");
+}
+
+// Item 3: a second run in a locked run folder fails at once, naming the holder.
+TEST(Faults, SecondRunInTheSameFolderFailsNamingTheHolder) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  fs::create_directories(run);
+  const FileLock held(run + "/run.lock", "the test's run");  // the first run: this process
+  const auto r = run_tool("xlme-pretrain", tiny_pretrain_args(run, 2));
+  EXPECT_EQ(r.code, kExitError);
+  EXPECT_TRUE(contains_all(
+      r.err, {"run folder '" + run + "' is in use",
+              "pid " + std::to_string(::getpid()) + " on host " + host_name(), run + "/run.lock"}))
+      << r.err;
+  EXPECT_FALSE(fs::exists(run + "/checkpoints"));
+  EXPECT_FALSE(fs::exists(run + "/metrics.jsonl"));
+}
+
+// Item 3: the lock goes with the process; the next run proceeds.
+TEST(Faults, TheRunFolderLockEndsWithTheRun) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  ASSERT_EQ(run_in_process(fault_run_config(run, 1, 1, 5)), kExitOk);
+  ASSERT_EQ(run_in_process(fault_run_config(run, 2, 1, 5)), kExitOk);
+  EXPECT_TRUE(verifies(step_folder(run, 2)));
+}
+
+// Item 4: disk full while model.pt is written: one error line naming the file and the size, the
+// usual exit code, the previous checkpoint untouched and no temporary folder left.
+TEST(Faults, DiskFullWritingTheModelIsAnErrorAndKeepsThePreviousCheckpoint) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  const testing::TmpfsMount disk(run + "/checkpoints", 1 << 20);
+  if (!disk.skipped().empty()) GTEST_SKIP() << disk.skipped();
+  auto r = run_tool("xlme-pretrain", tiny_pretrain_args(run, 1));
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const std::string first = step_folder(run, 1);
+  const auto before = snapshot(run + "/checkpoints");
+  // Fill the disk but for the rank file and half of model.pt.
+  const uint64_t room = fs::file_size(first + "/rank0.pt") + fs::file_size(first + "/model.pt") / 2;
+  const uint64_t fill = free_bytes(run + "/checkpoints") - room;
+  testing::write_file(run + "/checkpoints/filler", std::string(fill, '\0'));
+
+  r = run_tool("xlme-pretrain", tiny_pretrain_args(run, 2));
+  EXPECT_EQ(r.code, kExitError) << r.err;
+  EXPECT_TRUE(contains_all(
+      r.err, {"no space left on the device writing '" + step_folder(run, 2) + ".tmp/model.pt'",
+              "needed ~", "MB free"}))
+      << r.err;
+  EXPECT_EQ(r.err.find("terminate called"), std::string::npos) << r.err;
+  EXPECT_TRUE(nothing_lost(before));
+  EXPECT_TRUE(verifies(first));
+  EXPECT_FALSE(fs::exists(step_folder(run, 2) + ".tmp"));
+  EXPECT_FALSE(fs::exists(step_folder(run, 2)));
+}
+
+// Item 8: one flipped byte in the newest manifest: --resume auto skips it naming the file and the
+// field; verification, an explicit --resume and xlme-export name them in their error.
+TEST(Faults, DamagedManifestIsNamedAndSkippedByResumeAuto) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  ASSERT_EQ(run_in_process(fault_run_config(run, 4, 2, 5)), kExitOk);
+  testing::flip_manifest_byte(step_folder(run, 4));
+  const std::string manifest = step_folder(run, 4) + "/manifest.yaml";
+  const std::string message =
+      error_message([&] { train::CheckpointManager::verify(step_folder(run, 4)); });
+  EXPECT_TRUE(contains_all(message, {manifest, "field 'files.", ".bytes'", "malformed"}))
+      << message;
+  train::PretrainOptions explicit_resume;
+  explicit_resume.resume = step_folder(run, 4);
+  EXPECT_TRUE(contains_all(
+      error_message([&] { run_in_process(fault_run_config(run, 5, 2, 5), explicit_resume); }),
+      {manifest, ".bytes'"}));
+  const auto r =
+      run_tool("xlme-export", {"--checkpoint", step_folder(run, 4), "--out", dir / "export"});
+  EXPECT_EQ(r.code, kExitError);
+  EXPECT_TRUE(contains_all(r.err, {manifest, ".bytes'"})) << r.err;
+  EXPECT_EQ(r.err.find("bad conversion"), std::string::npos) << r.err;
+
+  const auto latest = train::CheckpointManager(run + "/checkpoints", 5, 0).latest_valid();
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->step, 2);
+}
+
+// Item 9: --resume with a path that does not exist says so.
+TEST(Faults, ResumeFromAMissingPathSaysItDoesNotExist) {
+  TempDir dir;
+  train::PretrainOptions options;
+  options.resume = dir / "run/checkpoints/step_00000100";
+  const std::string message =
+      error_message([&] { run_in_process(fault_run_config(dir / "run", 2, 1, 5), options); });
+  EXPECT_TRUE(contains_all(message, {options.resume, "does not exist"})) << message;
+}
+
+// Item 9: resuming with another model shape names the field that differs.
+TEST(Faults, ResumeWithAnotherModelShapeNamesTheField) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  ASSERT_EQ(run_in_process(fault_run_config(run, 2, 1, 5)), kExitOk);
+  const auto before = snapshot(run);
+  auto wider = fault_run_config(run, 4, 1, 5);
+  wider.model.ffn_size = 48;
+  wider.model.dropout = 0.2;  // may change on resume: not named
+  const std::string message = error_message([&] { run_in_process(wider); });
+  EXPECT_TRUE(contains_all(message, {step_folder(run, 2),
+                                     "model.ffn_size: 64 in the checkpoint, "
+                                     "48 now"}))
+      << message;
+  EXPECT_EQ(message.find("model.dropout"), std::string::npos) << message;
+  EXPECT_TRUE(nothing_lost(before));
+}
+
+// Item 9: --config naming a folder, an empty run.out_dir.
+TEST(Faults, ConfigFolderAndEmptyOutDirAreNamed) {
+  TempDir dir;
+  auto r = run_tool("xlme-pretrain", {"--config", dir.path().string()});
+  EXPECT_EQ(r.code, kExitError);
+  EXPECT_TRUE(contains_all(r.err, {dir.path().string(), "is a folder"})) << r.err;
+  r = run_tool("xlme-pretrain", {"--set", "run.out_dir="});
+  EXPECT_EQ(r.code, kExitError);
+  EXPECT_TRUE(contains_all(r.err, {"run.out_dir", "is empty"})) << r.err;
+}
+
+// Item 9: SIGTERM during start-up is a stop like any other: checkpoint and exit code 75, not death
+// by the signal (143). Rank 0 of 2 is signalled while it waits at the rendezvous for rank 1,
+// which starts only then. Both ranks share one run.out_dir (rank 0 alone holds its lock).
+TEST(Faults, StopSignalDuringStartUpSavesAndExits75) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  const auto args = tiny_pretrain_args(run, 50);
+  const std::string env =
+      "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(testing::free_port()) +
+      " RANK=";
+  const pid_t rank0 = testing::start_tool("xlme-pretrain", args, env + "0", dir / "err0");
+  ASSERT_TRUE(testing::wait_for_text(dir / "err0", "xlme-pretrain - ", 60));
+  ::kill(rank0, SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const pid_t rank1 = testing::start_tool("xlme-pretrain", args, env + "1", dir / "err1");
+  const int code0 = testing::wait_exit_code(rank0);
+  const int code1 = testing::wait_exit_code(rank1);
+  const std::string err = read_file(dir / "err0");
+  EXPECT_EQ(code0, train::kExitPreempted) << err;
+  EXPECT_EQ(code1, train::kExitPreempted) << read_file(dir / "err1");
+  EXPECT_TRUE(contains_all(err, {"stopping at step 0"})) << err;
+  EXPECT_TRUE(verifies(step_folder(run, 0)));
+}
+
+// Item 9: ranks given different run.out_dir folders fail at start, before any step, naming it.
+TEST(Faults, RanksWithDifferentRunFoldersFailAtStart) {
+  TempDir dir;
+  const std::string env =
+      "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(testing::free_port()) +
+      " RANK=";
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string run = dir / ("run" + std::to_string(rank));
+    pids.push_back(testing::start_tool("xlme-pretrain", tiny_pretrain_args(run, 2),
+                                       env + std::to_string(rank),
+                                       dir / ("err" + std::to_string(rank))));
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string run = dir / ("run" + std::to_string(rank));
+    const int code = testing::wait_exit_code(pids[rank]);
+    const std::string err = read_file(dir / ("err" + std::to_string(rank)));
+    EXPECT_EQ(code, kExitError) << err;
+    EXPECT_TRUE(contains_all(err, {"rank " + std::to_string(rank) + ": run.out_dir '" + run +
+                                   "' is not the same folder on every rank"}))
+        << err;
+    EXPECT_FALSE(fs::exists(run + "/checkpoints")) << rank;
+  }
+}
+
+// Item 9: a resumed run rewrites what the stopped run logged after its checkpoint: each step once.
+TEST(Faults, MetricsAreNotDuplicatedAfterAResume) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  ASSERT_EQ(run_in_process(fault_run_config(run, 6, 2, 5)), kExitOk);
+  fs::remove_all(step_folder(run, 6));  // as if killed between logging step 6 and saving it
+  ASSERT_EQ(run_in_process(fault_run_config(run, 6, 2, 5)), kExitOk);
+  std::istringstream lines(read_file(run + "/metrics.jsonl"));
+  std::vector<std::string> steps;
+  for (std::string line; std::getline(lines, line);) {
+    steps.push_back(line.substr(0, line.find(',')));
+  }
+  const std::vector<std::string> expected = {"{\"step\": 1", "{\"step\": 2", "{\"step\": 3",
+                                             "{\"step\": 4", "{\"step\": 5", "{\"step\": 6"};
+  EXPECT_EQ(steps, expected) << read_file(run + "/metrics.jsonl");
+}
+
+// Item 9: MASTER_PORT taken by another process is named as such.
+TEST(Faults, TakenMasterPortIsNamed) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  dist::LaunchInfo launch;
+  launch.world_size = 2;
+  launch.master_port = ntohs(addr.sin_port);
+  const std::string message = error_message(
+      [&] { dist::Communicator::create(launch, torch::kCPU, "gloo", std::chrono::seconds(5)); });
+  ::close(fd);
+  EXPECT_TRUE(
+      contains_all(message, {"MASTER_PORT " + std::to_string(launch.master_port), "already taken"}))
+      << message;
+  EXPECT_EQ(message.find("frame #"), std::string::npos) << message;  // no backtrace
+}
+
+// Item 9: rank 0 names the ranks it waits for every 30 s instead of waiting in silence.
+TEST(Faults, RankZeroNamesTheMissingRankWhileWaiting) {
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  dist::LaunchInfo launch;
+  launch.world_size = 3;
+  launch.master_port = testing::free_port();
+  const std::string message = error_message(
+      [&] { dist::Communicator::create(launch, torch::kCPU, "gloo", std::chrono::seconds(32)); });
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_TRUE(contains_all(message, {"rank(s) 1, 2 of 3 did not join"})) << message;
+  EXPECT_TRUE(contains_all(log.str(), {"still waiting for rank(s) 1, 2 of 3 after 30 s"}))
+      << log.str();
+}
+
+}  // namespace
+}  // namespace xlme
