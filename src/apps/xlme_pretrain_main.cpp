@@ -49,10 +49,12 @@ int main(int argc, char** argv) {
                        "auto: continue from the newest valid checkpoint in run.out_dir (default); "
                        "none: start fresh; or a checkpoint folder")
             ->type_name("auto|none|DIR");
-        cli.add_option("--init-from", run_options.init_from,
-                       "start a fresh run (step 0, new optimizer) from the weights of this "
-                       "pre-training checkpoint folder; train.init_parts picks all, generator or "
-                       "discriminator; ignored when the run resumes from its own checkpoint")
+        cli.add_option(
+               "--init-from", run_options.init_from,
+               "start a fresh run (step 0, new optimizer) from the weights of this "
+               "pre-training checkpoint folder or HF XLM-R checkpoint folder (safetensors); "
+               "train.init_parts picks all, generator or "
+               "discriminator; ignored when the run resumes from its own checkpoint")
             ->type_name("DIR");
       });
 }

@@ -166,7 +166,7 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
   const std::string resume = resume_path(options, manager, *comm);
   if (resume.empty() && !options.init_from.empty()) {
     // Every rank loads the same weights (the trainer broadcasts rank 0's anyway).
-    const auto report = init_weights(model, checkpoint_weights(options.init_from),
+    const auto report = init_weights(model, init_source_weights(options.init_from),
                                      config.train.init_parts, options.init_from);
     spdlog::info("{}", format_report(report, options.init_from, config.train.init_parts));
   }
