@@ -32,7 +32,8 @@ done
 # libtcmalloc-minimal4: the allocator the binaries preload (src/common/runtime.h; peak RSS of the
 # demo run less than half of glibc malloc's).
 # python3-torch, python3-numpy: the PyTorch reference loader and its parity test;
-# python3-matplotlib: scripts/plot_metrics.py.
+# python3-matplotlib: scripts/plot_metrics.py; python3-sentencepiece and the modules that
+# transformers imports (yaml ... typing-extensions): the transformers export test (README "Export").
 # zlib1g-dev, liblzma-dev: .gz/.xz corpora (and checkpoint CRC32s); gettext: msgfmt for the
 # .mo tests; nlohmann-json3-dev: reading JSON (XTREME's SQuAD files, safetensors headers,
 # export config.json); sentencepiece: spm_encode/spm_train, the references of the tokenizer
@@ -43,7 +44,9 @@ packages=(
   libsentencepiece-dev sentencepiece
   zlib1g-dev liblzma-dev gettext
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev nlohmann-json3-dev
-  python3-torch python3-numpy python3-matplotlib
+  python3-torch python3-numpy python3-matplotlib python3-sentencepiece
+  python3-yaml python3-regex python3-requests python3-tqdm python3-filelock python3-packaging
+  python3-fsspec python3-typing-extensions
 )
 
 if [ "$print_packages" -eq 1 ]; then

@@ -20,6 +20,9 @@ The model (config.json names every switch):
   Attn: a_ij ~ exp(q_i.k_j / sqrt(d_k) + r_ij), r_ij = d_{h, b(i-j)} * gate_i (gated) or d (plain)
   gate_i = 1 + g_u + (1 - g_u) * w_h * g_r, g_u = sigmoid(q_i.u_h), g_r = sigmoid(q_i.v_h)
   FFN: GELU (erf) between two linear maps. Padded keys get no attention.
+  Dropout (config.json's dropout, attention_dropout) applies only with training = True: on the
+  embeddings, the attention probabilities and the attention and FFN outputs. Encoder.forward keeps
+  the autograd graph (scripts/hf/modeling_xlme.py fine-tunes through it); hidden_states does not.
 --inputs / --out / --compare files are safetensors: input_ids (I64 [B, T]), optional positions
 (I64 [B, T], default 0..T-1) and padding (BOOL [B, T], true at <pad>); outputs hidden.<i>
 (F32 [B, T, hidden], i = 0 for the embeddings .. layers). --compare prints one JSON line with the
@@ -129,6 +132,8 @@ class Encoder:
         shape = config if name == "discriminator" else config["generator"]
         self.layers, self.heads = shape["layers"], shape["heads"]
         self.hidden = shape["hidden_size"]
+        self.dropout, self.attention_dropout = config["dropout"], config["attention_dropout"]
+        self.training = False
 
     def _p(self, key):
         return self.w[f"{self.name}.{key}"]
@@ -151,7 +156,7 @@ class Encoder:
             x = x + F.embedding(positions, self.w["embeddings.position.weight"])
             if self._has("position_delta"):
                 x = x + F.embedding(positions, self._p("position_delta"))
-        x = self._norm(x, "embedding_norm")
+        x = F.dropout(self._norm(x, "embedding_norm"), self.dropout, self.training)
         if self._has("embedding_projection.weight"):
             x = self._linear(x, "embedding_projection")
         return x
@@ -180,36 +185,45 @@ class Encoder:
                 scores = scores + table
         if padding is not None:
             scores = scores.masked_fill(padding[:, None, None, :], float("-inf"))
-        context = torch.matmul(torch.softmax(scores, -1), v)  # [B, H, T, d_k]
+        probs = F.dropout(torch.softmax(scores, -1), self.attention_dropout, self.training)
+        context = torch.matmul(probs, v)  # [B, H, T, d_k]
         return self._linear(context.transpose(1, 2).reshape(b, t, self.hidden), f"{layer}.output")
 
     def ffn(self, x, layer):
         return self._linear(F.gelu(self._linear(x, f"{layer}.ffn.intermediate")),
                             f"{layer}.ffn.output")
 
-    @torch.no_grad()
-    def hidden_states(self, ids, positions=None, padding=None):
+    def forward(self, ids, positions=None, padding=None):
         """ids: [B, T] int64; positions: [B, T] (default 0..T-1); padding: [B, T] bool, true at
         <pad>. Returns [embedding output, layer 1, ..., layer L], each [B, T, hidden]."""
         if positions is None:
-            positions = torch.arange(ids.shape[1]).expand_as(ids)
-        buckets = bucket_matrix(ids.shape[1], self.num_buckets, self.max_distance)
+            positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        buckets = bucket_matrix(ids.shape[1], self.num_buckets, self.max_distance).to(ids.device)
         x = self.embed(ids, positions)
         states = [x]
+
+        def drop(y):
+            return F.dropout(y, self.dropout, self.training)
+
         for i in range(self.layers):
             layer = f"layers.{i}"
             if self.pre_norm:
-                x = x + self.attention(self._norm(x, f"{layer}.attention_norm"), padding,
-                                       f"{layer}.attention", buckets)
-                x = x + self.ffn(self._norm(x, f"{layer}.ffn_norm"), layer)
+                x = x + drop(self.attention(self._norm(x, f"{layer}.attention_norm"), padding,
+                                            f"{layer}.attention", buckets))
+                x = x + drop(self.ffn(self._norm(x, f"{layer}.ffn_norm"), layer))
             else:
-                x = self._norm(x + self.attention(x, padding, f"{layer}.attention", buckets),
+                x = self._norm(x + drop(self.attention(x, padding, f"{layer}.attention", buckets)),
                                f"{layer}.attention_norm")
-                x = self._norm(x + self.ffn(x, layer), f"{layer}.ffn_norm")
+                x = self._norm(x + drop(self.ffn(x, layer)), f"{layer}.ffn_norm")
             states.append(x)
         if self.pre_norm:
             states[-1] = self._norm(x, "final_norm")
         return states
+
+    @torch.no_grad()
+    def hidden_states(self, ids, positions=None, padding=None):
+        """forward without autograd."""
+        return self.forward(ids, positions, padding)
 
     @torch.no_grad()
     def rtd_logits(self, hidden):

@@ -12,7 +12,11 @@
 
 #include <torch/torch.h>
 
+#include <sys/wait.h>
+
+#include <cstdlib>
 #include <sstream>
+#include <utility>
 
 namespace xlme::testing {
 
@@ -63,6 +67,34 @@ inline config::Config tiny_export_config(const std::string& tokenizer,
   config::Config c = config::load_config("", sets);
   c.model.vocab_size = data::Tokenizer(tokenizer, data::VocabLayout::kOwn).vocab_size();
   return c;
+}
+
+// Runs `command` through the shell; returns its exit code and stdout + stderr.
+inline std::pair<int, std::string> shell(const std::string& command) {
+  const TempDir scratch;
+  const int status = std::system((command + " >" + quote(scratch / "out") + " 2>&1").c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_file(scratch / "out")};
+}
+
+// Three rows of ids from the tokenizer's pieces: full length, and two padded ones.
+struct ParityBatch {
+  torch::Tensor ids, positions, padding;  // [B, T] int64, int64, bool
+};
+
+inline ParityBatch parity_batch(const data::SpecialIds& special, int64_t length) {
+  torch::manual_seed(11);
+  ParityBatch b;
+  b.ids = torch::randint(4, special.vocab_size - 1, {3, length}, torch::kLong);
+  b.padding = torch::zeros({3, length}, torch::kBool);
+  const int64_t lengths[] = {length, 15, 7};
+  for (int64_t row = 0; row < 3; ++row) {
+    b.ids[row][0] = special.bos;
+    b.ids[row][lengths[row] - 1] = special.eos;
+    b.ids[row].narrow(0, lengths[row], length - lengths[row]).fill_(special.pad);
+    b.padding[row].narrow(0, lengths[row], length - lengths[row]).fill_(true);
+  }
+  b.positions = torch::arange(length).unsqueeze(0).expand({3, length}).contiguous();
+  return b;
 }
 
 struct TinyCheckpoint {

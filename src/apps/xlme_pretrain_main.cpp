@@ -62,8 +62,9 @@ int main(int argc, char** argv) {
                      "(without it such a run refuses to start)");
         cli.add_option("--init-from", run_options.init_from,
                        "start a fresh run (step 0, new optimizer) from the weights of this "
-                       "pre-training checkpoint folder; train.init_parts picks all, generator or "
-                       "discriminator; ignored when the run resumes from its own checkpoint")
+                       "pre-training checkpoint folder or HF XLM-R checkpoint folder "
+                       "(safetensors); train.init_parts picks all, generator or discriminator; "
+                       "ignored when the run resumes from its own checkpoint")
             ->type_name("DIR");
       });
 }

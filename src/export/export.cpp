@@ -5,6 +5,7 @@
 #include "xlme/export/folder.h"
 #include "xlme/export/pretrained.h"
 #include "xlme/export/safetensors.h"
+#include "xlme/export/transformers.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -156,7 +157,21 @@ std::string model_card(const Pretrained& p, const ExportedConfig& exported,
       << "]\n"
       << "```\n\n"
       << "or `python3 scripts/xlme_reference.py --model " << summary.out_dir
-      << " --ids \"0 17 42 2\"`. In C++: `xlme::export_::load_pretrained(\"" << summary.out_dir
+      << " --ids \"0 17 42 2\"`. With HuggingFace `transformers` (the folder holds its remote "
+         "code; `sentencepiece` for the tokenizer):\n\n"
+      << "```python\n"
+      << "from transformers import AutoModel, AutoTokenizer\n"
+      << "model = AutoModel.from_pretrained(\"" << summary.out_dir
+      << "\", trust_remote_code=True)\n"
+      << "tokenizer = AutoTokenizer.from_pretrained(\"" << summary.out_dir
+      << "\", trust_remote_code=True)\n"
+      << "out = model(**tokenizer([\"Hello world\"], return_tensors=\"pt\"), "
+         "output_hidden_states=True)\n"
+      << "```\n\n"
+      << "(`AutoModelForSequenceClassification`, `...ForTokenClassification` and "
+         "`...ForQuestionAnswering` add xlme-finetune's heads.) In C++: "
+         "`xlme::export_::load_pretrained(\""
+      << summary.out_dir
       << "\")`. The weights are plain safetensors (`safetensors.torch.load_file`); "
          "`config.json` lists every architectural field.\n";
   return out.str();
@@ -307,6 +322,7 @@ ExportSummary export_model(const ExportOptions& options) {
     summary.weight_bytes = fs::file_size(tmp / kExportWeightsFile);
     write_file_atomic((tmp / kExportConfigFile).string(), to_json(exported));
     copy_file_synced(p.tokenizer_path, (tmp / kExportTokenizerFile).string());
+    write_transformers_files(tmp.string(), exported);
     write_file_atomic((tmp / kExportReadmeFile).string(),
                       model_card(p, exported, summary, metrics.string()));
     write_file_atomic((tmp / kExportMarkerFile).string(),

@@ -1,13 +1,18 @@
 #include "xlme/train/init.h"
 
 #include "xlme/common/error.h"
+#include "xlme/export/safetensors.h"
 #include "xlme/train/checkpoint.h"
 
 #include <fmt/ranges.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
+#include <fstream>
+#include <regex>
 
 namespace xlme::train {
 namespace {
@@ -29,12 +34,86 @@ bool in_parts(const std::string& name, const std::string& parts) {
   return under("discriminator.") || under("discriminator_head.") || under("mlm_head.");
 }
 
+// config.json's model_type, or "" where the folder has none (or it is not JSON).
+std::string hf_model_type(const fs::path& folder) {
+  std::ifstream in(folder / "config.json");
+  if (!in) return "";
+  const auto config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return config.is_object() && config.contains("model_type") && config["model_type"].is_string()
+             ? config["model_type"].get<std::string>()
+             : "";
+}
+
 }  // namespace
+
+std::map<std::string, torch::Tensor> xlmr_weights(const std::string& folder) {
+  const fs::path file = fs::path(folder) / "model.safetensors";
+  XLME_CHECK(fs::is_regular_file(file),
+             "--init-from {}: no model.safetensors there; an HF XLM-R folder must hold its weights "
+             "as safetensors (pytorch_model.bin cannot be read here: convert it with the "
+             "safetensors package)",
+             folder);
+  static const std::vector<std::pair<std::regex, std::string>> rules = {
+      {std::regex(R"(^embeddings\.word_embeddings\.weight$)"), "embeddings.token.weight"},
+      {std::regex(R"(^embeddings\.LayerNorm\.(weight|bias)$)"), "discriminator.embedding_norm.$1"},
+      {std::regex(R"(^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.(weight|bias)$)"),
+       "discriminator.layers.$1.attention.$2.$3"},
+      {std::regex(R"(^encoder\.layer\.(\d+)\.attention\.output\.dense\.(weight|bias)$)"),
+       "discriminator.layers.$1.attention.output.$2"},
+      {std::regex(R"(^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.(weight|bias)$)"),
+       "discriminator.layers.$1.attention_norm.$2"},
+      {std::regex(R"(^encoder\.layer\.(\d+)\.intermediate\.dense\.(weight|bias)$)"),
+       "discriminator.layers.$1.ffn.intermediate.$2"},
+      {std::regex(R"(^encoder\.layer\.(\d+)\.output\.dense\.(weight|bias)$)"),
+       "discriminator.layers.$1.ffn.output.$2"},
+      {std::regex(R"(^encoder\.layer\.(\d+)\.output\.LayerNorm\.(weight|bias)$)"),
+       "discriminator.layers.$1.ffn_norm.$2"}};
+  std::map<std::string, torch::Tensor> hf;
+  for (auto& [name, tensor] : export_::read_safetensors(file.string()).tensors) {
+    const bool prefixed = name.rfind("roberta.", 0) == 0;
+    hf[prefixed ? name.substr(8) : name] = tensor;
+  }
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, tensor] : hf) {
+    if (name == "embeddings.position_embeddings.weight" ||
+        name == "embeddings.token_type_embeddings.weight") {
+      continue;
+    }
+    std::string mapped = name;
+    for (const auto& [pattern, replacement] : rules) {
+      if (std::regex_match(name, pattern)) {
+        mapped = std::regex_replace(name, pattern, replacement);
+        break;
+      }
+    }
+    out[mapped] = tensor;
+  }
+  const auto positions = hf.find("embeddings.position_embeddings.weight");
+  if (positions != hf.end()) {
+    XLME_CHECK(positions->second.dim() == 2 && positions->second.size(0) > 2,
+               "--init-from {}: embeddings.position_embeddings.weight has shape {}; expected "
+               "[max_positions + 2, hidden] (XLM-R's positions start at 2)",
+               folder, shape_text(positions->second));
+    auto table = positions->second.narrow(0, 2, positions->second.size(0) - 2).to(torch::kFloat);
+    const auto types = hf.find("embeddings.token_type_embeddings.weight");
+    if (types != hf.end()) table = table + types->second[0].to(torch::kFloat);
+    out["embeddings.position.weight"] = table;
+  }
+  return out;
+}
+
+std::map<std::string, torch::Tensor> init_source_weights(const std::string& folder) {
+  const std::string type = hf_model_type(folder);
+  if (!fs::exists(fs::path(folder) / "model.pt") && (type == "xlm-roberta" || type == "roberta")) {
+    return xlmr_weights(folder);
+  }
+  return checkpoint_weights(folder);
+}
 
 std::map<std::string, torch::Tensor> checkpoint_weights(const std::string& folder) {
   XLME_CHECK(fs::is_directory(folder),
              "--init-from {}: not a folder; give a pre-training checkpoint folder such as "
-             "runs/demo/checkpoints/step_600",
+             "runs/demo/checkpoints/step_600, or an HF XLM-R checkpoint folder",
              folder);
   CheckpointManager::verify(folder);
   auto out = read_module_archive((fs::path(folder) / "model.pt").string());

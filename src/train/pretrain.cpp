@@ -244,7 +244,7 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
   }
   if (resume.empty() && !options.init_from.empty()) {
     // Every rank loads the same weights (the trainer broadcasts rank 0's anyway).
-    const auto report = init_weights(model, checkpoint_weights(options.init_from),
+    const auto report = init_weights(model, init_source_weights(options.init_from),
                                      config.train.init_parts, options.init_from);
     spdlog::info("{}", format_report(report, options.init_from, config.train.init_parts));
   }

@@ -1,6 +1,6 @@
 // --init-from: a fresh run (step 0, new optimizer) that starts from another run's weights. Not
 // resume: nothing but weights is taken. Any loader that yields name -> tensor (a pre-training
-// checkpoint here; export folders later) feeds init_weights.
+// checkpoint, an HF XLM-R checkpoint) feeds init_weights.
 #pragma once
 
 #include "xlme/model/electra.h"
@@ -21,6 +21,20 @@ struct InitReport {
 // Every tensor (parameters and buffers) of a pre-training checkpoint folder's model.pt, by its
 // parameter name (discriminator.layers.0.attention.query.weight). Verifies the checkpoint first.
 std::map<std::string, torch::Tensor> checkpoint_weights(const std::string& folder);
+
+// The weights of a HuggingFace XLM-R (or RoBERTa) checkpoint folder (config.json with model_type
+// xlm-roberta or roberta, model.safetensors; keys with or without the "roberta." prefix) under
+// xlme's names: the shared token table, the discriminator's embedding LayerNorm and layers
+// (query/key/value/output, attention_norm, ffn.intermediate/output, ffn_norm). XLM-R's positions
+// start at padding_idx + 1 = 2 and its single token type is added everywhere, so
+// embeddings.position.weight row i = position_embeddings[i + 2] + token_type_embeddings[0]. What
+// has no counterpart (pooler, LM head) keeps its HF name (reported as unexpected); what XLM-R
+// lacks (relative-bias tables, gates, the generator) stays at its initialization.
+std::map<std::string, torch::Tensor> xlmr_weights(const std::string& folder);
+
+// checkpoint_weights, or xlmr_weights for a folder holding an HF XLM-R checkpoint (config.json
+// with model_type xlm-roberta or roberta, no model.pt): what --init-from reads.
+std::map<std::string, torch::Tensor> init_source_weights(const std::string& folder);
 
 // Copies the tensors of `weights` into `model`'s parameters and buffers of the selected part:
 // "all"; "generator" (embeddings, generator, generator_head); "discriminator" (embeddings,

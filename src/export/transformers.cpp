@@ -1,0 +1,44 @@
+#include "xlme/export/transformers.h"
+
+#include "xlme/common/error.h"
+#include "xlme/common/io.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+namespace xlme::export_ {
+
+void write_transformers_files(const std::string& folder, const ExportedConfig& exported) {
+  const std::filesystem::path dir(folder);
+  const auto config_path = (dir / kExportConfigFile).string();
+  std::ifstream in(config_path);
+  XLME_CHECK(in.good(), "cannot read '{}'", config_path);
+  auto config = nlohmann::ordered_json::parse(
+      std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
+  // AutoConfig / AutoModel*.from_pretrained(folder, trust_remote_code=True) follow auto_map.
+  config["model_type"] = "xlme";
+  config["architectures"] = {"XlmeModel"};
+  config["torch_dtype"] = exported.dtype;
+  config["auto_map"] = {
+      {"AutoConfig", "configuration_xlme.XlmeConfig"},
+      {"AutoModel", "modeling_xlme.XlmeModel"},
+      {"AutoModelForSequenceClassification", "modeling_xlme.XlmeForSequenceClassification"},
+      {"AutoModelForTokenClassification", "modeling_xlme.XlmeForTokenClassification"},
+      {"AutoModelForQuestionAnswering", "modeling_xlme.XlmeForQuestionAnswering"}};
+  write_file_atomic(config_path, config.dump(2) + "\n");
+
+  const nlohmann::ordered_json tokenizer = {
+      {"tokenizer_class", "XlmeTokenizer"},
+      {"auto_map", {{"AutoTokenizer", {"tokenization_xlme.XlmeTokenizer", nullptr}}}},
+      {"vocab_layout", exported.vocab_layout},
+      {"model_max_length", exported.model.max_positions}};
+  write_file_atomic((dir / "tokenizer_config.json").string(), tokenizer.dump(2) + "\n");
+  for (const auto& file : transformers_files()) {
+    write_file_atomic((dir / file.name).string(), file.text);
+  }
+}
+
+}  // namespace xlme::export_
