@@ -1,6 +1,7 @@
 #include "xlme/export/pretrained.h"
 
 #include "xlme/common/error.h"
+#include "xlme/config/yaml_file.h"
 #include "xlme/data/tokenizer.h"
 #include "xlme/export/folder.h"
 #include "xlme/export/safetensors.h"
@@ -136,7 +137,7 @@ std::map<std::string, torch::Tensor> read_checkpoint(const std::string& path,
   p.vocab_layout = run.data.vocab_layout;
   const std::string trainer_file = (fs::path(path) / kCheckpointTrainerFile).string();
   try {
-    const YAML::Node state = YAML::LoadFile(trainer_file);
+    const YAML::Node state = config::load_yaml_file(trainer_file);
     p.step = state["step"].as<int64_t>();
     p.tokens_seen = state["tokens_seen"].as<int64_t>();
   } catch (const YAML::Exception& e) {

@@ -2,6 +2,7 @@
 
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
+#include "xlme/config/yaml_file.h"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -59,7 +60,7 @@ YAML::Node load_manifest(const std::string& path) {
              "checkpoint '{}' has no {}: its save did not finish", path, kManifest);
   YAML::Node manifest;
   try {
-    manifest = YAML::LoadFile(manifest_path);
+    manifest = config::load_yaml_file(manifest_path);  // duplicate keys refused
   } catch (const YAML::Exception& e) {
     XLME_FAIL("checkpoint manifest '{}' is damaged: {}", manifest_path, e.what());
   }

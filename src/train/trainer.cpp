@@ -2,6 +2,7 @@
 
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
+#include "xlme/config/yaml_file.h"
 #include "xlme/train/optimizer.h"
 #include "xlme/train/performance.h"
 #include "xlme/train/precision.h"
@@ -440,7 +441,7 @@ std::vector<std::string> model_differences(const config::Config& config, const s
                                                    "model.generator.sampling_temperature"};
   std::map<std::string, std::string> saved, current;
   try {
-    flatten_yaml(YAML::LoadFile((fs::path(path) / "config.yaml").string()), "", saved);
+    flatten_yaml(config::load_yaml_file((fs::path(path) / "config.yaml").string()), "", saved);
     flatten_yaml(YAML::Load(config::to_yaml(config)), "", current);
   } catch (const YAML::Exception&) {
     return {};
@@ -462,7 +463,7 @@ void Trainer::load_checkpoint(const std::string& path) {
   const std::string state_file = (fs::path(path) / "trainer.yaml").string();
   YAML::Node state;
   try {
-    state = YAML::LoadFile(state_file);
+    state = config::load_yaml_file(state_file);
   } catch (const YAML::Exception& e) {
     XLME_FAIL("checkpoint file '{}' is damaged: {}", state_file, e.what());
   }

@@ -49,6 +49,24 @@ TEST(Checkpoint, SaveWritesAVerifiedFolderWithAManifest) {
   EXPECT_EQ(latest->step, 200);
 }
 
+// A manifest that gives a key twice (yaml-cpp keeps the last) is a damaged manifest: named with
+// both lines by verify, skipped by latest_valid.
+TEST(Checkpoint, ManifestWithADuplicateKeyIsRefusedNamingBothLines) {
+  TempDir dir;
+  const CheckpointManager manager(dir / "ckpt", 10, 0);
+  for (int64_t step : {100, 200}) {
+    manager.save(step, [&](const std::string& f) { write_parts(f, step); });
+  }
+  const std::string manifest = dir / "ckpt/step_00000200/manifest.yaml";
+  write_file(manifest, read_file(manifest) + "step: 999\n");
+  EXPECT_TRUE(contains_all(
+      error_message([&] { CheckpointManager::verify(dir / "ckpt/step_00000200"); }),
+      {manifest, "key 'step' is given twice in the same map"}));
+  const auto latest = manager.latest_valid();
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->step, 100);
+}
+
 TEST(Checkpoint, DamagedCheckpointsAreSkippedWithTheReason) {
   TempDir dir;
   const CheckpointManager manager(dir / "ckpt", 10, 0);
