@@ -22,8 +22,8 @@
 # Environment: XLME_GPU_CHECK_BUDGET_S (default 560: the whole run, under the tool's 600 s),
 # XLME_GPU_DEPS (default .gpudeps), XLME_GPU_BUILD (default .gpubuild), XLME_GPU_DEPS_FROM_SOURCE=1
 # (build the compiled libraries from source even where the prebuilt ones work),
-# XLME_GPU_CHECK_ALLOW_CPU=1 (no GPU: Debian's CPU LibTorch, CPU benchmark shapes; CUDA tests
-# skip; for checking this script itself).
+# XLME_GPU_CHECK_BUILD_S (default 330: the build step's limit), XLME_GPU_CHECK_ALLOW_CPU=1 (no
+# GPU: Debian's CPU LibTorch, CPU benchmark shapes; CUDA tests skip; for checking this script).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -90,7 +90,7 @@ prepare() {
 
 case "${1:-}" in
   --prepare) prepare; exit 0 ;;
-  -h | --help | "") sed -n '2,27p' "$0"; exit 0 ;;
+  -h | --help | "") sed -n '2,26p' "$0"; exit 0 ;;
 esac
 out=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "gpu_check.sh: cannot create $1" >&2; exit 2; }
 
@@ -251,6 +251,7 @@ EOF
           [ "$p" = spdlog ] && extra=(-DSPDLOG_FMT_EXTERNAL=ON -DSPDLOG_BUILD_SHARED=ON
             -DSPDLOG_BUILD_EXAMPLE=OFF -DSPDLOG_BUILD_TESTS=OFF)
           cmake -S "$d" -B "$built/build-$p" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+            -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
             -DCMAKE_INSTALL_PREFIX="$built" -DCMAKE_PREFIX_PATH="$built" -DCMAKE_INSTALL_LIBDIR=lib \
             "${extra[@]}"
           cmake --build "$built/build-$p" -j"$nproc" --target install
@@ -265,7 +266,9 @@ EOF
         src_dir=$(ls -d "$built"/src/sentencepiece*/ | head -1)
         cmake_args=(-DSPM_ENABLE_SHARED=ON) ;;
     esac
+    # CMake 4 refuses projects that ask for less than 3.5 unless told otherwise.
     cmake -S "$src_dir" -B "$built/build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
       -DCMAKE_INSTALL_PREFIX="$built" -DCMAKE_INSTALL_LIBDIR=lib "${cmake_args[@]}"
     cmake --build "$built/build-$name" -j"$nproc" --target install
   done
@@ -288,7 +291,8 @@ pc_exe=$(command -v pkg-config || echo "$R/usr/bin/pkgconf")
 mkdir -p "$work"
 cat >"$work/pkg-config" <<EOF
 #!/bin/sh
-if PKG_CONFIG_LIBDIR="$built/lib/pkgconfig" "$pc_exe" --exists "\$@" 2>/dev/null; then
+if [ -d "$built/lib/pkgconfig" ] &&
+  PKG_CONFIG_LIBDIR="$built/lib/pkgconfig" "$pc_exe" --exists "\$@" >/dev/null 2>&1; then
   exec env PKG_CONFIG_LIBDIR="$built/lib/pkgconfig" "$pc_exe" "\$@"
 fi
 exec env PKG_CONFIG_SYSROOT_DIR="$R" "$pc_exe" "\$@"
@@ -337,7 +341,7 @@ run_step configure 150 "$out/build.log" -- bash -c "$(declare -f configure); bui
   cmake_args=($(printf '%q ' "${cmake_args[@]}")); configure"
 built_ok=0
 if [ -f "$build/build.ninja" ]; then
-  run_step build 330 "$out/build.log" -- \
+  run_step build "${XLME_GPU_CHECK_BUILD_S:-330}" "$out/build.log" -- \
     ninja -C "$build" -j"$nproc" xlme-pretrain xlme-export xlme-data xlme-finetune xlme_integration_tests &&
     built_ok=1
 else
