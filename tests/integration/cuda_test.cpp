@@ -273,9 +273,10 @@ TEST(CudaSampler, FollowsTheSoftmaxUnderBf16Autocast) {
   const auto expected = torch::softmax(expected_logits, 0);
   const double tv = 0.5 * (counts / draws - expected).abs().sum().item<double>();
   // Sampling noise alone: E[TV] <= 0.5 * sum_i sqrt(2 p_i / (pi N)) <= 0.5 * sqrt(64) *
-  // sqrt(2 / (pi * 200000)) = 0.0071 for any p; 0.02 is far beyond it.
+  // sqrt(2 / (pi * 200000)) = 0.0071 for any p. The same draws emulated on the CPU (LibTorch
+  // 1.13): 0.005 from fp32 logits, 0.034 from these bf16 logits with the noise drawn in bf16.
   std::cout << "[ sampler  ] total variation " << tv << " over " << draws << " draws" << std::endl;
-  EXPECT_LE(tv, 0.02) << "the draws are not from the softmax of the logits";
+  EXPECT_LE(tv, 0.015) << "the draws are not from the softmax of the logits";
 }
 
 // --- (d) exact resume of a CUDA run --------------------------------------------------------------
