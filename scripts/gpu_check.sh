@@ -1,0 +1,484 @@
+#!/usr/bin/env bash
+# The one command a session with a lent GPU runs (README, "Checking on a GPU"): builds xlme
+# against the CUDA LibTorch of PyTorch's wheel, runs the CUDA tests and the benchmarks, and writes
+# OUT_DIR/gpu_check.json plus the logs (7 files: the device tool brings back at most 8).
+#
+#   scripts/gpu_check.sh --prepare   here (Debian 12, root, apt): fills .gpudeps/ with what the
+#                                    build needs beyond the wheel, as unpacked Debian packages
+#                                    plus the Debian sources of the compiled libraries
+#   scripts/gpu_check.sh OUT_DIR     on the GPU machine, in the repository root: carry .gpudeps
+#
+# Steps (each time-limited, each failure recorded in the JSON; independent steps still run):
+#   env        nvidia-smi, the wheel's torch (version, CUDA, cmake prefix), nvcc, cmake, compiler
+#   deps       whether the carried prebuilt libraries link and run here (glibc, libstdc++); the
+#              ones that do not are built from the carried Debian sources into the build folder
+#   configure  cmake (once; later calls reuse the build folder .gpubuild/ and only rebuild)
+#   build      ninja -j$(nproc): the binaries and the integration tests
+#   flags      XLME_WITH_CUDA and USE_C10D_NCCL in the build; where gloo/ and fmt/ headers came from
+#   cuda_tests ctest -R '^Cuda' (tests/integration/cuda_test.cpp), one process per test
+#   bench_*    xlme-pretrain --benchmark: base (configs/pretrain/base.yaml, bf16) and small
+#              (configs/pretrain/demo_small_gpu.yaml), each with model.attention=sdpa and =math
+#
+# Environment: XLME_GPU_CHECK_BUDGET_S (default 560: the whole run, under the tool's 600 s),
+# XLME_GPU_DEPS (default .gpudeps), XLME_GPU_BUILD (default .gpubuild), XLME_GPU_DEPS_FROM_SOURCE=1
+# (build the compiled libraries from source even where the prebuilt ones work),
+# XLME_GPU_CHECK_BUILD_S (default 330: the build step's limit), XLME_GPU_CHECK_ALLOW_CPU=1 (no
+# GPU: Debian's CPU LibTorch, CPU benchmark shapes; CUDA tests skip; for checking this script).
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+deps=${XLME_GPU_DEPS:-$root/.gpudeps}
+work=${XLME_GPU_BUILD:-$root/.gpubuild}
+arch=x86_64-linux-gnu
+
+# Debian 12 (bookworm) packages: header-only ones, the compiled ones, and the tools the tests call.
+deb_packages=(
+  libyaml-cpp-dev libyaml-cpp0.7 libfmt-dev libfmt9 libspdlog-dev libspdlog1.10
+  libcli11-dev nlohmann-json3-dev libsentencepiece-dev libsentencepiece0 sentencepiece
+  libgtest-dev googletest libgloo-dev zlib1g-dev zlib1g liblzma-dev liblzma5
+  pkgconf pkgconf-bin libpkgconf3
+)
+# Their sources, built on the device when the prebuilt libraries do not load there.
+# (GoogleTest's sources are the googletest package's /usr/src/googletest.)
+source_packages=(yaml-cpp fmtlib spdlog sentencepiece)
+
+prepare() {
+  [ "$(id -u)" -eq 0 ] || { echo "gpu_check.sh --prepare: needs root (apt-get)" >&2; exit 1; }
+  local tmp
+  tmp=$(mktemp -d /tmp/xlme-gpudeps.XXXXXX)
+  rm -rf "$deps"
+  mkdir -p "$deps/root" "$deps/src"
+  echo "==> downloading ${#deb_packages[@]} Debian packages"
+  (cd "$tmp" && apt-get download "${deb_packages[@]}") >"$tmp/download.log" 2>&1 || {
+    cat "$tmp/download.log" >&2; exit 1; }
+  : >"$deps/MANIFEST"
+  for f in "$tmp"/*.deb; do
+    dpkg -x "$f" "$deps/root"
+    echo "deb $(dpkg-deb -f "$f" Package) $(dpkg-deb -f "$f" Version)" >>"$deps/MANIFEST"
+  done
+  # Sources through a private deb-src list: the system's apt configuration stays untouched.
+  echo "==> downloading the sources of ${source_packages[*]}"
+  mkdir -p "$tmp/lists/partial"
+  echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]" \
+    "http://deb.debian.org/debian bookworm main" >"$tmp/src.list"
+  local apt_src=(-o "Dir::Etc::SourceList=$tmp/src.list" -o "Dir::Etc::SourceParts=/dev/null"
+    -o "Dir::State::Lists=$tmp/lists" -o "Acquire::Check-Valid-Until=false")
+  apt-get "${apt_src[@]}" update >"$tmp/src-update.log" 2>&1 || { cat "$tmp/src-update.log" >&2; exit 1; }
+  (cd "$tmp" && apt-get "${apt_src[@]}" source --download-only "${source_packages[@]}") \
+    >"$tmp/source.log" 2>&1 || { cat "$tmp/source.log" >&2; exit 1; }
+  for p in "${source_packages[@]}"; do
+    local orig
+    orig=$(ls "$tmp"/"${p}"_*.orig.tar.* | head -1)
+    cp "$orig" "$deps/src/"
+    echo "src $p $(basename "$orig")" >>"$deps/MANIFEST"
+  done
+  # Small: no documentation, no static archives the build does not link (GoogleTest's are built
+  # from its sources when they fail), no Gloo libraries (only its headers are used).
+  rm -rf "$deps/root/usr/share/doc" "$deps/root/usr/share/man" "$deps/root/usr/share/lintian" \
+    "$deps/root/usr/share/locale" "$deps/root/usr/share/info"
+  rm -f "$deps/root/usr/lib/$arch"/libgloo* "$deps/root/usr/lib/$arch"/libsentencepiece*.a
+  # What each prebuilt library needs of the C library (the device's must be at least as new).
+  for lib in "$deps/root/usr/lib/$arch"/lib{yaml-cpp,fmt,spdlog,sentencepiece,sentencepiece_train,pkgconf}.so.*; do
+    [ -L "$lib" ] && continue
+    echo "glibc $(basename "$lib") $(objdump -T "$lib" | grep -o 'GLIBC_[0-9.]*' | sort -Vu | tail -1)" \
+      >>"$deps/MANIFEST"
+  done
+  rm -rf "$tmp"
+  echo "==> $deps: $(du -sh "$deps" | cut -f1) ($(find "$deps" -type f | wc -l) files); manifest:"
+  cat "$deps/MANIFEST"
+}
+
+case "${1:-}" in
+  --prepare) prepare; exit 0 ;;
+  -h | --help | "") sed -n '2,26p' "$0"; exit 0 ;;
+esac
+out=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "gpu_check.sh: cannot create $1" >&2; exit 2; }
+
+# --- bookkeeping: one line per step in steps.tsv, turned into JSON at the end ---------------------
+start_all=$(date +%s)
+budget=${XLME_GPU_CHECK_BUDGET_S:-560}
+mkdir -p "$work"
+state="$work/state"
+rm -rf "$state"
+mkdir -p "$state"
+: >"$state/steps.tsv"
+for f in env deps build tests bench; do : >"$out/$f.log"; done
+left() { echo $((budget - ($(date +%s) - start_all))); }
+record() {  # record STEP STATUS SECONDS DETAIL
+  printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$(echo "$4" | tr '\t\n' '  ' | cut -c1-2000)" \
+    >>"$state/steps.tsv"
+  echo "==> $1: $2 (${3} s) $(echo "$4" | head -c 300)"
+}
+# run_step NAME LIMIT_S LOG -- COMMAND...: runs COMMAND under `timeout`, shortened to what is left
+# of the budget (less a reserve for the summary); records ok / failed (rc) / timeout / skipped.
+run_step() {
+  local name=$1 limit=$2 log=$3
+  shift 4
+  local avail=$(($(left) - 15))
+  if [ "$avail" -lt 10 ]; then
+    record "$name" skipped 0 "no time left in the ${budget} s budget"
+    return 1
+  fi
+  [ "$limit" -gt "$avail" ] && limit=$avail
+  echo "=== step $name (limit ${limit} s): $*" >>"$log"
+  local t0 rc
+  t0=$(date +%s)
+  timeout --kill-after=5 "$limit" "$@" >>"$log" 2>&1
+  rc=$?
+  local dt=$(($(date +%s) - t0))
+  if [ "$rc" -eq 0 ]; then
+    record "$name" ok "$dt" ""
+  elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    record "$name" timeout "$dt" "stopped after ${limit} s; last lines: $(tail -5 "$log")"
+  else
+    record "$name" failed "$dt" "exit $rc; last lines: $(grep -iE 'error|fail' "$log" | tail -8)"
+  fi
+  return "$rc"
+}
+
+cpu_mode=${XLME_GPU_CHECK_ALLOW_CPU:-0}
+nproc=$(nproc)
+export CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8}
+
+# --- env ------------------------------------------------------------------------------------------
+env_probe() {
+  echo "--- uname: $(uname -a)"
+  echo "--- glibc: $(getconf GNU_LIBC_VERSION 2>&1)"
+  [ -r /etc/os-release ] && grep PRETTY_NAME /etc/os-release
+  echo "--- nvidia-smi"; nvidia-smi 2>&1 | head -20
+  echo "--- python3 torch"
+  python3 - <<'EOF' 2>&1
+import torch, os
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+print("cmake_prefix_path", torch.utils.cmake_prefix_path)
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))
+inc = os.path.join(os.path.dirname(torch.__file__), "include")
+print("wheel include has gloo/:", os.path.isdir(os.path.join(inc, "gloo")), "fmt/:", os.path.isdir(os.path.join(inc, "fmt")))
+EOF
+  echo "--- nvcc: $(command -v nvcc) $(nvcc --version 2>&1 | tail -2 | tr '\n' ' ')"
+  echo "--- cmake: $(cmake --version | head -1); ninja $(ninja --version); c++: $(c++ --version | head -1)"
+  echo "--- pkg-config: $(command -v pkg-config || echo none)"
+  echo "--- cores: $nproc; memory: $(free -g | awk '/Mem/ {print $2}') GiB"
+}
+run_step env 60 "$out/env.log" -- bash -c "$(declare -f env_probe); nproc=$nproc; env_probe"
+
+torch_prefix=""
+cuda_root=""
+if [ "$cpu_mode" != 1 ]; then
+  torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+  if [ -z "$torch_prefix" ]; then
+    record torch failed 0 "python3 cannot import torch: no LibTorch to build against"
+  fi
+  nvcc_path=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null | head -1)
+  [ -n "$nvcc_path" ] && cuda_root=$(dirname "$(dirname "$(readlink -f "$nvcc_path")")")
+  [ -n "$cuda_root" ] || record cuda_toolkit failed 0 "no nvcc on PATH or in /usr/local/cuda"
+fi
+
+# --- deps: the carried libraries, prebuilt or built here ------------------------------------------
+R="$deps/root"
+L="$R/usr/lib/$arch"
+built="$work/deps-built"  # libraries built from the carried sources, when needed
+# The prebuilt libraries at run time, without zlib/liblzma (the system's own serve at run time).
+runtime="$work/deps-runtime"
+deps_step() {
+  set -e
+  [ -d "$L" ] || { echo "no $L: run scripts/gpu_check.sh --prepare and carry .gpudeps"; exit 1; }
+  rm -rf "$runtime"
+  mkdir -p "$runtime"
+  for lib in "$L"/lib{yaml-cpp,fmt,spdlog,sentencepiece,sentencepiece_train,pkgconf}.so*; do
+    ln -sf "$lib" "$runtime/"
+  done
+  local probe="$work/deps-probe"
+  mkdir -p "$probe"
+  # One program per compiled library: it must link and run against the prebuilt one.
+  cat >"$probe/yaml.cpp" <<'EOF'
+#include <yaml-cpp/yaml.h>
+int main() { return YAML::Load("a: 1")["a"].as<int>() == 1 ? 0 : 1; }
+EOF
+  cat >"$probe/spdlog.cpp" <<'EOF'
+#include <spdlog/spdlog.h>
+#include <fmt/format.h>
+int main() { spdlog::info("{}", fmt::format("{}", 42)); return 0; }
+EOF
+  cat >"$probe/spm.cpp" <<'EOF'
+#include <sentencepiece_processor.h>
+int main() { sentencepiece::SentencePieceProcessor p; return p.status().ok() ? 0 : 0; }
+EOF
+  cat >"$probe/gtest.cpp" <<'EOF'
+#include <gtest/gtest.h>
+TEST(Probe, Runs) { EXPECT_EQ(1, 1); }
+EOF
+  local flags=(-std=c++17 -I"$R/usr/include" -L"$L")
+  local rebuild=()
+  try() {  # try NAME SOURCE LIBS...
+    local name=$1 src=$2
+    shift 2
+    if [ "${XLME_GPU_DEPS_FROM_SOURCE:-0}" != 1 ] &&
+      c++ "${flags[@]}" "$probe/$src" -o "$probe/$name" "$@" -pthread 2>"$probe/$name.err" &&
+      LD_LIBRARY_PATH="$runtime" "$probe/$name" >/dev/null 2>>"$probe/$name.err"; then
+      echo "prebuilt $name: ok"
+    else
+      echo "prebuilt $name: does not link or run here: $(tail -3 "$probe/$name.err" 2>/dev/null)"
+      rebuild+=("$name")
+    fi
+  }
+  try yaml-cpp yaml.cpp -lyaml-cpp
+  try spdlog spdlog.cpp -DSPDLOG_SHARED_LIB -DSPDLOG_COMPILED_LIB -DSPDLOG_FMT_EXTERNAL -lspdlog -lfmt
+  try sentencepiece spm.cpp -lsentencepiece
+  try gtest gtest.cpp "$L/libgtest.a" "$L/libgtest_main.a"
+  LD_LIBRARY_PATH="$runtime" "$R/usr/bin/spm_train" --help >/dev/null 2>&1 &&
+    echo "prebuilt spm_train: ok" || { echo "prebuilt spm_train: does not run"; rebuild+=(sentencepiece); }
+  [ ${#rebuild[@]} -eq 0 ] && { rm -rf "$built"; return 0; }
+  # Build from source into $built (cmake install), which comes first on every search path.
+  local stamp="$built/.done-$(printf '%s-' "${rebuild[@]}")"
+  [ -e "$stamp" ] && { echo "built earlier: ${rebuild[*]}"; return 0; }
+  rm -rf "$built"
+  mkdir -p "$built/src"
+  for name in $(printf '%s\n' "${rebuild[@]}" | sort -u); do
+    local src_dir cmake_args=()
+    case "$name" in
+      gtest)
+        src_dir="$R/usr/src/googletest"
+        cmake_args=(-DBUILD_GMOCK=ON -DINSTALL_GTEST=ON) ;;
+      spdlog)  # spdlog needs fmt: both
+        for p in fmtlib spdlog; do
+          mkdir -p "$built/src/$p"
+          tar -xf "$deps"/src/${p}_*.orig.tar.* -C "$built/src/$p"
+          local d
+          d=$(ls -d "$built/src/$p"/*/ | head -1)
+          local extra=(-DFMT_DOC=OFF -DFMT_TEST=OFF -DBUILD_SHARED_LIBS=ON)
+          [ "$p" = spdlog ] && extra=(-DSPDLOG_FMT_EXTERNAL=ON -DSPDLOG_BUILD_SHARED=ON
+            -DSPDLOG_BUILD_EXAMPLE=OFF -DSPDLOG_BUILD_TESTS=OFF)
+          cmake -S "$d" -B "$built/build-$p" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+            -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+            -DCMAKE_INSTALL_PREFIX="$built" -DCMAKE_PREFIX_PATH="$built" -DCMAKE_INSTALL_LIBDIR=lib \
+            "${extra[@]}"
+          cmake --build "$built/build-$p" -j"$nproc" --target install
+        done
+        continue ;;
+      yaml-cpp)
+        tar -xf "$deps"/src/yaml-cpp_*.orig.tar.* -C "$built/src"
+        src_dir=$(ls -d "$built"/src/yaml-cpp*/ | head -1)
+        cmake_args=(-DYAML_BUILD_SHARED_LIBS=ON -DYAML_CPP_BUILD_TESTS=OFF -DYAML_CPP_BUILD_TOOLS=OFF) ;;
+      sentencepiece)
+        tar -xf "$deps"/src/sentencepiece_*.orig.tar.* -C "$built/src"
+        src_dir=$(ls -d "$built"/src/sentencepiece*/ | head -1)
+        cmake_args=(-DSPM_ENABLE_SHARED=ON) ;;
+    esac
+    # CMake 4 refuses projects that ask for less than 3.5 unless told otherwise.
+    cmake -S "$src_dir" -B "$built/build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+      -DCMAKE_INSTALL_PREFIX="$built" -DCMAKE_INSTALL_LIBDIR=lib "${cmake_args[@]}"
+    cmake --build "$built/build-$name" -j"$nproc" --target install
+  done
+  rm -rf "$built/src" "$built"/build-*
+  touch "$stamp"
+  echo "built from source: ${rebuild[*]}"
+}
+run_step deps 240 "$out/deps.log" -- bash -c "$(declare -f deps_step); deps=$deps R=$R L=$L \
+  work=$work built=$built runtime=$runtime nproc=$nproc deps_step"
+
+# Search paths: libraries built here first, then the carried ones.
+prefixes="$built;$R/usr"
+export PATH="$built/bin:$R/usr/bin:$PATH"
+export LD_LIBRARY_PATH="$built/lib:$runtime${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PKG_CONFIG_PATH="$built/lib/pkgconfig"
+export PKG_CONFIG_LIBDIR="$L/pkgconfig:$R/usr/share/pkgconfig"
+pc_exe=$(command -v pkg-config || echo "$R/usr/bin/pkgconf")
+# Debian's .pc files say prefix=/usr: pkgconf rewrites -I/-L into the folder. A wrapper, so that
+# the libraries built here (real prefix) keep theirs.
+mkdir -p "$work"
+cat >"$work/pkg-config" <<EOF
+#!/bin/sh
+if [ -d "$built/lib/pkgconfig" ] &&
+  PKG_CONFIG_LIBDIR="$built/lib/pkgconfig" "$pc_exe" --exists "\$@" >/dev/null 2>&1; then
+  exec env PKG_CONFIG_LIBDIR="$built/lib/pkgconfig" "$pc_exe" "\$@"
+fi
+exec env PKG_CONFIG_SYSROOT_DIR="$R" "$pc_exe" "\$@"
+EOF
+chmod +x "$work/pkg-config"
+
+# --- configure and build --------------------------------------------------------------------------
+build="$work/build"
+cmake_args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DXLME_BUILD_TESTS=ON
+  "-DCMAKE_PREFIX_PATH=${torch_prefix:+$torch_prefix;}$prefixes"
+  "-DPKG_CONFIG_EXECUTABLE=$work/pkg-config"
+  "-DZLIB_INCLUDE_DIR=$R/usr/include" "-DZLIB_LIBRARY=$L/libz.so"
+  "-DLIBLZMA_INCLUDE_DIR=$R/usr/include" "-DLIBLZMA_LIBRARY=$L/liblzma.so"
+  # Test discovery at test time: a binary that cannot start shows up as a failed test.
+  -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST)
+for pkg in yaml-cpp fmt spdlog CLI11 nlohmann_json GTest; do
+  for dir in "$built/lib/cmake/$pkg" "$L/cmake/$pkg" "$R/usr/share/cmake/$pkg" "$R/usr/lib/cmake/$pkg"; do
+    [ -d "$dir" ] && { cmake_args+=("-D${pkg}_DIR=$dir"); break; }
+  done
+done
+if [ -n "$cuda_root" ]; then
+  cmake_args+=("-DCUDAToolkit_ROOT=$cuda_root" "-DCMAKE_CUDA_COMPILER=$cuda_root/bin/nvcc"
+    -DTORCH_CUDA_ARCH_LIST=9.0)
+fi
+# The wheel's include folder may hold its own fmt/ (LibTorch's): xlme's fmt and spdlog must be the
+# carried ones, which a -I (searched before every -isystem) guarantees.
+fmt_first="$work/fmt-first"
+rm -rf "$fmt_first"
+mkdir -p "$fmt_first"
+for d in fmt spdlog; do
+  if [ -d "$built/include/$d" ]; then ln -s "$built/include/$d" "$fmt_first/$d"
+  else ln -s "$R/usr/include/$d" "$fmt_first/$d"; fi
+done
+cmake_args+=("-DCMAKE_CXX_FLAGS=-I$fmt_first")
+
+configure() {
+  # Reconfigure only when the arguments changed (a warm machine keeps .gpubuild).
+  if [ -f "$build/CMakeCache.txt" ] && [ "$(cat "$build/.gpu_check_args" 2>/dev/null)" = "${cmake_args[*]}" ]; then
+    echo "configured earlier with the same arguments: reused"
+    return 0
+  fi
+  rm -rf "$build"
+  cmake "${cmake_args[@]}" && echo "${cmake_args[*]}" >"$build/.gpu_check_args"
+}
+run_step configure 150 "$out/build.log" -- bash -c "$(declare -f configure); build=$build; \
+  cmake_args=($(printf '%q ' "${cmake_args[@]}")); configure"
+built_ok=0
+if [ -f "$build/build.ninja" ]; then
+  run_step build "${XLME_GPU_CHECK_BUILD_S:-330}" "$out/build.log" -- \
+    ninja -C "$build" -j"$nproc" xlme-pretrain xlme-export xlme-data xlme-finetune xlme_integration_tests &&
+    built_ok=1
+else
+  record build skipped 0 "not configured"
+fi
+
+# --- flags and header origins ---------------------------------------------------------------------
+if [ -f "$build/build.ninja" ]; then
+  flags_json="$state/flags.json"
+  {
+    for flag in XLME_WITH_CUDA USE_C10D_NCCL; do
+      if grep -q -- "-D$flag" "$build/build.ninja"; then echo "$flag=1"; else echo "$flag=0"; fi
+    done
+    echo "GLOO_INCLUDE_DIR=$(grep -m1 '^GLOO_INCLUDE_DIR' "$build/CMakeCache.txt" | cut -d= -f2-)"
+    echo "Torch_DIR=$(grep -m1 '^Torch_DIR' "$build/CMakeCache.txt" | cut -d= -f2-)"
+    # The headers the compiler actually read (ninja's dependency log of the built objects).
+    deps_log=$(ninja -C "$build" -t deps 2>/dev/null)
+    for header in gloo/algorithm.h fmt/core.h spdlog/spdlog.h yaml-cpp/yaml.h zlib.h; do
+      echo "header $header=$(echo "$deps_log" | grep -m1 "/$header\$" | sed 's/^ *//')"
+    done
+  } >"$flags_json"
+  cat "$flags_json" >>"$out/build.log"
+  missing=$(grep -E '^(XLME_WITH_CUDA|USE_C10D_NCCL)=0' "$flags_json" | cut -d= -f1 | tr '\n' ' ')
+  if [ -n "$missing" ] && [ "$cpu_mode" != 1 ]; then
+    record flags failed 0 "not in the build: $missing"
+  else
+    record flags ok 0 "$(tr '\n' ' ' <"$flags_json")"
+  fi
+fi
+
+# --- CUDA tests -----------------------------------------------------------------------------------
+if [ "$built_ok" = 1 ]; then
+  export XLME_REFERENCE_PYTHON=${XLME_REFERENCE_PYTHON:-$(command -v python3)}
+  run_step cuda_tests 240 "$out/tests.log" -- \
+    ctest --test-dir "$build" -R '^Cuda' -V --timeout 150 --output-junit "$out/tests.xml"
+else
+  record cuda_tests skipped 0 "the build failed"
+fi
+
+# --- benchmarks -----------------------------------------------------------------------------------
+bench() {  # bench NAME STEPS CONFIG SETTINGS...
+  local name=$1 steps=$2 config=$3
+  shift 3
+  local args=(--config "$config" --benchmark "$steps" --log-level warn --set "run.out_dir=$work/bench-run")
+  for s in "$@"; do args+=(--set "$s"); done
+  echo "### $name" >>"$out/bench.log"
+  run_step "$name" 90 "$out/bench.log" -- "$build/xlme-pretrain" "${args[@]}"
+}
+if [ "$built_ok" = 1 ]; then
+  if [ "$cpu_mode" = 1 ]; then
+    # CPU stand-ins for checking the script: the benchmark shapes of the CPU reference.
+    base=(configs/pretrain/benchmark/cpu_tiny.yaml model.vocab_size=500 train.precision=bf16)
+    small=(configs/pretrain/benchmark/cpu_small.yaml train.precision=bf16)
+    steps=2
+  else
+    # base.yaml's 1M tokens per task and step would be 64 micro-batches per task on one GPU: 4
+    # are enough for the figures (tokens/s, MFU and the phase split are per micro-batch).
+    base=(configs/pretrain/base.yaml train.precision=bf16 train.tokens_per_task=65536)
+    small=(configs/pretrain/demo_small_gpu.yaml model.vocab_size=8000 train.precision=bf16)
+    steps=10
+  fi
+  for attention in sdpa math; do
+    bench "bench_base_$attention" "$steps" "${base[0]}" "${base[@]:1}" "model.attention=$attention"
+    bench "bench_small_$attention" "$steps" "${small[0]}" "${small[@]:1}" "model.attention=$attention"
+  done
+else
+  record benchmarks skipped 0 "the build failed"
+fi
+
+# --- summary --------------------------------------------------------------------------------------
+python3 - "$state/steps.tsv" "$out" "${flags_json:-}" "$cpu_mode" "$(( $(date +%s) - start_all ))" <<'EOF'
+import json, os, re, sys, xml.etree.ElementTree as ET
+steps_tsv, out, flags_file, cpu_mode, total = sys.argv[1:6]
+steps = {}
+for line in open(steps_tsv):
+    name, status, seconds, detail = (line.rstrip("\n").split("\t") + [""] * 4)[:4]
+    steps[name] = {"status": status, "seconds": int(seconds), "detail": detail}
+summary = {"ok": all(s["status"] == "ok" for s in steps.values()), "cpu_mode": cpu_mode == "1",
+           "total_seconds": int(total), "steps": steps}
+env = open(os.path.join(out, "env.log")).read()
+summary["env"] = {k: v.strip() for k, v in re.findall(r"^(torch|device|glibc|--- nvcc|--- cmake|wheel include has gloo/:)\s*:?\s*(.*)$", env, re.M)}
+if flags_file and os.path.exists(flags_file):
+    flags = {}
+    for line in open(flags_file):
+        key, _, value = line.rstrip("\n").partition("=")
+        flags[key] = value
+    summary["build"] = flags
+# Benchmarks: the JSON line each printed, in the order they ran.
+bench = {}
+name = None
+for line in open(os.path.join(out, "bench.log")):
+    if line.startswith("### "):
+        name = line[4:].strip()
+    elif line.startswith("{") and name:
+        try:
+            bench[name] = json.loads(line)
+        except ValueError:
+            pass
+summary["benchmarks"] = bench
+if "bench_base_sdpa" in bench and "bench_base_math" in bench:
+    summary["sdpa_over_math_tokens_per_s"] = {
+        size: bench[f"bench_{size}_sdpa"]["tokens_per_s"] / bench[f"bench_{size}_math"]["tokens_per_s"]
+        for size in ("base", "small") if f"bench_{size}_sdpa" in bench and f"bench_{size}_math" in bench}
+# CUDA tests: status per test, the skip reasons and the figures the tests print.
+tests = {}
+xml_path = os.path.join(out, "tests.xml")
+if os.path.exists(xml_path):
+    try:
+        for case in ET.parse(xml_path).getroot().iter("testcase"):
+            status = case.get("status") or ("failed" if case.find("failure") is not None else "run")
+            tests[case.get("name")] = {"status": status, "seconds": case.get("time")}
+    except ET.ParseError as e:
+        tests["(tests.xml unreadable)"] = {"status": str(e)}
+log = open(os.path.join(out, "tests.log"), errors="replace").read()
+current = None
+for line in log.splitlines():
+    m = re.search(r"\[ RUN      \] (\S+)", line)
+    if m:
+        current = m.group(1)
+        tests.setdefault(current, {})
+    m = re.search(r"\[ (no CUDA|rel\.err\.|sdpa|sampler|parity)\s*\] (.*)", line)
+    if m and current:
+        tests[current].setdefault("notes", []).append(m.group(2))
+summary["cuda_tests"] = tests
+with open(os.path.join(out, "gpu_check.json"), "w") as f:
+    json.dump(summary, f, indent=1)
+print("==> summary (%s/gpu_check.json): %s in %s s" % (out, "all ok" if summary["ok"] else "FAILURES", total))
+for name, s in steps.items():
+    print("  %-18s %-8s %4d s %s" % (name, s["status"], s["seconds"], s["detail"][:160]))
+for name, b in bench.items():
+    print("  %-18s %8.0f tokens/s  mfu %s  peak %s MiB  %s" % (name, b.get("tokens_per_s", 0), b.get("mfu"),
+          b.get("peak_memory_mib"), {k: round(v, 1) for k, v in b.items() if k.endswith("_ms")}))
+for name, t in tests.items():
+    print("  %-60s %s %s" % (name, t.get("status"), "; ".join(t.get("notes", []))[:200]))
+EOF
+# Bounded logs: the device tool brings back 16 MiB per file.
+for f in "$out"/*.log; do
+  [ "$(stat -c %s "$f")" -gt 8000000 ] && { tail -c 8000000 "$f" >"$f.tail" && mv "$f.tail" "$f"; }
+done
+exit 0

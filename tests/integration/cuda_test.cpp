@@ -1,0 +1,486 @@
+// The CUDA paths on a real GPU: SDPA against the math kernel (fp32 and bf16 autocast, outputs and
+// every gradient, both against a float64 reference), the SDPA backend LibTorch picks for training
+// and for evaluation, the replacement sampler's distribution under bf16 autocast, exact resume of
+// a CUDA run, two Gloo ranks with CUDA tensors on one GPU (NCCL refuses two ranks on one GPU),
+// and export parity from a CUDA-trained checkpoint. Without a CUDA device (CPU LibTorch, or no
+// visible GPU) every test skips and says why. scripts/gpu_check.sh runs them on a lent GPU.
+#include "xlme/common/torch_compat.h"
+#include "xlme/dist/communicator.h"
+#include "xlme/export/pretrained.h"
+#include "xlme/export/safetensors.h"
+#include "xlme/model/attention.h"
+#include "xlme/model/electra.h"
+#include "xlme/model/relative_position.h"
+#include "xlme/train/checkpoint.h"
+#include "xlme/train/precision.h"
+#include "xlme/train/trainer.h"
+
+#include "export_fixtures.h"
+#include "test_util.h"
+#include "train_fixtures.h"
+
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <regex>
+
+namespace xlme {
+namespace {
+
+using xlme::testing::quote;
+using xlme::testing::read_file;
+using xlme::testing::TempDir;
+
+// Empty when CUDA tests can run here, else why not.
+std::string cuda_unavailable_reason() {
+#ifndef XLME_WITH_CUDA
+  return std::string("this build has no CUDA (LibTorch ") + compat::kTorchVersion +
+         " without CUDA libraries: XLME_WITH_CUDA is off)";
+#else
+  if (!torch::cuda::is_available()) {
+    return std::string("LibTorch ") + compat::kTorchVersion +
+           " has CUDA, but torch::cuda::is_available() is false (no visible GPU or driver)";
+  }
+  return "";
+#endif
+}
+
+#define XLME_REQUIRE_CUDA()                                         \
+  do {                                                              \
+    if (const auto why = cuda_unavailable_reason(); !why.empty()) { \
+      std::cout << "[ no CUDA  ] " << why << std::endl;             \
+      GTEST_SKIP() << "no CUDA device: " << why;                    \
+    }                                                               \
+  } while (0)
+
+const torch::Device kCuda(torch::kCUDA, 0);
+
+// The one place that says how a test config runs on the GPU (device selection may change).
+config::Config on_cuda(config::Config c) {
+  c.run.device = "cuda";
+  return c;
+}
+
+// ‖a − b‖ / ‖b‖ in float64 on the CPU.
+double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto x = a.detach().to(torch::kCPU, torch::kDouble);
+  const auto y = b.detach().to(torch::kCPU, torch::kDouble);
+  return (x - y).norm().item<double>() / std::max(y.norm().item<double>(), 1e-300);
+}
+
+// --- (a) SDPA against math -------------------------------------------------------------------
+
+// Inputs of one gated-bias attention: q, k, v [B, H, T, d_k], padding [B, T], the table d
+// [H, buckets] and the gate u, v [H, d_k], w [H]; float64 on the CPU.
+struct CudaAttentionCase {
+  torch::Tensor q, k, v, padding, d, u, gv, w;
+  int64_t length = 0, buckets = 32, max_distance = 128;
+};
+
+CudaAttentionCase make_cuda_attention_case() {
+  torch::manual_seed(17);
+  const auto opts = torch::TensorOptions().dtype(torch::kDouble);
+  const int64_t batch = 3, heads = 4, length = 40, head_dim = 64;
+  CudaAttentionCase c;
+  c.length = length;
+  c.q = torch::randn({batch, heads, length, head_dim}, opts);
+  c.k = torch::randn({batch, heads, length, head_dim}, opts);
+  c.v = torch::randn({batch, heads, length, head_dim}, opts);
+  c.padding = torch::zeros({batch, length}, torch::kBool);
+  c.padding[1].narrow(0, length - 5, 5).fill_(true);
+  c.padding[2].narrow(0, length - 17, 17).fill_(true);
+  c.d = torch::randn({heads, c.buckets}, opts);
+  c.u = torch::randn({heads, head_dim}, opts) * 0.2;
+  c.gv = torch::randn({heads, head_dim}, opts) * 0.2;
+  c.w = torch::randn({heads}, opts);
+  return c;
+}
+
+// The output and the gradients w.r.t. q, k, v, d, u, v_gate, w of sum(out * weights), every
+// input moved to `device`. q, k, v get `activation` dtype (what autocast's projections give);
+// the bias parameters stay in `parameter` dtype, as the model's fp32 parameters do. With
+// `autocast`, the call runs under bf16 autocast on `device`, as the trainer runs it.
+std::vector<torch::Tensor> cuda_attention_forward_backward(
+    const CudaAttentionCase& c, const torch::Tensor& weights, model::AttentionKernel kernel,
+    const torch::Device& device, torch::ScalarType activation, torch::ScalarType parameter,
+    bool autocast) {
+  std::vector<torch::Tensor> leaves;
+  for (const auto& t : {c.q, c.k, c.v}) {
+    leaves.push_back(t.to(device, activation).detach().requires_grad_(true));
+  }
+  for (const auto& t : {c.d, c.u, c.gv, c.w}) {
+    leaves.push_back(t.to(device, parameter).detach().requires_grad_(true));
+  }
+  torch::Tensor out;
+  {
+    train::AutocastScope scope(device, autocast);
+    const auto flat =
+        model::relative_position_buckets(c.length, c.buckets, c.max_distance, device).view(-1);
+    model::PositionBias bias;
+    bias.table = model::toeplitz_bias(leaves[3], flat, c.length);
+    bias.gate_u = leaves[4];
+    bias.gate_v = leaves[5];
+    bias.gate_w = leaves[6];
+    out = model::attention(leaves[0], leaves[1], leaves[2], c.padding.to(device), bias, 0.0, false,
+                           kernel);
+  }
+  // Padded queries still produce rows; only the real ones are compared (and weighed).
+  const auto real = (~c.padding).to(device).view({c.q.size(0), 1, c.q.size(2), 1});
+  (out.to(torch::kDouble) * weights.to(device) * real).sum().backward();
+  std::vector<torch::Tensor> results{(out.to(torch::kDouble) * real).detach()};
+  for (const auto& leaf : leaves) results.push_back(leaf.grad().to(torch::kDouble));
+  return results;
+}
+
+// Both kernels on the GPU against the math kernel in float64 on the CPU, from the same (rounded)
+// inputs: relative error of the output and of each gradient at most `tolerance`.
+void expect_kernels_match_float64(torch::ScalarType activation, bool autocast, double tolerance) {
+  auto c = make_cuda_attention_case();
+  // The reference sees exactly the inputs the GPU sees: q, k, v rounded to `activation`.
+  for (auto* t : {&c.q, &c.k, &c.v}) *t = t->to(activation).to(torch::kDouble);
+  const auto weights = torch::randn_like(c.q);
+  const auto reference =
+      cuda_attention_forward_backward(c, weights, model::AttentionKernel::kMath, torch::kCPU,
+                                      torch::kDouble, torch::kDouble, false);
+  const char* names[] = {"output", "dq", "dk", "dv", "dd", "du", "dv_gate", "dw"};
+  for (const auto kernel : {model::AttentionKernel::kMath, model::AttentionKernel::kSdpa}) {
+    const auto got = cuda_attention_forward_backward(c, weights, kernel, kCuda, activation,
+                                                     torch::kFloat, autocast);
+    const char* kernel_name = kernel == model::AttentionKernel::kMath ? "math" : "sdpa";
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double error = relative_error(got[i], reference[i]);
+      std::cout << "[ rel.err. ] " << kernel_name << " " << c10::toString(activation) << " "
+                << names[i] << ": " << error << std::endl;
+      EXPECT_TRUE(std::isfinite(error) && error <= tolerance)
+          << kernel_name << " " << names[i] << ": relative error " << error << " > " << tolerance;
+    }
+  }
+}
+
+TEST(CudaAttention, SdpaAndMathMatchFloat64InFp32) {
+  XLME_REQUIRE_CUDA();
+  if (!compat::kHasScaledDotProductAttention) GTEST_SKIP() << "no SDPA in this LibTorch";
+  // Exact fp32 matrix products: the trainer turns TF32 on, a test process does not.
+  at::globalContext().setAllowTF32CuBLAS(false);
+  expect_kernels_match_float64(torch::kFloat, /*autocast=*/false, 1e-4);
+}
+
+TEST(CudaAttention, SdpaAndMathMatchFloat64UnderBf16Autocast) {
+  XLME_REQUIRE_CUDA();
+  if (!compat::kHasScaledDotProductAttention) GTEST_SKIP() << "no SDPA in this LibTorch";
+  // bf16 operands: relative errors of 1e-3 to 1e-2 are bf16's rounding.
+  expect_kernels_match_float64(torch::kBFloat16, /*autocast=*/true, 3e-2);
+}
+
+// --- (b) the SDPA backend LibTorch picks ---------------------------------------------------------
+
+#if XLME_TORCH_AT_LEAST(2, 0)
+// at::_fused_sdp_choice's answer as a name (sdp::SDPBackend's order).
+std::string sdp_backend_name(int64_t choice) {
+  switch (choice) {
+    case 0:
+      return "math";
+    case 1:
+      return "flash_attention";
+    case 2:
+      return "efficient_attention";
+    case 3:
+      return "cudnn_attention";
+    case 4:
+      return "overrideable";
+    default:
+      return "error (" + std::to_string(choice) + ")";
+  }
+}
+#endif
+
+TEST(CudaAttention, ReportsTheFusedBackendForTrainingAndEvaluation) {
+  XLME_REQUIRE_CUDA();
+#if XLME_TORCH_AT_LEAST(2, 0)
+  // The base model's attention: 12 heads of 64, sequences of 512 and of 128, bf16 (autocast) with
+  // the bias + padding mask that model::attention passes (a float mask in q's dtype, [B, H, T, T]).
+  for (const int64_t length : {512, 128}) {
+    for (const bool training : {true, false}) {
+      const auto opts = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+      auto q = torch::randn({2, 12, length, 64}, opts).requires_grad_(training);
+      auto k = torch::randn({2, 12, length, 64}, opts).requires_grad_(training);
+      auto v = torch::randn({2, 12, length, 64}, opts).requires_grad_(training);
+      auto mask = torch::randn({2, 12, length, length}, opts).requires_grad_(training);
+      const int64_t choice = at::_fused_sdp_choice(q, k, v, mask, training ? 0.1 : 0.0, false);
+      const std::string name = sdp_backend_name(choice);
+      std::cout << "[ sdpa     ] T=" << length << (training ? " training" : " evaluation") << ": "
+                << name << std::endl;
+      ::testing::Test::RecordProperty(
+          "sdpa_backend_T" + std::to_string(length) + (training ? "_training" : "_evaluation"),
+          name);
+      EXPECT_GE(choice, 0) << "no SDPA backend accepts these inputs";
+      // What was chosen runs, forward and backward, and gives finite values.
+      auto out = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false);
+      EXPECT_TRUE(torch::isfinite(out).all().item<bool>());
+      if (training) {
+        out.to(torch::kFloat).square().sum().backward();
+        for (const auto& t : {q, k, v, mask}) {
+          ASSERT_TRUE(t.grad().defined());
+          EXPECT_TRUE(torch::isfinite(t.grad()).all().item<bool>());
+        }
+      }
+    }
+  }
+#else
+  GTEST_SKIP() << "at::_fused_sdp_choice needs LibTorch >= 2.0; this is " << compat::kTorchVersion;
+#endif
+}
+
+// --- (c) the replacement sampler under bf16 autocast -------------------------------------------
+
+TEST(CudaSampler, FollowsTheSoftmaxUnderBf16Autocast) {
+  XLME_REQUIRE_CUDA();
+  const int64_t vocab = 64, draws = 200000;
+  const auto special = data::SpecialIds::for_vocab(vocab);
+  // Logits as the generator head gives them under autocast: a product in bf16. Spread over
+  // [-4, 4] with neighbours 0.13 apart: bf16 keeps ~3 digits, so rounded Gumbel scores tie often.
+  torch::manual_seed(5);
+  const auto hidden = torch::randn({1, 16}, kCuda);
+  const auto table = torch::randn({16, vocab}, kCuda);
+  torch::Tensor row;
+  {
+    train::AutocastScope scope(kCuda, true);
+    row = torch::matmul(hidden, table);
+  }
+  ASSERT_EQ(row.scalar_type(), torch::kBFloat16) << "autocast did not give bf16 logits";
+  // Replace the values by a known spread, keeping the dtype autocast gave.
+  row = (torch::linspace(-4, 4, vocab, kCuda).view({1, vocab}) +
+         0.05 * torch::randn({1, vocab}, kCuda))
+            .to(row.scalar_type());
+  const auto logits = row.expand({draws, vocab}).contiguous();
+  torch::Tensor sampled;
+  {
+    train::AutocastScope scope(kCuda, true);
+    sampled = model::sample_replacements(logits, 1.0, special);
+  }
+  const auto counts = torch::bincount(sampled.to(torch::kCPU), {}, vocab).to(torch::kDouble);
+  // The expected distribution: softmax of the bf16 logits over the ordinary ids, in float64.
+  auto expected_logits = row.to(torch::kCPU, torch::kDouble).view(-1).clone();
+  for (const int64_t id : {special.bos, special.pad, special.eos, special.unk, special.mask}) {
+    EXPECT_EQ(counts[id].item<double>(), 0) << "special id " << id << " was sampled";
+    expected_logits[id] = -std::numeric_limits<double>::infinity();
+  }
+  const auto expected = torch::softmax(expected_logits, 0);
+  const double tv = 0.5 * (counts / draws - expected).abs().sum().item<double>();
+  // Sampling noise alone: E[TV] <= 0.5 * sum_i sqrt(2 p_i / (pi N)) <= 0.5 * sqrt(64) *
+  // sqrt(2 / (pi * 200000)) = 0.0071 for any p. The same draws emulated on the CPU (LibTorch
+  // 1.13): 0.005 from fp32 logits, 0.034 from these bf16 logits with the noise drawn in bf16.
+  std::cout << "[ sampler  ] total variation " << tv << " over " << draws << " draws" << std::endl;
+  EXPECT_LE(tv, 0.015) << "the draws are not from the softmax of the logits";
+}
+
+// --- (d) exact resume of a CUDA run --------------------------------------------------------------
+
+// Deterministic CUDA kernels for the scope (index_add_ and friends use atomics otherwise, and
+// two uninterrupted runs would differ already). cuBLAS needs its workspace config for that, set
+// before its first handle; scripts/gpu_check.sh exports it as well.
+class DeterministicCuda {
+ public:
+  DeterministicCuda() : was_(at::globalContext().deterministicAlgorithms()) {
+    ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  }
+  ~DeterministicCuda() { at::globalContext().setDeterministicAlgorithms(was_, false); }
+  DeterministicCuda(const DeterministicCuda&) = delete;
+  DeterministicCuda& operator=(const DeterministicCuda&) = delete;
+
+ private:
+  bool was_;
+};
+
+train::SyntheticBatches cuda_test_batches(const config::Config& c) {
+  return train::SyntheticBatches(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15,
+                                 /*seed=*/11);
+}
+
+TEST(CudaTrainer, ResumedRunEqualsTheUninterruptedRun) {
+  XLME_REQUIRE_CUDA();
+  const DeterministicCuda deterministic;
+  // Dropout and replacement sampling draw from the CUDA generator: its state must be in the
+  // checkpoint. bf16 autocast (precision auto on CUDA).
+  const auto c = on_cuda(xlme::testing::tiny_train_config(4, 2, /*dropout=*/0.1));
+  TempDir dir;
+  auto straight_source = cuda_test_batches(c);
+  train::Trainer straight(c, xlme::testing::make_tiny_model(c, 5), straight_source,
+                          xlme::testing::single_process());
+  ASSERT_TRUE(straight.device().is_cuda());
+  EXPECT_TRUE(straight.bf16());
+  for (int i = 0; i < 4; ++i) straight.train_step();
+
+  std::string checkpoint;
+  {
+    auto source = cuda_test_batches(c);
+    train::Trainer first(c, xlme::testing::make_tiny_model(c, 5), source,
+                         xlme::testing::single_process());
+    first.train_step();
+    first.train_step();
+    checkpoint = first.save_checkpoint(train::CheckpointManager(dir / "ckpt", 2, 0));
+    first.train_step();  // work after the checkpoint, lost by the "crash"
+  }
+  torch::manual_seed(999);  // the resumed process starts from other random state (CUDA too)
+  auto source = cuda_test_batches(c);
+  train::Trainer resumed(c, xlme::testing::make_tiny_model(c, 6), source,
+                         xlme::testing::single_process());
+  resumed.load_checkpoint(checkpoint);
+  EXPECT_EQ(resumed.step(), 2);
+  resumed.train_step();
+  resumed.train_step();
+  EXPECT_EQ(resumed.step(), straight.step());
+  EXPECT_EQ(resumed.tokens_seen(), straight.tokens_seen());
+  xlme::testing::expect_same_parameters(resumed.model(), straight.model(), /*atol=*/0);
+}
+
+// --- (e) two Gloo ranks with CUDA tensors on one GPU ---------------------------------------------
+
+constexpr int kCudaDistSteps = 3;
+
+config::Config cuda_two_rank_config(int64_t batch_per_rank) {
+  // As TrainDist's: two micro-batches per step over all ranks, argmax sampling, no dropout; fp32
+  // so that the 2 x 2 and the 4-sequence products agree to rounding.
+  auto c = on_cuda(xlme::testing::tiny_train_config(batch_per_rank, 1, 0.0));
+  c.train.tokens_per_task = 2 * 2 * 2 * 16;
+  c.model.generator.sampling_temperature = 1e-6;
+  c.train.precision = "fp32";
+  c.dist.backend = "gloo";
+  return c;
+}
+
+// Runs inside the spawned ranks only. Both ranks use GPU 0 (LOCAL_RANK unset).
+TEST(CudaDist, DISABLED_Worker) {
+  const auto launch = dist::launch_info_from_env();
+  const auto comm = dist::Communicator::create(launch, "gloo", std::chrono::seconds(60));
+  const auto c = cuda_two_rank_config(2);
+  train::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 2, 16, 0.15, 21,
+                                 comm->rank(), comm->world_size());
+  train::Trainer trainer(c, xlme::testing::make_tiny_model(c, 100 + comm->rank()), source, comm);
+  ASSERT_TRUE(trainer.device().is_cuda());
+  at::globalContext().setAllowTF32CuBLAS(false);  // exact fp32 (the trainer turned TF32 on)
+  for (int i = 0; i < kCudaDistSteps; ++i) trainer.train_step();
+  if (comm->rank() == 0) {
+    trainer.model()->to(torch::kCPU);
+    torch::save(trainer.model(), std::getenv("XLME_TRAIN_RESULT"));
+  }
+}
+
+TEST(CudaDist, TwoGlooRanksOnOneGpuEqualOneProcess) {
+  XLME_REQUIRE_CUDA();
+  TempDir dir;
+  const std::string port = std::to_string(xlme::testing::free_port());
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 2; ++rank) {
+    pids.push_back(xlme::testing::spawn_self("CudaDist.DISABLED_Worker",
+                                             {{"RANK", std::to_string(rank)},
+                                              {"WORLD_SIZE", "2"},
+                                              {"MASTER_ADDR", "127.0.0.1"},
+                                              {"MASTER_PORT", port},
+                                              {"XLME_TRAIN_RESULT", dir / "two_ranks.pt"}}));
+  }
+  for (const pid_t pid : pids) ASSERT_EQ(xlme::testing::wait_exit_code(pid), 0);
+
+  const auto c = cuda_two_rank_config(4);  // one process, both ranks' 2 + 2 sequences
+  train::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 21);
+  train::Trainer single(c, xlme::testing::make_tiny_model(c, 100), source,
+                        xlme::testing::single_process());
+  at::globalContext().setAllowTF32CuBLAS(false);
+  ASSERT_EQ(single.micro_batches_per_task(), 2);
+  for (int i = 0; i < kCudaDistSteps; ++i) single.train_step();
+  single.model()->to(torch::kCPU);
+
+  auto two_ranks = xlme::testing::make_tiny_model(c, 0);
+  torch::load(two_ranks, dir / "two_ranks.pt");
+  xlme::testing::expect_same_parameters(single.model(), two_ranks, 1e-5);
+}
+
+// --- (f) export parity from a CUDA-trained checkpoint -------------------------------------------
+
+// The Python that runs scripts/xlme_reference.py: $XLME_REFERENCE_PYTHON (gpu_check.sh sets the
+// one that imports torch), else python3 on the PATH.
+std::string reference_python() {
+  const char* set = std::getenv("XLME_REFERENCE_PYTHON");
+  return set != nullptr && *set != '\0' ? set : "python3";
+}
+
+std::pair<int, std::string> cuda_test_shell(const std::string& command) {
+  const TempDir scratch;
+  const int status = std::system((command + " >" + quote(scratch / "out") + " 2>&1").c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_file(scratch / "out")};
+}
+
+TEST(CudaExport, ParityFromACudaTrainedCheckpoint) {
+  XLME_REQUIRE_CUDA();
+  const std::string python = reference_python();
+  const auto [import_code, import_out] = cuda_test_shell(python + " -c 'import torch, numpy'");
+  ASSERT_EQ(import_code, 0) << python << " cannot import torch and numpy (set "
+                            << "XLME_REFERENCE_PYTHON to one that can):\n"
+                            << import_out;
+  TempDir dir;
+  const auto tokenizer = xlme::testing::train_tiny_tokenizer(dir / "tok");
+  // Trained on the GPU in bf16 autocast, saved from CUDA tensors.
+  const auto config = on_cuda(xlme::testing::tiny_export_config(tokenizer, {}));
+  auto checkpoint = xlme::testing::make_tiny_checkpoint(config, dir / "run");
+  ASSERT_TRUE(checkpoint.model->parameters().front().is_cuda());
+  const auto run = xlme::testing::run_tool(
+      "xlme-export", {"--checkpoint", checkpoint.path, "--out", dir / "export"});
+  ASSERT_EQ(run.code, 0) << run.err;
+
+  auto p = export_::load_pretrained(dir / "export");
+  torch::manual_seed(11);
+  const int64_t length = 24;
+  auto ids = torch::randint(4, p.special_ids.vocab_size - 1, {3, length}, torch::kLong);
+  auto padding = torch::zeros({3, length}, torch::kBool);
+  const int64_t lengths[] = {length, 15, 7};
+  for (int64_t row = 0; row < 3; ++row) {
+    ids[row][0] = p.special_ids.bos;
+    ids[row][lengths[row] - 1] = p.special_ids.eos;
+    ids[row].narrow(0, lengths[row], length - lengths[row]).fill_(p.special_ids.pad);
+    padding[row].narrow(0, lengths[row], length - lengths[row]).fill_(true);
+  }
+  const auto positions = torch::arange(length).unsqueeze(0).expand({3, length}).contiguous();
+  std::vector<torch::Tensor> states, on_gpu;
+  {
+    torch::NoGradGuard no_grad;
+    states = p.discriminator->discriminator->hidden_states(ids, positions, padding);
+    // The trained model itself, still on the GPU, in fp32: the same function up to rounding.
+    on_gpu = checkpoint.model->discriminator->hidden_states(ids.to(kCuda), positions.to(kCuda),
+                                                            padding.to(kCuda));
+  }
+  const auto real = (~padding).unsqueeze(-1);
+  for (size_t i = 0; i < states.size(); ++i) {
+    const double diff = ((states[i] - on_gpu[i].to(torch::kCPU)) * real).abs().max().item<double>();
+    EXPECT_LE(diff, 1e-4) << "CPU export vs the CUDA model, hidden state " << i;
+  }
+  export_::SafetensorsContent inputs, expected;
+  inputs.tensors = {{"input_ids", ids}, {"positions", positions}, {"padding", padding}};
+  for (size_t i = 0; i < states.size(); ++i) {
+    expected.tensors["hidden." + std::to_string(i)] = states[i];
+  }
+  export_::write_safetensors(dir / "inputs.safetensors", inputs);
+  export_::write_safetensors(dir / "expected.safetensors", expected);
+  const auto [code, out] =
+      cuda_test_shell("cd " + quote(XLME_SOURCE_DIR) + " && " + python +
+                      " scripts/xlme_reference.py --model " + quote(dir / "export") +
+                      " --encoder discriminator --inputs " + quote(dir / "inputs.safetensors") +
+                      " --compare " + quote(dir / "expected.safetensors") + " --tolerance 1e-4");
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(out, match, std::regex(R"(\{"max_abs_diff": .*\})"))) << out;
+  const auto diffs =
+      nlohmann::json::parse(match[0].str())["max_abs_diff"].get<std::vector<double>>();
+  std::cout << "[ parity   ] CUDA-trained: max |diff| per hidden state " << nlohmann::json(diffs)
+            << std::endl;
+  EXPECT_EQ(code, 0) << out;
+  ASSERT_EQ(diffs.size(), states.size());
+  for (size_t i = 0; i < diffs.size(); ++i) EXPECT_LE(diffs[i], 1e-4) << "hidden state " << i;
+}
+
+}  // namespace
+}  // namespace xlme
