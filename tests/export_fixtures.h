@@ -115,7 +115,9 @@ inline TinyCheckpoint make_tiny_checkpoint(const config::Config& c, const std::s
   auto config = c;
   config.train.micro_batch_tokens = 32;
   config.train.tokens_per_task = 32;
-  train::Trainer trainer(config, out.model, source, single_process());
+  const torch::Device device =
+      config.run.device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  train::Trainer trainer(config, out.model, source, single_process(device));
   while (trainer.step() < config.train.steps) trainer.train_step();
   {
     // Its own stream: the perturbation does not depend on what training drew.

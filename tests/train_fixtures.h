@@ -31,9 +31,10 @@ inline model::ElectraModel make_tiny_model(const config::Config& c, uint64_t see
   return model::ElectraModel(c.model, model::architecture_for(c.objectives.set));
 }
 
-inline std::shared_ptr<dist::Communicator> single_process() {
-  return dist::Communicator::create(dist::LaunchInfo{}, torch::kCPU, "gloo",
-                                    std::chrono::seconds(1));
+// One process on `device` (the trainer computes on its communicator's device).
+inline std::shared_ptr<dist::Communicator> single_process(
+    const torch::Device& device = torch::kCPU) {
+  return dist::Communicator::create(dist::LaunchInfo{}, device, "gloo", std::chrono::seconds(1));
 }
 
 // Every parameter equal (atol 0) or close.

@@ -312,7 +312,7 @@ TEST(CudaTrainer, ResumedRunEqualsTheUninterruptedRun) {
   TempDir dir;
   auto straight_source = cuda_test_batches(c);
   train::Trainer straight(c, xlme::testing::make_tiny_model(c, 5), straight_source,
-                          xlme::testing::single_process());
+                          xlme::testing::single_process(kCuda));
   ASSERT_TRUE(straight.device().is_cuda());
   EXPECT_TRUE(straight.bf16());
   for (int i = 0; i < 4; ++i) straight.train_step();
@@ -321,7 +321,7 @@ TEST(CudaTrainer, ResumedRunEqualsTheUninterruptedRun) {
   {
     auto source = cuda_test_batches(c);
     train::Trainer first(c, xlme::testing::make_tiny_model(c, 5), source,
-                         xlme::testing::single_process());
+                         xlme::testing::single_process(kCuda));
     first.train_step();
     first.train_step();
     checkpoint = first.save_checkpoint(train::CheckpointManager(dir / "ckpt", 2, 0));
@@ -330,7 +330,7 @@ TEST(CudaTrainer, ResumedRunEqualsTheUninterruptedRun) {
   torch::manual_seed(999);  // the resumed process starts from other random state (CUDA too)
   auto source = cuda_test_batches(c);
   train::Trainer resumed(c, xlme::testing::make_tiny_model(c, 6), source,
-                         xlme::testing::single_process());
+                         xlme::testing::single_process(kCuda));
   resumed.load_checkpoint(checkpoint);
   EXPECT_EQ(resumed.step(), 2);
   resumed.train_step();
@@ -358,7 +358,8 @@ config::Config cuda_two_rank_config(int64_t batch_per_rank) {
 // Runs inside the spawned ranks only. Both ranks use GPU 0 (LOCAL_RANK unset).
 TEST(CudaDist, DISABLED_Worker) {
   const auto launch = dist::launch_info_from_env();
-  const auto comm = dist::Communicator::create(launch, "gloo", std::chrono::seconds(60));
+  const auto comm = dist::Communicator::create(launch, dist::use_device("cuda", launch), "gloo",
+                                               std::chrono::seconds(60));
   const auto c = cuda_two_rank_config(2);
   train::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 2, 16, 0.15, 21,
                                  comm->rank(), comm->world_size());
@@ -390,7 +391,7 @@ TEST(CudaDist, TwoGlooRanksOnOneGpuEqualOneProcess) {
   const auto c = cuda_two_rank_config(4);  // one process, both ranks' 2 + 2 sequences
   train::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 21);
   train::Trainer single(c, xlme::testing::make_tiny_model(c, 100), source,
-                        xlme::testing::single_process());
+                        xlme::testing::single_process(kCuda));
   at::globalContext().setAllowTF32CuBLAS(false);
   ASSERT_EQ(single.micro_batches_per_task(), 2);
   for (int i = 0; i < kCudaDistSteps; ++i) single.train_step();
