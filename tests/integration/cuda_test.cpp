@@ -119,10 +119,10 @@ std::vector<torch::Tensor> cuda_attention_forward_backward(
   torch::Tensor out;
   {
     train::AutocastScope scope(device, autocast);
-    const auto flat =
-        model::relative_position_buckets(c.length, c.buckets, c.max_distance, device).view(-1);
+    const auto buckets =
+        model::relative_position_buckets(c.length, c.buckets, c.max_distance, device);  // [T, T]
     model::PositionBias bias;
-    bias.table = model::toeplitz_bias(leaves[3], flat, c.length);
+    bias.table = model::toeplitz_bias(leaves[3], buckets);
     bias.gate_u = leaves[4];
     bias.gate_v = leaves[5];
     bias.gate_w = leaves[6];
