@@ -16,6 +16,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 namespace xlme::export_ {
@@ -201,10 +202,14 @@ std::string not_replaceable(const fs::path& out) {
   if (!fs::is_regular_file(out / kExportMarkerFile, ec)) {
     return fmt::format("xlme-export did not write it (no {} marker file)", kExportMarkerFile);
   }
+  std::set<std::string> own = {kExportWeightsFile, kExportConfigFile, kExportTokenizerFile,
+                               kExportReadmeFile, kExportMarkerFile, "tokenizer_config.json",
+                               // Python's byte-code cache of the remote code, once imported
+                               "__pycache__"};
+  for (const auto& file : transformers_files()) own.insert(file.name);
   for (const auto& entry : fs::directory_iterator(out)) {
     const std::string name = entry.path().filename().string();
-    if (name != kExportWeightsFile && name != kExportConfigFile && name != kExportTokenizerFile &&
-        name != kExportReadmeFile && name != kExportMarkerFile) {
+    if (own.count(name) == 0) {
       return fmt::format("it holds '{}', which xlme-export does not write", name);
     }
   }

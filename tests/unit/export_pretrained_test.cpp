@@ -130,8 +130,10 @@ TEST_F(PretrainedWeights, WritesTheExportFolder) {
   const std::string out = exported(dir);
   std::set<std::string> files;
   for (const auto& entry : fs::directory_iterator(out)) files.insert(entry.path().filename());
-  EXPECT_EQ(files,
-            (std::set<std::string>{"README.md", "config.json", "model.safetensors", "spm.model"}));
+  EXPECT_EQ(files, (std::set<std::string>{".xlme-export", "README.md", "config.json",
+                                          "configuration_xlme.py", "model.safetensors",
+                                          "modeling_xlme.py", "spm.model", "tokenization_xlme.py",
+                                          "tokenizer_config.json", "xlme_reference.py"}));
   EXPECT_EQ(read_file(out + "/spm.model"), read_file(*tokenizer_));
   // Nothing else next to it: the temporary folder was renamed.
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), {}), 1);
@@ -204,11 +206,18 @@ TEST_F(PretrainedWeights, RefusesToOverwriteUnlessForced) {
   EXPECT_TRUE(contains_all(error_message([&] { export_model(o); }),
                            {"export folder '" + (dir / "export") +
                             "' exists and is not empty; pass --force to replace it"}));
+  // --force replaces an export folder xlme wrote, never a file it did not write.
   write_file(dir / "export/stale.txt", "old");
   o.force = true;
+  EXPECT_TRUE(contains_all(error_message([&] { export_model(o); }),
+                           {"--force refuses to replace", "it holds 'stale.txt'"}));
+  EXPECT_EQ(read_file(dir / "export/stale.txt"), "old");
+  fs::remove(dir / "export/stale.txt");
+  const auto before = fs::last_write_time(dir / "export/model.safetensors");
   export_model(o);
-  EXPECT_FALSE(fs::exists(dir / "export/stale.txt"));
   EXPECT_TRUE(fs::exists(dir / "export/model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir / "export/.xlme-export"));
+  EXPECT_GE(fs::last_write_time(dir / "export/model.safetensors"), before);
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), {}), 1);
 
   o.checkpoint.clear();
