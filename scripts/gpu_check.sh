@@ -22,8 +22,9 @@
 # Environment: XLME_GPU_CHECK_BUDGET_S (default 560: the whole run, under the tool's 600 s),
 # XLME_GPU_DEPS (default .gpudeps), XLME_GPU_BUILD (default .gpubuild), XLME_GPU_DEPS_FROM_SOURCE=1
 # (build the compiled libraries from source even where the prebuilt ones work),
-# XLME_GPU_CHECK_BUILD_S (default 330: the build step's limit), XLME_GPU_CHECK_ALLOW_CPU=1 (no
-# GPU: Debian's CPU LibTorch, CPU benchmark shapes; CUDA tests skip; for checking this script).
+# XLME_GPU_CHECK_DEPS_S / _BUILD_S (default 240 / 330: those steps' limits),
+# XLME_GPU_CHECK_ALLOW_CPU=1 (no GPU: Debian's CPU LibTorch, CPU benchmark shapes; CUDA tests
+# skip; for checking this script).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -90,7 +91,7 @@ prepare() {
 
 case "${1:-}" in
   --prepare) prepare; exit 0 ;;
-  -h | --help | "") sed -n '2,26p' "$0"; exit 0 ;;
+  -h | --help | "") sed -n '2,27p' "$0"; exit 0 ;;
 esac
 out=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "gpu_check.sh: cannot create $1" >&2; exit 2; }
 
@@ -276,7 +277,7 @@ EOF
   touch "$stamp"
   echo "built from source: ${rebuild[*]}"
 }
-run_step deps 240 "$out/deps.log" -- bash -c "$(declare -f deps_step); deps=$deps R=$R L=$L \
+run_step deps "${XLME_GPU_CHECK_DEPS_S:-240}" "$out/deps.log" -- bash -c "$(declare -f deps_step); deps=$deps R=$R L=$L \
   work=$work built=$built runtime=$runtime nproc=$nproc deps_step"
 
 # Search paths: libraries built here first, then the carried ones.
@@ -309,7 +310,7 @@ cmake_args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DXLME_BU
   # Test discovery at test time: a binary that cannot start shows up as a failed test.
   -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST)
 for pkg in yaml-cpp fmt spdlog CLI11 nlohmann_json GTest; do
-  for dir in "$built/lib/cmake/$pkg" "$L/cmake/$pkg" "$R/usr/share/cmake/$pkg" "$R/usr/lib/cmake/$pkg"; do
+  for dir in "$built/lib/cmake/$pkg" "$built/share/cmake/$pkg" "$L/cmake/$pkg" "$R/usr/share/cmake/$pkg" "$R/usr/lib/cmake/$pkg"; do
     [ -d "$dir" ] && { cmake_args+=("-D${pkg}_DIR=$dir"); break; }
   done
 done
