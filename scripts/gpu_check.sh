@@ -22,8 +22,9 @@
 # Environment: XLME_GPU_CHECK_BUDGET_S (default 560: the whole run, under the tool's 600 s),
 # XLME_GPU_DEPS (default .gpudeps), XLME_GPU_BUILD (default .gpubuild), XLME_GPU_DEPS_FROM_SOURCE=1
 # (build the compiled libraries from source even where the prebuilt ones work),
-# XLME_GPU_CHECK_BUILD_S (default 330: the build step's limit), XLME_GPU_CHECK_ALLOW_CPU=1 (no
-# GPU: Debian's CPU LibTorch, CPU benchmark shapes; CUDA tests skip; for checking this script).
+# XLME_GPU_CHECK_DEPS_S / _BUILD_S (default 240 / 330: those steps' limits),
+# XLME_GPU_CHECK_ALLOW_CPU=1 (no GPU: Debian's CPU LibTorch, CPU benchmark shapes; CUDA tests
+# skip; for checking this script).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -90,7 +91,7 @@ prepare() {
 
 case "${1:-}" in
   --prepare) prepare; exit 0 ;;
-  -h | --help | "") sed -n '2,26p' "$0"; exit 0 ;;
+  -h | --help | "") sed -n '2,27p' "$0"; exit 0 ;;
 esac
 out=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "gpu_check.sh: cannot create $1" >&2; exit 2; }
 
@@ -120,7 +121,7 @@ run_step() {
     return 1
   fi
   [ "$limit" -gt "$avail" ] && limit=$avail
-  echo "=== step $name (limit ${limit} s): $*" >>"$log"
+  echo "=== step $name (limit ${limit} s): $(echo "$*" | head -c 300)" >>"$log"
   local t0 rc
   t0=$(date +%s)
   timeout --kill-after=5 "$limit" "$@" >>"$log" 2>&1
@@ -276,7 +277,7 @@ EOF
   touch "$stamp"
   echo "built from source: ${rebuild[*]}"
 }
-run_step deps 240 "$out/deps.log" -- bash -c "$(declare -f deps_step); deps=$deps R=$R L=$L \
+run_step deps "${XLME_GPU_CHECK_DEPS_S:-240}" "$out/deps.log" -- bash -c "$(declare -f deps_step); deps=$deps R=$R L=$L \
   work=$work built=$built runtime=$runtime nproc=$nproc deps_step"
 
 # Search paths: libraries built here first, then the carried ones.
@@ -309,7 +310,7 @@ cmake_args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DXLME_BU
   # Test discovery at test time: a binary that cannot start shows up as a failed test.
   -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST)
 for pkg in yaml-cpp fmt spdlog CLI11 nlohmann_json GTest; do
-  for dir in "$built/lib/cmake/$pkg" "$L/cmake/$pkg" "$R/usr/share/cmake/$pkg" "$R/usr/lib/cmake/$pkg"; do
+  for dir in "$built/lib/cmake/$pkg" "$built/share/cmake/$pkg" "$L/cmake/$pkg" "$R/usr/share/cmake/$pkg" "$R/usr/lib/cmake/$pkg"; do
     [ -d "$dir" ] && { cmake_args+=("-D${pkg}_DIR=$dir"); break; }
   done
 done
@@ -394,8 +395,8 @@ if [ "$built_ok" = 1 ]; then
   if [ "$cpu_mode" = 1 ]; then
     # CPU stand-ins for checking the script: the benchmark shapes of the CPU reference.
     base=(configs/pretrain/benchmark/cpu_tiny.yaml model.vocab_size=500 train.precision=bf16)
-    small=(configs/pretrain/benchmark/cpu_small.yaml train.precision=bf16)
-    steps=2
+    small=(configs/pretrain/benchmark/cpu_tiny.yaml model.vocab_size=500 model.layers=1)
+    steps=1
   else
     # base.yaml's 1M tokens per task and step would be 64 micro-batches per task on one GPU: 4
     # are enough for the figures (tokens/s, MFU and the phase split are per micro-batch).
@@ -422,7 +423,11 @@ for line in open(steps_tsv):
 summary = {"ok": all(s["status"] == "ok" for s in steps.values()), "cpu_mode": cpu_mode == "1",
            "total_seconds": int(total), "steps": steps}
 env = open(os.path.join(out, "env.log")).read()
-summary["env"] = {k: v.strip() for k, v in re.findall(r"^(torch|device|glibc|--- nvcc|--- cmake|wheel include has gloo/:)\s*:?\s*(.*)$", env, re.M)}
+summary["env"] = {}
+for line in env.splitlines():
+    m = re.match(r"^--- ([\w -]+): (.*)$", line) or re.match(r"^(torch|device|cmake_prefix_path|wheel include has) (.*)$", line)
+    if m:
+        summary["env"][m.group(1)] = m.group(2).strip()
 if flags_file and os.path.exists(flags_file):
     flags = {}
     for line in open(flags_file):
@@ -452,6 +457,7 @@ if os.path.exists(xml_path):
     try:
         for case in ET.parse(xml_path).getroot().iter("testcase"):
             status = case.get("status") or ("failed" if case.find("failure") is not None else "run")
+            status = {"notrun": "skipped"}.get(status, status)
             tests[case.get("name")] = {"status": status, "seconds": case.get("time")}
     except ET.ParseError as e:
         tests["(tests.xml unreadable)"] = {"status": str(e)}
@@ -466,6 +472,10 @@ for line in log.splitlines():
     if m and current:
         tests[current].setdefault("notes", []).append(m.group(2))
 summary["cuda_tests"] = tests
+skipped = [name for name, t in tests.items() if t.get("status") == "skipped"]
+if skipped and cpu_mode != "1":  # on a GPU machine nothing may skip
+    summary["ok"] = False
+    summary["cuda_tests_skipped_on_gpu_machine"] = skipped
 with open(os.path.join(out, "gpu_check.json"), "w") as f:
     json.dump(summary, f, indent=1)
 print("==> summary (%s/gpu_check.json): %s in %s s" % (out, "all ok" if summary["ok"] else "FAILURES", total))
