@@ -1,0 +1,143 @@
+// Inputs made to break xlme, for the hostile-input tests (tests/integration/hostile_*_test.cpp):
+// run a binary on a crafted file, then check that it failed with an exit code (never a signal),
+// that the message names the file and the field, that a sentinel outside the run's folders was
+// neither opened nor changed, and that nothing the user had was lost (fault_fixtures.h's
+// snapshot()/nothing_lost()). A new case is one test function.
+#pragma once
+
+#include "test_util.h"
+
+#include <sys/inotify.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <initializer_list>
+
+namespace xlme::testing {
+
+// How a binary ended: an exit code, or the signal that killed it.
+struct HostileRun {
+  int code = -1;    // exit code; -1 when a signal ended the process
+  int signal = 0;   // the signal, 0 when it exited
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs the built binary `tool` like testing::run_tool, recording a signal instead of hiding it.
+// `env` is prepended through `env` (e.g. "MASTER_ADDR=127.0.0.1"); `limit` is a `ulimit -v` in KiB
+// (0: none), so that an unbounded allocation fails inside the test instead of taking the machine.
+inline HostileRun run_hostile(const std::string& tool, const std::vector<std::string>& args,
+                              const std::string& env = "", int64_t limit_kib = 0) {
+  const TempDir scratch;
+  std::string command = "cd " + quote(XLME_SOURCE_DIR) + " && ";
+  if (limit_kib > 0) command += "ulimit -v " + std::to_string(limit_kib) + " && ";
+  command += "exec env " + env + " " + quote(std::string(XLME_BINARY_DIR) + "/" + tool);
+  for (const auto& a : args) command += " " + quote(a);
+  command += " >" + quote(scratch / "out") + " 2>" + quote(scratch / "err");
+  const int status = std::system(command.c_str());
+  HostileRun r;
+  if (WIFEXITED(status)) {
+    r.code = WEXITSTATUS(status);
+    // The shell reports a child killed by signal N as exit code 128 + N.
+    if (r.code > 128 && r.code < 128 + 32) {
+      r.signal = r.code - 128;
+      r.code = -1;
+    }
+  } else if (WIFSIGNALED(status)) {
+    r.signal = WTERMSIG(status);
+  }
+  r.out = read_file(scratch / "out");
+  r.err = read_file(scratch / "err");
+  return r;
+}
+
+// Whether `run` exited with `code` (no signal) and its stderr names every one of `names` (the file,
+// the key or tensor, the value...).
+inline ::testing::AssertionResult fails_cleanly(const HostileRun& run, int code,
+                                                std::initializer_list<std::string> names) {
+  if (run.signal != 0) {
+    return ::testing::AssertionFailure()
+           << "killed by signal " << run.signal << " (" << strsignal(run.signal) << "); stderr:\n"
+           << run.err;
+  }
+  if (run.code != code) {
+    return ::testing::AssertionFailure()
+           << "exit code " << run.code << ", expected " << code << "; stderr:\n"
+           << run.err;
+  }
+  for (const auto& name : names) {
+    if (run.err.find(name) == std::string::npos) {
+      return ::testing::AssertionFailure() << "stderr does not name '" << name << "':\n" << run.err;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// A file outside every folder a command may touch, watched with inotify from creation on:
+// `untouched()` fails when anything opened, read, wrote, moved or deleted it. Root ignores
+// permissions, so only a watch can tell that a file was not read.
+class Sentinel {
+ public:
+  explicit Sentinel(const std::string& path, const std::string& content = "sentinel: keep out\n")
+      : path_(path), content_(content) {
+    write_file(path_, content_);
+    fd_ = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (fd_ >= 0) {
+      ::inotify_add_watch(fd_, path_.c_str(),
+                          IN_OPEN | IN_ACCESS | IN_MODIFY | IN_ATTRIB | IN_MOVE_SELF |
+                              IN_DELETE_SELF | IN_CLOSE_WRITE);
+    }
+  }
+  ~Sentinel() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Sentinel(const Sentinel&) = delete;
+  Sentinel& operator=(const Sentinel&) = delete;
+
+  const std::string& path() const { return path_; }
+
+  // Success when no event reached the watch and the content is what it was.
+  ::testing::AssertionResult untouched() const {
+    if (fd_ < 0) {
+      return ::testing::AssertionFailure() << "inotify_init1: " << std::strerror(errno);
+    }
+    alignas(inotify_event) char buffer[4096];
+    const ssize_t n = ::read(fd_, buffer, sizeof(buffer));
+    if (n > 0) {
+      const auto* event = reinterpret_cast<const inotify_event*>(buffer);
+      return ::testing::AssertionFailure()
+             << path_ << " was touched (inotify mask 0x" << std::hex << event->mask << ")";
+    }
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) return ::testing::AssertionFailure() << path_ << " is gone";
+    const std::string now((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (now != content_) return ::testing::AssertionFailure() << path_ << " was changed";
+    return ::testing::AssertionSuccess();
+  }
+
+ private:
+  std::string path_;
+  std::string content_;
+  int fd_ = -1;
+};
+
+// JSON nested `depth` levels deep: [[[...]]] (a value that recurses in every naive walker).
+inline std::string nested_json_array(int64_t depth) {
+  return std::string(static_cast<size_t>(depth), '[') +
+         std::string(static_cast<size_t>(depth), ']');
+}
+
+// A safetensors file from its raw parts: the 8-byte little-endian header length, `header` as
+// given (not checked: it may be made to break the reader), then `data`.
+inline void write_raw_safetensors(const std::string& path, const std::string& header,
+                                  const std::string& data) {
+  std::string bytes(8, '\0');
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  write_file(path, bytes + header + data);
+}
+
+}  // namespace xlme::testing
