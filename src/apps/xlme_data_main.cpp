@@ -142,6 +142,7 @@ int bench(const xlme::config::Config& cfg, const BenchArgs& args) {
     xlme::data::write_synthetic_shards(synthetic, 32000, args.synthetic_tokens,
                                        args.synthetic_tokens / 2, options.seed);
     options.shards = synthetic;
+    options.ids = {};  // the synthetic shards' own vocabulary, whatever model.vocab_size says
   }
   std::vector<xlme::data::BatchBenchReport> reports;
   try {

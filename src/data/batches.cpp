@@ -434,6 +434,10 @@ BatchOptions BatchOptions::from_config(const config::Config& cfg, const Tokenize
     o.tokenizer_path = cfg.data.tokenizer;
     o.tokenizer_hash = tokenizer->hash();
     o.ids = tokenizer->special_ids();
+  } else if (cfg.model.vocab_size > 0) {
+    // No tokenizer: the model's vocabulary is the one every shard must have, so that a shard
+    // with more ids is refused by name at the start instead of indexing past the embeddings.
+    o.ids = SpecialIds::for_vocab(cfg.model.vocab_size);
   }
   const auto task = [](const config::TaskDataConfig& d) {
     TaskBatchOptions t;

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -35,11 +36,20 @@ struct Shard::Mapping {
   size_t size = 0;
 
   explicit Mapping(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO in the shard's place opens without waiting for a writer, and is refused
+    // below; regular files ignore the flag.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     XLME_CHECK(fd >= 0, "cannot open shard file '{}': {}; run xlme-data binarize", path,
                std::strerror(errno));
     struct stat st {};
-    ::fstat(fd, &st);
+    const bool stated = ::fstat(fd, &st) == 0;
+    if (!stated || !S_ISREG(st.st_mode)) {
+      const int error = errno;
+      ::close(fd);
+      XLME_CHECK(stated, "cannot read the size of shard file '{}': {}", path, std::strerror(error));
+      XLME_FAIL("shard file '{}' is {}, not a regular file; run xlme-data binarize", path,
+                file_type_name(st.st_mode));
+    }
     size = static_cast<size_t>(st.st_size);
     if (size > 0) {
       void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
@@ -83,7 +93,15 @@ Shard::Shard(const std::string& stem, bool verify_checksums) : stem_(stem) {
              "shard index '{}' is corrupt: a vocabulary of {} ids cannot be stored in {} bytes "
              "per token; re-run xlme-data binarize",
              idx_path, header_.vocab_size, header_.dtype_bytes);
+  XLME_CHECK(std::memchr(header_.name, '\0', sizeof(header_.name)) != nullptr,
+             "shard index '{}' is corrupt: the name at byte {} has no terminating NUL within its "
+             "{} bytes; re-run xlme-data binarize",
+             idx_path, offsetof(ShardHeader, name), sizeof(header_.name));
   const bool mono = kind() == ShardKind::kMono;
+  XLME_CHECK(mono || header_.documents == 0,
+             "shard index '{}' is corrupt: a para shard has no documents, its header counts {} "
+             "(byte {}); re-run xlme-data binarize",
+             idx_path, header_.documents, offsetof(ShardHeader, documents));
   XLME_CHECK(mono ? header_.sequences == header_.segments
                   : header_.segments % 2 == 0 && header_.sequences == header_.segments / 2,
              "shard index '{}' is corrupt: {} sequences and {} segments do not fit a {} shard; "
@@ -146,10 +164,31 @@ Shard::Shard(const std::string& stem, bool verify_checksums) : stem_(stem) {
                "shard '{}' is corrupt: CRC32 {:08x}, its index says {:08x}; re-run xlme-data "
                "binarize",
                bin_path, bin_crc, header_.bin_crc32);
+    // The same full read checks every token against the vocabulary: a shard crafted with valid
+    // checksums but ids past the embedding table is refused here, not at the first batch.
+    const auto vocab = static_cast<int64_t>(header_.vocab_size);
+    for (uint64_t t = 0; t < header_.tokens; ++t) {
+      const int64_t id = token(t);
+      if (id < 0 || id >= vocab) fail_token(t, id);
+    }
   }
 }
 
 Shard::~Shard() = default;
+
+int64_t Shard::token(uint64_t t) const {
+  if (header_.dtype_bytes == 2) return reinterpret_cast<const uint16_t*>(bin_->data)[t];
+  return reinterpret_cast<const int32_t*>(bin_->data)[t];
+}
+
+void Shard::fail_token(uint64_t t, int64_t id) const {
+  // The segment holding token t: the last offset <= t (offsets rise, checked on open).
+  const uint64_t* after = std::upper_bound(offsets_, offsets_ + header_.segments + 1, t);
+  XLME_FAIL(
+      "shard '{}.bin' is corrupt: token {} (byte {}, segment {}) is {}, outside the vocabulary "
+      "of {} ids; re-run xlme-data binarize (xlme-data inspect checks every shard)",
+      stem_, t, t * header_.dtype_bytes, after - offsets_ - 1, id, header_.vocab_size);
+}
 
 void Shard::append_segment(int64_t i, std::vector<int32_t>& out) const {
   const uint64_t begin = offsets_[i], end = offsets_[i + 1];
@@ -163,13 +202,7 @@ void Shard::append_segment(int64_t i, std::vector<int32_t>& out) const {
   }
   const auto vocab = static_cast<int64_t>(header_.vocab_size);
   for (size_t k = first; k < out.size(); ++k) {
-    if (out[k] >= 0 && out[k] < vocab) continue;
-    const uint64_t token = begin + (k - first);
-    XLME_FAIL(
-        "shard '{}.bin' is corrupt: token {} (byte {}, segment {}) is {}, outside the "
-        "vocabulary of {} ids; re-run xlme-data binarize (xlme-data inspect checks every "
-        "shard)",
-        stem_, token, token * header_.dtype_bytes, i, out[k], vocab);
+    if (out[k] < 0 || out[k] >= vocab) fail_token(begin + (k - first), out[k]);
   }
 }
 

@@ -6,6 +6,8 @@
 #include <functional>
 #include <string>
 
+#include <sys/types.h>
+
 namespace xlme {
 
 // Receives the bytes of a file being written, in order; returns how many it took (all of them).
@@ -50,5 +52,10 @@ class FileLock {
 
 // The host name (for messages that say where a process runs).
 std::string host_name();
+
+// What a stat() `mode` is, for messages such as "'x' is a FIFO (named pipe), not a regular file":
+// "a regular file", "a folder", "a FIFO (named pipe)", "a character device", "a block device",
+// "a socket", "a symbolic link" or "a file of an unknown type".
+const char* file_type_name(mode_t mode);
 
 }  // namespace xlme

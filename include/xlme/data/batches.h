@@ -70,7 +70,8 @@ struct BatchOptions {
   int64_t rank = 0, ranks = 1;
 
   // The options of `cfg` for rank `rank` of `ranks`; tasks the objective set does not train are
-  // disabled. `tokenizer` (may be null) gives the special ids and the hash the shards must carry.
+  // disabled. `tokenizer` (may be null) gives the special ids and the hash the shards must carry;
+  // without one, a model.vocab_size above 0 is the vocabulary every shard must have.
   static BatchOptions from_config(const config::Config& cfg, const Tokenizer* tokenizer,
                                   int64_t rank, int64_t ranks);
 };

@@ -48,9 +48,11 @@ static_assert(sizeof(ShardHeader) == 256, "the shard header is 256 bytes on disk
 // A read-only, memory-mapped shard.
 class Shard {
  public:
-  // Maps <stem>.bin and <stem>.idx and checks the header and sizes (cheap); with
-  // `verify_checksums`, also the CRC32 of both payloads (reads every byte). Throws xlme::Error
-  // naming the file and what to do (re-run xlme-data binarize) on any mismatch.
+  // Maps <stem>.bin and <stem>.idx and checks the header, the sizes its counts imply (without
+  // overflow) and that the offsets and document starts rise within the files (one pass over the
+  // index); with `verify_checksums`, also the CRC32 of both payloads and that every token id is
+  // below the vocabulary (reads every byte). Throws xlme::Error naming the file, the field or
+  // byte, and what to do (re-run xlme-data binarize) on any mismatch.
   explicit Shard(const std::string& stem, bool verify_checksums = false);
   ~Shard();
   Shard(const Shard&) = delete;
@@ -72,6 +74,10 @@ class Shard {
   void check_tokenizer(uint64_t hash, const std::string& tokenizer_path) const;
 
  private:
+  int64_t token(uint64_t t) const;  // token t of the .bin, widened
+  // Throws xlme::Error naming the shard, token t, its byte and segment, and the id `id`.
+  [[noreturn]] void fail_token(uint64_t t, int64_t id) const;
+
   struct Mapping;
   std::string stem_;
   ShardHeader header_;
