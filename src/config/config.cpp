@@ -26,7 +26,7 @@ YAML::Node parse_file(const std::string& path) {
              "config file '{}' is a folder, not a YAML file; pass a file to --config, e.g. "
              "configs/pretrain/demo.yaml",
              path);
-  XLME_CHECK(fs::is_regular_file(path),
+  XLME_CHECK(fs::exists(path),
              "config file '{}' not found (working directory: {}); pass an existing YAML file to "
              "--config, e.g. configs/pretrain/demo.yaml",
              path, fs::current_path().string());
@@ -63,9 +63,8 @@ void apply_file(const std::string& path, Config& config, Origins& origins,
       for (const auto& file : files) {
         const fs::path resolved =
             fs::path(file).is_absolute() ? fs::path(file) : fs::path(path).parent_path() / file;
-        XLME_CHECK(fs::is_regular_file(resolved),
-                   "{}: included file '{}' not found (looked for {})", source.where(includes), file,
-                   resolved.string());
+        XLME_CHECK(fs::exists(resolved), "{}: included file '{}' not found (looked for {})",
+                   source.where(includes), file, resolved.string());
         apply_file(resolved.lexically_normal().string(), config, origins, chain);
       }
       chain.pop_back();

@@ -1,20 +1,26 @@
 #include "yaml_io.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/io.h"
 #include "xlme/common/json.h"
 #include "xlme/config/yaml_file.h"
 
 #include <yaml-cpp/eventhandler.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
+#include <cstring>
 #include <sstream>
 
 namespace xlme::config {
@@ -395,13 +401,13 @@ class DuplicateKeyCheck : public YAML::EventHandler {
   void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
                        YAML::EmitterStyle::value) override {
     node(mark, nullptr);
-    frames_.push_back({false, true, {}});
+    enter(mark, false);
   }
   void OnSequenceEnd() override { frames_.pop_back(); }
   void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
                   YAML::EmitterStyle::value) override {
     node(mark, nullptr);
-    frames_.push_back({true, true, {}});
+    enter(mark, true);
   }
   void OnMapEnd() override { frames_.pop_back(); }
 
@@ -411,6 +417,16 @@ class DuplicateKeyCheck : public YAML::EventHandler {
     bool expect_key;                      // maps: the next node is a key
     std::map<std::string, int64_t> keys;  // maps: key -> its line (1-based)
   };
+
+  // A list or map starts at `mark`: one level deeper, refused past kMaxYamlDepth. The parser
+  // recurses once per level, so the check comes before the recursion goes far.
+  void enter(const YAML::Mark& mark, bool is_map) {
+    XLME_CHECK(frames_.size() < static_cast<size_t>(kMaxYamlDepth),
+               "{}:{}: nested too deeply: more than {} levels of lists and maps (xlme's YAML "
+               "files use fewer than 10); this is not an xlme config, manifest or trainer state",
+               name_, mark.line + 1, kMaxYamlDepth);
+    frames_.push_back({is_map, true, {}});
+  }
 
   // A node starts at `mark`; `scalar` is its value when it is a scalar.
   void node(const YAML::Mark& mark, const std::string* scalar) {
@@ -434,6 +450,11 @@ class DuplicateKeyCheck : public YAML::EventHandler {
 }  // namespace
 
 YAML::Node load_yaml_text(const std::string& text, const std::string& name) {
+  XLME_CHECK(text.size() <= static_cast<size_t>(kMaxYamlBytes),
+             "{} holds {} bytes of YAML, over the limit of {} MiB: xlme's configs, manifests and "
+             "trainer states are a few KiB, and parsing this much would take minutes; pass the "
+             "right file",
+             name, text.size(), kMaxYamlBytes >> 20);
   try {
     std::istringstream in(text);
     YAML::Parser parser(in);
@@ -447,13 +468,36 @@ YAML::Node load_yaml_text(const std::string& text, const std::string& name) {
 }
 
 YAML::Node load_yaml_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  XLME_CHECK(in.good(), "YAML file '{}' cannot be read; check that it exists and its permissions",
-             path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  XLME_CHECK(!in.bad(), "YAML file '{}' cannot be read", path);
-  return load_yaml_text(text.str(), path);
+  // stat() first: a FIFO, a device or a folder is named for what it is and never opened (a FIFO
+  // would block the open, /dev/zero would be read without end).
+  struct stat st {};
+  XLME_CHECK(::stat(path.c_str(), &st) == 0,
+             "YAML file '{}' cannot be read: {}; check that it exists and its permissions", path,
+             std::strerror(errno));
+  XLME_CHECK(S_ISREG(st.st_mode), "YAML file '{}' is {}, not a regular file; pass a YAML file",
+             path, file_type_name(st.st_mode));
+  XLME_CHECK(st.st_size <= kMaxYamlBytes,
+             "YAML file '{}' is {} bytes, over the limit of {} MiB: xlme's configs, manifests and "
+             "trainer states are a few KiB, and parsing this much would take minutes; pass the "
+             "right file",
+             path, st.st_size, kMaxYamlBytes >> 20);
+  // O_NONBLOCK in case the file was swapped for a FIFO since the stat; reading stops past the
+  // limit, whatever the file grew to since (load_yaml_text refuses it then).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  XLME_CHECK(fd >= 0, "YAML file '{}' cannot be read: {}", path, std::strerror(errno));
+  std::string text;
+  char chunk[65536];
+  ssize_t n = 0;
+  while (text.size() <= static_cast<size_t>(kMaxYamlBytes) &&
+         (n = ::read(fd, chunk, sizeof(chunk))) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    text.append(chunk, static_cast<size_t>(n));
+  }
+  const int error = n < 0 ? errno : 0;
+  ::close(fd);
+  XLME_CHECK(error == 0, "YAML file '{}' cannot be read: {}", path, std::strerror(error));
+  return load_yaml_text(text, path);
 }
 
 }  // namespace xlme::config

@@ -6,6 +6,7 @@
 #include "config/yaml_io.h"
 #include "test_util.h"
 
+#include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
 #include <filesystem>
@@ -384,6 +385,64 @@ TEST(ShippedConfigs, DemoIsTinyEnoughForTheCpu) {
   EXPECT_LE(c.model.layers, 4);
   EXPECT_EQ(c.objectives.set, "xlme");
   EXPECT_LE(c.train.steps * c.train.tokens_per_task * 2, 20'000'000);
+}
+
+// Hostile YAML (issue 19): nesting past kMaxYamlDepth is named with the file and line before the
+// parser recurses far (yaml-cpp's own guard said "malformed YAML: bad file" at depth 2000).
+TEST_F(ConfigErrors, DeepNestingIsNamedWithFileAndLine) {
+  const int64_t deep = 100000;
+  EXPECT_TRUE(contains_all(
+      load_error("model:\n  layers: " + std::string(deep, '[') + std::string(deep, ']') + "\n"),
+      {path() + ":2: nested too deeply: more than 64 levels of lists and maps"}));
+  // Block style: one map per line, the 65th level on line 65.
+  std::string block;
+  for (int level = 0; level < 70; ++level) block += std::string(level, ' ') + "k:\n";
+  EXPECT_TRUE(contains_all(load_error(block), {path() + ":65: nested too deeply"}));
+  // 64 levels are read (and refused by the schema, not by the depth).
+  EXPECT_TRUE(contains_all(load_error("run: " + std::string(63, '[') + std::string(63, ']')),
+                           {"run: expected a map of keys, got a list"}));
+  // Manifests and trainer states read through the same function.
+  write_file(dir_ / "manifest.yaml", "files: " + std::string(deep, '['));
+  EXPECT_TRUE(contains_all(error_message([&] { load_yaml_file(dir_ / "manifest.yaml"); }),
+                           {dir_ / "manifest.yaml:1: nested too deeply"}));
+}
+
+// A device, a FIFO or a folder given as a config (or included, or read as a manifest) is named for
+// what it is, without opening it: a FIFO would block the open, /dev/zero never ends.
+TEST_F(ConfigErrors, NotARegularFileSaysWhatItIs) {
+  EXPECT_TRUE(contains_all(error_message([] { load_config("/dev/zero"); }),
+                           {"YAML file '/dev/zero' is a character device, not a regular file"}));
+  const std::string fifo = dir_ / "fifo.yaml";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_TRUE(
+      contains_all(error_message([&] { load_config(fifo); }),
+                   {"YAML file '" + fifo + "' is a FIFO (named pipe), not a regular file"}));
+  EXPECT_TRUE(contains_all(error_message([&] { load_yaml_file(fifo); }),
+                           {"YAML file '" + fifo + "' is a FIFO (named pipe)"}));
+  write_file(dir_ / "top.yaml", "include: [/dev/zero]\n");
+  EXPECT_TRUE(contains_all(error_message([&] { load_config(dir_ / "top.yaml"); }),
+                           {"'/dev/zero' is a character device, not a regular file"}));
+  EXPECT_TRUE(contains_all(error_message([&] { load_config(dir_.path().string()); }),
+                           {"config file '" + dir_.path().string() + "' is a folder"}));
+  EXPECT_TRUE(contains_all(error_message([&] { load_config(dir_ / "nope.yaml"); }),
+                           {"config file '" + (dir_ / "nope.yaml") + "' not found"}));
+}
+
+// A YAML file above kMaxYamlBytes is refused from its size, unread (a sparse 17 MiB file here);
+// text from elsewhere is refused by its length.
+TEST_F(ConfigErrors, OversizedYamlIsRefusedUnread) {
+  write_file(path(), "model:\n  layers: 2\n");
+  std::filesystem::resize_file(path(), (17 << 20));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { load_config(path()); }),
+                   {"YAML file '" + path() + "' is 17825792 bytes, over the limit of 16 MiB",
+                    "parsing this much would take minutes"}));
+  write_file(dir_ / "top.yaml", "include: bad.yaml\n");
+  EXPECT_TRUE(contains_all(error_message([&] { load_config(dir_ / "top.yaml"); }),
+                           {"YAML file '" + path() + "' is 17825792 bytes"}));
+  EXPECT_TRUE(contains_all(
+      error_message([] { load_yaml_text(std::string((16 << 20) + 1, '#'), "big.yaml"); }),
+      {"big.yaml holds 16777217 bytes of YAML, over the limit of 16 MiB"}));
 }
 
 }  // namespace
