@@ -10,14 +10,21 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 #include <ATen/ATen.h>
+#include <arpa/inet.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <torch/cuda.h>
 #include <unistd.h>
 
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
+#include <cstring>
+#include <optional>
 #include <string_view>
 #include <thread>
 #include <type_traits>
@@ -50,6 +57,37 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master
   }
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
+
+// The address rank 0's store must listen on, while this thread creates the store; null elsewhere
+// (read by the bind() below).
+thread_local const sockaddr_storage* t_store_listen_address = nullptr;
+
+// MASTER_ADDR as a socket address when it is a numeric IPv4 or IPv6 address or "localhost"
+// (127.0.0.1); nothing for a host name, which may resolve here to another address (Debian maps
+// the host's own name to 127.0.1.1) than on the other hosts.
+std::optional<sockaddr_storage> store_listen_address(const std::string& master_addr) {
+  sockaddr_storage address{};
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&address);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&address);
+  const std::string host = master_addr == "localhost" ? "127.0.0.1" : master_addr;
+  if (::inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+  } else if (::inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+  } else {
+    return std::nullopt;
+  }
+  return address;
+}
+
+// While in scope, the store this thread creates listens on `address` only (see bind() below).
+class StoreListenScope {
+ public:
+  explicit StoreListenScope(const sockaddr_storage* address) { t_store_listen_address = address; }
+  ~StoreListenScope() { t_store_listen_address = nullptr; }
+  StoreListenScope(const StoreListenScope&) = delete;
+  StoreListenScope& operator=(const StoreListenScope&) = delete;
+};
 
 // TCPStoreOptions::useLibUV exists from LibTorch 2.2 and defaults to true from 2.4, but a LibTorch
 // built without libuv (Debian's 2.x packages) refuses it. Detected by member, not by version.
@@ -137,7 +175,19 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
   options.numWorkers = world;
   options.waitWorkers = false;
   options.timeout = timeout;
+  // c10d's store listens on every interface; rank 0's listens on MASTER_ADDR alone when it is an
+  // address, so that a job on 127.0.0.1 stays on loopback (the store has no authentication).
+  const std::optional<sockaddr_storage> listen_at =
+      rank == 0 ? store_listen_address(launch.master_addr) : std::nullopt;
+  if (rank == 0 && !listen_at) {
+    spdlog::info(
+        "MASTER_ADDR {} is a host name: the rendezvous store listens on every interface of this "
+        "host; set MASTER_ADDR to this host's address on the job's private network to listen "
+        "there only",
+        launch.master_addr);
+  }
   try {
+    const StoreListenScope scope(listen_at ? &*listen_at : nullptr);
     group.store = make_store(launch.master_addr, options);
   } catch (const std::exception& e) {
     const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
@@ -392,3 +442,46 @@ void all_reduce_gradients(Communicator& comm, const std::vector<torch::Tensor>& 
 }
 
 }  // namespace xlme::dist
+
+// c10d's TCPStore server (LibTorch 1.13: Socket::listen(port); 2.x: the same, or libuv) binds its
+// socket to the wildcard address "::" or "0.0.0.0" whatever host it is given, and LibTorch 1.13
+// offers no option to bind elsewhere or to hand over a bound socket (2.2's masterListenFd). So
+// this process's bind() rewrites a wildcard bind, on the thread creating rank 0's store and only
+// while it does (t_store_listen_address), to MASTER_ADDR with the port asked for: an IPv6 socket
+// takes MASTER_ADDR's IPv4-mapped form (c10d turns IPV6_V6ONLY off), an IPv4 socket cannot take an
+// IPv6 address and fails, as if IPv4 were missing. Every other bind() goes to the C library
+// unchanged. The executable's definition takes precedence over libc's for LibTorch's calls.
+extern "C" int bind(int fd, const sockaddr* address, socklen_t length) noexcept {
+  using Bind = int (*)(int, const sockaddr*, socklen_t);
+  static const auto libc_bind = reinterpret_cast<Bind>(::dlsym(RTLD_NEXT, "bind"));
+  const sockaddr_storage* target = xlme::dist::t_store_listen_address;
+  if (target == nullptr || address == nullptr) return libc_bind(fd, address, length);
+  if (address->sa_family == AF_INET) {
+    const auto* asked = reinterpret_cast<const sockaddr_in*>(address);
+    if (asked->sin_addr.s_addr != htonl(INADDR_ANY)) return libc_bind(fd, address, length);
+    if (target->ss_family != AF_INET) {
+      errno = EAFNOSUPPORT;
+      return -1;
+    }
+    sockaddr_in specific = *reinterpret_cast<const sockaddr_in*>(target);
+    specific.sin_port = asked->sin_port;
+    return libc_bind(fd, reinterpret_cast<const sockaddr*>(&specific), sizeof(specific));
+  }
+  if (address->sa_family == AF_INET6) {
+    const auto* asked = reinterpret_cast<const sockaddr_in6*>(address);
+    if (!IN6_IS_ADDR_UNSPECIFIED(&asked->sin6_addr)) return libc_bind(fd, address, length);
+    sockaddr_in6 specific{};
+    specific.sin6_family = AF_INET6;
+    specific.sin6_port = asked->sin6_port;
+    if (target->ss_family == AF_INET6) {
+      specific.sin6_addr = reinterpret_cast<const sockaddr_in6*>(target)->sin6_addr;
+    } else {  // ::ffff:a.b.c.d
+      specific.sin6_addr.s6_addr[10] = 0xff;
+      specific.sin6_addr.s6_addr[11] = 0xff;
+      std::memcpy(&specific.sin6_addr.s6_addr[12],
+                  &reinterpret_cast<const sockaddr_in*>(target)->sin_addr, 4);
+    }
+    return libc_bind(fd, reinterpret_cast<const sockaddr*>(&specific), sizeof(specific));
+  }
+  return libc_bind(fd, address, length);
+}

@@ -1,10 +1,17 @@
-// Launcher environments: torchrun, SLURM (with its compressed node lists), none, and the errors.
+// Launcher environments: torchrun, SLURM (with its compressed node lists), none, and the errors;
+// the address the rendezvous store listens on.
+#include "xlme/dist/communicator.h"
 #include "xlme/dist/launch.h"
 
 #include "test_util.h"
 
+#include <arpa/inet.h>
+
 #include <cstdlib>
+#include <fstream>
 #include <map>
+#include <sstream>
+#include <thread>
 
 namespace xlme::dist {
 namespace {
@@ -138,6 +145,65 @@ TEST(ResolveDevice, ErrorsSayWhatDoesNotFit) {
                            {"run.device is cuda but this process sees no CUDA device"}));
   EXPECT_TRUE(contains_all(error_message([&] { resolve_device("gpu", launch, 1); }),
                            {"run.device must be auto, cpu or cuda, not 'gpu'"}));
+}
+
+// The local addresses of the TCP sockets listening on `port`, from the kernel's tables
+// (/proc/net/tcp and tcp6 print each 32-bit word of the address in host byte order).
+std::vector<std::string> listening_addresses(int port) {
+  std::vector<std::string> found;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the column names
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const auto colon = local.rfind(':');
+      if (state != "0A" || std::stoi(local.substr(colon + 1), nullptr, 16) != port) continue;
+      const std::string hex = local.substr(0, colon);  // 8 or 32 hex digits
+      uint32_t words[4] = {};
+      for (size_t w = 0; w < hex.size() / 8; ++w) {
+        words[w] = static_cast<uint32_t>(std::stoul(hex.substr(8 * w, 8), nullptr, 16));
+      }
+      char text[INET6_ADDRSTRLEN] = {};
+      ::inet_ntop(hex.size() == 8 ? AF_INET : AF_INET6, words, text, sizeof(text));
+      found.emplace_back(text);
+    }
+  }
+  return found;
+}
+
+// Two real ranks (threads of this process) rendezvous on 127.0.0.1 through c10d's TCP store and
+// a Gloo group: rank 0's store listens on loopback alone, not on every interface ("::" or
+// "0.0.0.0", what c10d binds by itself), while it serves them.
+TEST(DistStore, ListensOnTheMasterAddressOnly) {
+  LaunchInfo launch;
+  launch.launcher = "torchrun";
+  launch.world_size = 2;
+  launch.master_addr = "127.0.0.1";
+  launch.master_port = xlme::testing::free_port();
+  std::shared_ptr<Communicator> ranks[2];
+  std::string errors[2];
+  auto join = [&](int rank) {
+    LaunchInfo mine = launch;
+    mine.rank = rank;
+    try {
+      ranks[rank] = Communicator::create(mine, torch::kCPU, "gloo", std::chrono::seconds(30));
+    } catch (const std::exception& e) {
+      errors[rank] = e.what();
+    }
+  };
+  std::thread one(join, 1);
+  join(0);
+  one.join();
+  ASSERT_TRUE(ranks[0] && ranks[1]) << errors[0] << errors[1];
+  const std::vector<std::string> addresses = listening_addresses(launch.master_port);
+  ASSERT_FALSE(addresses.empty()) << "nothing listens on port " << launch.master_port;
+  for (const auto& address : addresses) {
+    EXPECT_TRUE(address == "127.0.0.1" || address == "::ffff:127.0.0.1")
+        << "the store listens on " << address << " port " << launch.master_port;
+  }
 }
 
 }  // namespace
