@@ -141,3 +141,89 @@ inline void write_raw_safetensors(const std::string& path, const std::string& he
 }
 
 }  // namespace xlme::testing
+
+// --- Checkpoints altered by someone else (tests/integration/hostile_checkpoint_test.cpp) --------
+
+#include <caffe2/serialize/inline_container.h>
+#include <yaml-cpp/yaml.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+namespace xlme::testing {
+
+// A manifest entry as an attacker writes it: the name listed, and the file whose size and CRC32
+// are recorded under that name (so that the entry verifies byte for byte).
+struct ManifestEntry {
+  std::string name;
+  std::string file;
+};
+
+// Every file of checkpoint `folder` but manifest.yaml and those in `omit`, as manifest entries.
+inline std::vector<ManifestEntry> checkpoint_entries(const std::string& folder,
+                                                     const std::vector<std::string>& omit = {}) {
+  std::vector<ManifestEntry> entries;
+  for (const auto& item : std::filesystem::directory_iterator(folder)) {
+    const std::string name = item.path().filename().string();
+    if (name == "manifest.yaml" || std::find(omit.begin(), omit.end(), name) != omit.end()) {
+      continue;
+    }
+    entries.push_back({name, item.path().string()});
+  }
+  return entries;
+}
+
+// Rewrites checkpoint `folder`'s manifest.yaml to list exactly `entries` with their files' current
+// sizes and CRC32s, its other fields kept: a checkpoint altered and then "re-signed".
+inline void resign_manifest(const std::string& folder, const std::vector<ManifestEntry>& entries) {
+  const std::string path = folder + "/manifest.yaml";
+  const YAML::Node old = YAML::LoadFile(path);
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for (const auto& item : old) {
+    if (item.first.as<std::string>() != "files") {
+      out << YAML::Key << item.first << YAML::Value << item.second;
+    }
+  }
+  out << YAML::Key << "files" << YAML::Value << YAML::BeginMap;
+  for (const auto& entry : entries) {
+    const std::string bytes = read_file(entry.file);
+    const auto crc = crc32_z(0L, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size());
+    char hex[16];
+    std::snprintf(hex, sizeof(hex), "%08lx", static_cast<unsigned long>(crc));
+    out << YAML::Key << entry.name << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key
+        << "bytes" << YAML::Value << bytes.size() << YAML::Key << "crc32" << YAML::Value
+        << std::string(hex) << YAML::EndMap;
+  }
+  out << YAML::EndMap << YAML::EndMap;
+  write_file(path, std::string(out.c_str()) + "\n");
+}
+
+// The records of a LibTorch archive (torch::save's zip), name -> bytes, without the zip's top
+// folder ("data.pkl", "data/0", ...).
+inline std::map<std::string, std::string> archive_records(const std::string& path) {
+  caffe2::serialize::PyTorchStreamReader reader(path);
+  std::map<std::string, std::string> records;
+  for (const auto& name : reader.getAllRecords()) {
+    const auto [data, size] = reader.getRecord(name);
+    records[name] = std::string(static_cast<const char*>(data.get()), size);
+  }
+  return records;
+}
+
+// Writes `records` (as archive_records returns them, changed) back as the archive `path`: a
+// well-formed zip whose content was altered, as a re-zipped file is. The format version record is
+// written by the writer itself.
+inline void write_archive_records(const std::string& path,
+                                  const std::map<std::string, std::string>& records) {
+  caffe2::serialize::PyTorchStreamWriter writer(path);
+  for (const auto& [name, bytes] : records) {
+    if (name == "version" || name == ".data/version") continue;
+    writer.writeRecord(name, bytes.data(), bytes.size());
+  }
+  writer.writeEndOfFile();
+}
+
+}  // namespace xlme::testing

@@ -2,10 +2,14 @@
 
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
+#include "xlme/common/json.h"
 #include "xlme/config/yaml_file.h"
 
+#include <caffe2/serialize/inline_container.h>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
 #include <torch/serialize.h>
 #include <yaml-cpp/yaml.h>
 #include <zlib.h>
@@ -28,9 +32,17 @@ constexpr const char* kManifest = "manifest.yaml";
 constexpr const char* kFormat = "xlme-checkpoint";
 constexpr int kFormatVersion = 1;
 
+// The deepest nesting of objects, lists and dicts an archive may hold (xlme writes 4 levels).
+constexpr int kMaxArchiveDepth = 64;
+
+// What to do about a damaged file of a checkpoint.
+constexpr const char* kDamagedHint =
+    "the file is damaged or was altered; restore the checkpoint from a copy, or resume from "
+    "another checkpoint";
+
 // "step_00001200" -> 1200; -1 for other names (temporaries included).
 int64_t step_of(const std::string& name) {
-  static const std::regex pattern("step_([0-9]+)");
+  static const std::regex pattern("step_([0-9]{1,18})");
   std::smatch match;
   if (!std::regex_match(name, match, pattern)) return -1;
   return std::stoll(match[1].str());
@@ -49,6 +61,20 @@ T manifest_field(const YAML::Node& node, const std::string& field, const std::st
   }
 }
 
+// `text` from an untrusted file, for a message: quoted, control characters escaped, at most 120
+// bytes of it.
+std::string shown(const std::string& text) {
+  constexpr std::size_t kShown = 120;
+  if (text.size() <= kShown) return json_quote(text);
+  return fmt::format("{}... ({} bytes)", json_quote(text.substr(0, kShown)), text.size());
+}
+
+// Whether a manifest entry names a file directly inside the checkpoint folder.
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." &&
+         name.find_first_of(std::string("/\0", 2)) == std::string::npos;
+}
+
 // The parsed manifest of checkpoint `path`, its format and version checked.
 YAML::Node load_manifest(const std::string& path) {
   std::error_code ec;
@@ -56,8 +82,13 @@ YAML::Node load_manifest(const std::string& path) {
   XLME_CHECK(fs::is_directory(path, ec), "checkpoint '{}' is not a folder; give a step_<N> folder",
              path);
   const std::string manifest_path = (fs::path(path) / kManifest).string();
-  XLME_CHECK(fs::is_regular_file(manifest_path),
-             "checkpoint '{}' has no {}: its save did not finish", path, kManifest);
+  const fs::file_type type = fs::symlink_status(manifest_path, ec).type();
+  XLME_CHECK(type != fs::file_type::not_found, "checkpoint '{}' has no {}: its save did not finish",
+             path, kManifest);
+  XLME_CHECK(type == fs::file_type::regular,
+             "checkpoint '{}': {} is not a file (a symbolic link or something else); a checkpoint "
+             "holds its own files: do not load this checkpoint",
+             path, kManifest);
   YAML::Node manifest;
   try {
     manifest = config::load_yaml_file(manifest_path);  // duplicate keys refused
@@ -92,16 +123,141 @@ void flatten_module_archive(torch::serialize::InputArchive& archive, const std::
   }
 }
 
+// "a.b" + "c" -> "a.b.c".
+std::string member_name(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+// Checks that tensor `name` of archive `path` lies inside its storage, and its storage inside the
+// record its bytes were read from (`record_bytes`: the size of each record by its buffer).
+void check_archive_tensor(const torch::Tensor& tensor, const std::string& name,
+                          const std::map<const void*, std::size_t>& record_bytes,
+                          const std::string& path) {
+  if (!tensor.defined()) return;
+  XLME_CHECK(tensor.layout() == torch::kStrided && !tensor.is_quantized(),
+             "'{}': tensor {} is not a dense tensor; xlme writes only dense tensors; {}", path,
+             shown(name), kDamagedHint);
+  const c10::Storage& storage = tensor.storage();
+  const auto record = record_bytes.find(storage.data());
+  const std::size_t available = record == record_bytes.end() ? 0 : record->second;
+  XLME_CHECK(storage.nbytes() <= available,
+             "'{}': the data record of tensor {} holds {} bytes but its storage needs {}; {}", path,
+             shown(name), available, storage.nbytes(), kDamagedHint);
+  if (tensor.numel() == 0) return;
+  // The last element's index in the storage, then its end in bytes, without overflow.
+  int64_t last = tensor.storage_offset();
+  bool overflow = last < 0;
+  for (int64_t d = 0; d < tensor.dim() && !overflow; ++d) {
+    int64_t reach = 0;
+    overflow = tensor.stride(d) < 0 ||
+               __builtin_mul_overflow(tensor.size(d) - 1, tensor.stride(d), &reach) ||
+               __builtin_add_overflow(last, reach, &last);
+  }
+  int64_t end = 0;
+  overflow = overflow || __builtin_add_overflow(last, 1, &end) ||
+             __builtin_mul_overflow(end, static_cast<int64_t>(tensor.element_size()), &end);
+  XLME_CHECK(!overflow && static_cast<uint64_t>(end) <= storage.nbytes(),
+             "'{}': tensor {} (shape [{}], offset {}) reaches past the {} bytes of its data "
+             "record; {}",
+             path, shown(name), fmt::join(tensor.sizes(), ", "), tensor.storage_offset(),
+             storage.nbytes(), kDamagedHint);
+}
+
+// check_archive_tensor on every tensor under `value` (objects, lists, tuples, dicts).
+void check_archive_value(const c10::IValue& value, const std::string& name, int depth,
+                         const std::map<const void*, std::size_t>& record_bytes,
+                         const std::string& path) {
+  XLME_CHECK(depth <= kMaxArchiveDepth, "'{}': {} is nested more than {} levels deep; {}", path,
+             shown(name), kMaxArchiveDepth, kDamagedHint);
+  if (value.isTensor()) {
+    check_archive_tensor(value.toTensor(), name, record_bytes, path);
+  } else if (value.isObject()) {
+    const auto& object = value.toObjectRef();
+    const auto type = object.type();
+    for (std::size_t i = 0; i < object.slots().size(); ++i) {
+      check_archive_value(object.getSlot(i), member_name(name, type->getAttributeName(i)),
+                          depth + 1, record_bytes, path);
+    }
+  } else if (value.isGenericDict()) {
+    for (const auto& item : value.toGenericDict()) {
+      const std::string key = item.key().isString() ? item.key().toStringRef() : "(key)";
+      check_archive_value(item.value(), member_name(name, key), depth + 1, record_bytes, path);
+    }
+  } else if (value.isList()) {
+    const auto items = value.toListRef();
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      check_archive_value(items[i], member_name(name, std::to_string(i)), depth + 1, record_bytes,
+                          path);
+    }
+  } else if (value.isTuple()) {
+    const auto& items = value.toTupleRef().elements();
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      check_archive_value(items[i], member_name(name, std::to_string(i)), depth + 1, record_bytes,
+                          path);
+    }
+  }
+}
+
+// Checks, before LibTorch reads archive `path` for use, that every tensor lies inside the record
+// its bytes come from: LibTorch sizes a storage by the element count written in the pickle, not
+// by its record, and places a tensor in its storage without a bounds check, so a short record is
+// read past its end. The pickle is unpickled here on the CPU with placeholder classes (the
+// archive's code is not compiled), each record's size remembered by its buffer.
+void check_archive_records(const std::string& path) {
+  caffe2::serialize::PyTorchStreamReader reader(path);
+  const auto pickle = reader.getRecord("data.pkl");
+  const char* pickle_data = static_cast<const char*>(std::get<0>(pickle).get());
+  const std::size_t pickle_bytes = std::get<1>(pickle);
+  std::size_t consumed = 0;
+  const auto read_pickle = [&](char* buffer, std::size_t n) {
+    n = std::min(n, pickle_bytes - consumed);
+    std::memcpy(buffer, pickle_data + consumed, n);
+    consumed += n;
+    return n;
+  };
+  std::map<const void*, std::size_t> record_bytes;
+  const auto read_record = [&](const std::string& key) {
+    auto [data, bytes] = reader.getRecord("data/" + key);
+    record_bytes[data.get()] = bytes;
+    return std::move(data);
+  };
+  const auto unit = std::make_shared<torch::jit::CompilationUnit>();
+  const auto resolve_class = [&](const c10::QualifiedName& name) {
+    return c10::StrongTypePtr(unit, c10::ClassType::create(name, unit));
+  };
+  // An object of a class of its own, with the pickled state's entries as attributes.
+  const auto build_object = [&](const c10::StrongTypePtr& type, const c10::IValue& state) {
+    const auto dict = state.toGenericDict();
+    const auto cls = c10::ClassType::create(type.type_->expectRef<c10::ClassType>().name(), unit);
+    for (const auto& item : dict) cls->addAttribute(item.key().toStringRef(), item.value().type());
+    auto object = c10::ivalue::Object::create(c10::StrongTypePtr(unit, cls), dict.size());
+    std::size_t slot = 0;
+    for (const auto& item : dict) object->setSlot(slot++, item.value());
+    return object;
+  };
+  torch::jit::Unpickler unpickler(read_pickle, resolve_class, build_object, read_record,
+                                  torch::Device(torch::kCPU));
+  unpickler.set_version(reader.version());
+  check_archive_value(unpickler.parse_ivalue(), "", 0, record_bytes, path);
+}
+
 }  // namespace
 
-std::map<std::string, torch::Tensor> read_module_archive(const std::string& path) {
-  XLME_CHECK(fs::is_regular_file(path), "model file '{}' not found", path);
-  torch::serialize::InputArchive archive;
+void load_archive(torch::serialize::InputArchive& archive, const std::string& path,
+                  const torch::Device& device) {
+  XLME_CHECK(fs::is_regular_file(path), "'{}' not found", path);
   try {
-    archive.load_from(path, torch::kCPU);
+    check_archive_records(path);
+    archive.load_from(path, device);
   } catch (const c10::Error& e) {
-    XLME_FAIL("cannot read the model file '{}': {}", path, e.what_without_backtrace());
+    const std::string what = e.what_without_backtrace();
+    XLME_FAIL("cannot read '{}': {}; {}", path, what.substr(0, what.find('\n')), kDamagedHint);
   }
+}
+
+std::map<std::string, torch::Tensor> read_module_archive(const std::string& path) {
+  torch::serialize::InputArchive archive;
+  load_archive(archive, path, torch::kCPU);
   std::map<std::string, torch::Tensor> out;
   flatten_module_archive(archive, "", out);
   return out;
@@ -252,12 +408,18 @@ void CheckpointManager::remove_temporaries() const {
   std::error_code ec;
   if (!fs::is_directory(dir_, ec)) return;
   for (const auto& entry : fs::directory_iterator(dir_)) {
-    // Only the temporary folders begin() makes: step_<N>.tmp.
-    static const std::regex temporary("step_[0-9]+\\.tmp");
-    if (entry.is_directory() && std::regex_match(entry.path().filename().string(), temporary)) {
-      spdlog::info("removing '{}', left by an interrupted save", entry.path().string());
-      fs::remove_all(entry.path(), ec);
+    // Only the temporary folders begin() makes (step_<N>.tmp, N written as path_for writes it),
+    // never a link: another name ending in .tmp is not xlme's.
+    static const std::regex temporary("step_([0-9]{8,18})\\.tmp");
+    const std::string name = entry.path().filename().string();
+    std::smatch match;
+    if (entry.symlink_status(ec).type() != fs::file_type::directory ||
+        !std::regex_match(name, match, temporary) ||
+        fs::path(temporary_path_for(std::stoll(match[1].str()))).filename() != name) {
+      continue;
     }
+    spdlog::info("removing '{}', left by an interrupted save", entry.path().string());
+    fs::remove_all(entry.path(), ec);
   }
 }
 
@@ -291,25 +453,55 @@ void CheckpointManager::prune(int64_t written) const {
   }
 }
 
-void CheckpointManager::verify(const std::string& path) {
+VerifiedFiles CheckpointManager::verify(const std::string& path) {
   const YAML::Node manifest = load_manifest(path);
   const std::string manifest_path = (fs::path(path) / kManifest).string();
+  // Every name is checked before any file is opened: a name that leaves the folder is never used.
+  std::vector<std::pair<std::string, YAML::Node>> entries;
   for (const auto& entry : manifest["files"]) {
     const std::string name = manifest_field<std::string>(entry.first, "files", manifest_path);
+    XLME_CHECK(is_plain_file_name(name),
+               "checkpoint manifest '{}' lists the file {}, which is not a plain file name inside "
+               "the checkpoint folder (a name without '/', not '.' or '..'); the manifest was "
+               "altered: do not load this checkpoint",
+               manifest_path, shown(name));
+    entries.emplace_back(name, entry.second);
+  }
+  std::set<std::string> names;
+  for (const auto& [name, fields] : entries) {
     const std::string field = "files." + name;
     const std::string file = (fs::path(path) / name).string();
-    XLME_CHECK(fs::is_regular_file(file), "checkpoint '{}': {} is missing", path, name);
+    std::error_code ec;
+    const fs::file_status status = fs::symlink_status(file, ec);
+    XLME_CHECK(status.type() != fs::file_type::not_found, "checkpoint '{}': {} is missing", path,
+               name);
+    XLME_CHECK(status.type() == fs::file_type::regular,
+               "checkpoint '{}': {} is {}, not a file; a checkpoint holds its own files: replace "
+               "it with the file itself",
+               path, name,
+               status.type() == fs::file_type::symlink ? "a symbolic link" : "something else");
     const auto expected =
-        manifest_field<uint64_t>(entry.second["bytes"], field + ".bytes", manifest_path);
+        manifest_field<uint64_t>(fields["bytes"], field + ".bytes", manifest_path);
     const auto recorded =
-        manifest_field<std::string>(entry.second["crc32"], field + ".crc32", manifest_path);
+        manifest_field<std::string>(fields["crc32"], field + ".crc32", manifest_path);
     const uint64_t actual = fs::file_size(file);
     XLME_CHECK(actual == expected, "checkpoint '{}': {} is truncated: expected {} bytes, found {}",
                path, name, expected, actual);
     const std::string crc = fmt::format("{:08x}", file_crc32(file));
     XLME_CHECK(crc == recorded, "checkpoint '{}': {} is corrupted: CRC32 {} instead of {}", path,
                name, crc, recorded);
+    names.insert(name);
   }
+  return VerifiedFiles(path, manifest_path, std::move(names));
+}
+
+std::string VerifiedFiles::path(const std::string& name) const {
+  XLME_CHECK(names_.count(name),
+             "checkpoint manifest '{}' does not list {}, which the loader reads: an unlisted file "
+             "is unchecked and is not read; the checkpoint is incomplete or was altered: restore "
+             "it from a copy, or resume from another checkpoint",
+             manifest_, name);
+  return (fs::path(folder_) / name).string();
 }
 
 std::string CheckpointManager::run_id_of(const std::string& path) {

@@ -115,8 +115,7 @@ std::map<std::string, torch::Tensor> checkpoint_weights(const std::string& folde
              "--init-from {}: not a folder; give a pre-training checkpoint folder such as "
              "runs/demo/checkpoints/step_600, or an HF XLM-R checkpoint folder",
              folder);
-  CheckpointManager::verify(folder);
-  auto out = read_module_archive((fs::path(folder) / "model.pt").string());
+  auto out = read_module_archive(CheckpointManager::verify(folder).path("model.pt"));
   XLME_CHECK(!out.empty(), "--init-from {}: model.pt holds no tensors", folder);
   return out;
 }

@@ -406,18 +406,32 @@ std::string Trainer::save_checkpoint(const CheckpointManager& manager) {
 
 namespace {
 
-// A field of a checkpoint's trainer.yaml, with errors that name the file and the field.
+// A field of a checkpoint's trainer.yaml within [min, max], with errors that name the file and
+// the field.
 template <class T>
-T trainer_field(const YAML::Node& state, const std::string& field, const std::string& file) {
+T trainer_field(const YAML::Node& state, const std::string& field, const std::string& file, T min,
+                T max) {
   XLME_CHECK(state[field].IsDefined(), "checkpoint file '{}' is damaged: field '{}' is missing",
              file, field);
+  T value{};
   try {
-    return state[field].as<T>();
+    value = state[field].as<T>();
   } catch (const YAML::Exception&) {
     XLME_FAIL("checkpoint file '{}' is damaged: field '{}' has the malformed value '{}'", file,
               field, state[field].IsScalar() ? state[field].Scalar() : "(not a value)");
   }
+  XLME_CHECK(value >= min && value <= max,
+             "checkpoint file '{}' is damaged: field '{}' is {}, outside {}..{}; restore the "
+             "checkpoint from a copy, or resume from another checkpoint",
+             file, field, value, min, max);
+  return value;
 }
+
+// The largest step and token count a checkpoint may record: far beyond any run, and far enough
+// from INT64_MAX that the run's step and token arithmetic cannot overflow.
+constexpr int64_t kMaxCheckpointStep = 1'000'000'000'000'000;
+constexpr int64_t kMaxCheckpointTokens = 1'000'000'000'000'000'000;
+constexpr int kMaxCheckpointRanks = 1 << 16;
 
 // "a.b.c" -> value of every scalar or list under `node`.
 void flatten_yaml(const YAML::Node& node, const std::string& prefix,
@@ -432,16 +446,17 @@ void flatten_yaml(const YAML::Node& node, const std::string& prefix,
   }
 }
 
-// The model.* fields in which the config of the checkpoint at `path` differs from `config`, as
-// "model.hidden_size: 32 in the checkpoint, 64 now"; empty when they agree or the checkpoint's
+// The model.* fields in which the checkpoint's config file `saved_config` differs from `config`,
+// as "model.hidden_size: 32 in the checkpoint, 64 now"; empty when they agree or the checkpoint's
 // config cannot be read. Dropout, initialization and sampling temperature may change on resume.
-std::vector<std::string> model_differences(const config::Config& config, const std::string& path) {
+std::vector<std::string> model_differences(const config::Config& config,
+                                           const std::string& saved_config) {
   static const std::set<std::string> may_change = {"model.dropout", "model.attention_dropout",
                                                    "model.init_std",
                                                    "model.generator.sampling_temperature"};
   std::map<std::string, std::string> saved, current;
   try {
-    flatten_yaml(config::load_yaml_file((fs::path(path) / "config.yaml").string()), "", saved);
+    flatten_yaml(config::load_yaml_file(saved_config), "", saved);
     flatten_yaml(YAML::Load(config::to_yaml(config)), "", current);
   } catch (const YAML::Exception&) {
     return {};
@@ -460,47 +475,89 @@ std::vector<std::string> model_differences(const config::Config& config, const s
 }  // namespace
 
 void Trainer::load_checkpoint(const std::string& path) {
-  const std::string state_file = (fs::path(path) / "trainer.yaml").string();
+  // Every file below is read through the verified manifest: an unlisted file is never read.
+  const VerifiedFiles files = CheckpointManager::verify(path);
+  const std::string state_file = files.path("trainer.yaml");
   YAML::Node state;
   try {
     state = config::load_yaml_file(state_file);
   } catch (const YAML::Exception& e) {
     XLME_FAIL("checkpoint file '{}' is damaged: {}", state_file, e.what());
   }
-  const int saved_world = trainer_field<int>(state, "world_size", state_file);
+  XLME_CHECK(state.IsMap(), "checkpoint file '{}' is damaged: it is not a YAML map", state_file);
+  const auto saved_step = trainer_field<int64_t>(state, "step", state_file, 0, kMaxCheckpointStep);
+  const auto saved_tokens =
+      trainer_field<int64_t>(state, "tokens_seen", state_file, 0, kMaxCheckpointTokens);
+  const auto saved_skipped =
+      trainer_field<int64_t>(state, "skipped_steps", state_file, 0, saved_step);
+  const int saved_world =
+      trainer_field<int>(state, "world_size", state_file, 1, kMaxCheckpointRanks);
   // Checked before loading: a tensor of another shape would be loaded as it is.
-  const auto differences = model_differences(config_, path);
+  const auto differences = model_differences(config_, files.path("config.yaml"));
   XLME_CHECK(differences.empty(),
              "checkpoint '{}' holds another model than the config describes ({}); a run resumes "
              "with the model it started with: set these fields back, or start a new run in "
              "another run.out_dir (--init-from can take over matching weights)",
              path, fmt::join(differences, "; "));
-  try {
-    torch::load(model_, (fs::path(path) / "model.pt").string(), device_);
-  } catch (const c10::Error& e) {
-    XLME_FAIL("cannot load the model of checkpoint '{}': {}", path, e.what_without_backtrace());
+  const std::string model_file = files.path("model.pt");
+  const std::string optimizer_file = files.path("optimizer.pt");
+  std::vector<std::string> rank_files;
+  for (int r = 0; r < saved_world; ++r) {
+    rank_files.push_back(files.path(fs::path(rank_file(path, r)).filename().string()));
   }
-  torch::load(*optimizer_, (fs::path(path) / "optimizer.pt").string(), device_);
-  step_ = trainer_field<int64_t>(state, "step", state_file);
-  tokens_seen_ = trainer_field<int64_t>(state, "tokens_seen", state_file);
-  skipped_steps_ = trainer_field<int64_t>(state, "skipped_steps", state_file);
+  torch::serialize::InputArchive model_archive, optimizer_archive;
+  load_archive(model_archive, model_file, device_);
+  try {
+    model_->load(model_archive);
+  } catch (const c10::Error& e) {
+    XLME_FAIL("cannot load the model of checkpoint '{}' from '{}': {}", path, model_file,
+              e.what_without_backtrace());
+  }
+  load_archive(optimizer_archive, optimizer_file, device_);
+  try {
+    optimizer_->load(optimizer_archive);
+  } catch (const c10::Error& e) {
+    XLME_FAIL("cannot load the optimizer state of checkpoint '{}' from '{}': {}", path,
+              optimizer_file, e.what_without_backtrace());
+  }
+  step_ = saved_step;
+  tokens_seen_ = saved_tokens;
+  skipped_steps_ = saved_skipped;
   bad_in_a_row_ = 0;
   std::vector<std::string> readers;
   GeneratorStates my_rng;
   for (int r = 0; r < saved_world; ++r) {
     torch::serialize::InputArchive archive;
-    archive.load_from(rank_file(path, r));
-    c10::IValue reader;
-    archive.read("reader", reader);
-    readers.push_back(reader.toStringRef());
-    if (r == comm_->rank()) {
-      archive.read("rng_cpu", my_rng.cpu);
-      if (!archive.try_read("rng_device", my_rng.device)) my_rng.device = torch::Tensor();
+    load_archive(archive, rank_files[r], torch::kCPU);
+    try {
+      c10::IValue reader;
+      archive.read("reader", reader);
+      XLME_CHECK(reader.isString(),
+                 "'{}': 'reader' is not a string; the file is damaged or was altered: resume from "
+                 "another checkpoint",
+                 rank_files[r]);
+      readers.push_back(reader.toStringRef());
+      if (r == comm_->rank()) {
+        archive.read("rng_cpu", my_rng.cpu);
+        if (!archive.try_read("rng_device", my_rng.device)) my_rng.device = torch::Tensor();
+      }
+    } catch (const c10::Error& e) {
+      XLME_FAIL(
+          "cannot read the state of rank {} from '{}': {}; the file is damaged or was "
+          "altered: resume from another checkpoint",
+          r, rank_files[r], e.what_without_backtrace());
     }
   }
   source_.restore(readers);
   if (saved_world == comm_->world_size() && (my_rng.device.defined() || !device_.is_cuda())) {
-    set_generator_states(my_rng, device_);
+    try {
+      set_generator_states(my_rng, device_);
+    } catch (const c10::Error& e) {
+      XLME_FAIL(
+          "cannot restore the random generators from '{}': {}; the file is damaged or was "
+          "altered: resume from another checkpoint",
+          rank_files[comm_->rank()], e.what_without_backtrace());
+    }
   } else {
     // Other ranks than when saved (the data streams are re-split by the source), or a checkpoint
     // of a CPU run resumed on a GPU: dropout and sampling noise starts from a fresh seed per rank.

@@ -1,22 +1,30 @@
 // Checkpoint folders: atomic save, verification of each damage kind, newest-valid selection,
-// pruning, and a failed save that leaves everything as it was.
+// pruning, and a failed save that leaves everything as it was; manifests and archives made to
+// break the reader (issue 19).
 #include "xlme/train/checkpoint.h"
 
+#include "hostile_fixtures.h"
 #include "test_util.h"
 
 #include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 namespace xlme::train {
 namespace {
 
 namespace fs = std::filesystem;
+using xlme::testing::archive_records;
+using xlme::testing::checkpoint_entries;
 using xlme::testing::contains_all;
 using xlme::testing::error_message;
 using xlme::testing::read_file;
+using xlme::testing::resign_manifest;
+using xlme::testing::Sentinel;
 using xlme::testing::TempDir;
+using xlme::testing::write_archive_records;
 using xlme::testing::write_file;
 
 void write_parts(const std::string& folder, int64_t step) {
@@ -59,9 +67,9 @@ TEST(Checkpoint, ManifestWithADuplicateKeyIsRefusedNamingBothLines) {
   }
   const std::string manifest = dir / "ckpt/step_00000200/manifest.yaml";
   write_file(manifest, read_file(manifest) + "step: 999\n");
-  EXPECT_TRUE(contains_all(
-      error_message([&] { CheckpointManager::verify(dir / "ckpt/step_00000200"); }),
-      {manifest, "key 'step' is given twice in the same map"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { CheckpointManager::verify(dir / "ckpt/step_00000200"); }),
+                   {manifest, "key 'step' is given twice in the same map"}));
   const auto latest = manager.latest_valid();
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->step, 100);
@@ -108,6 +116,155 @@ TEST(Checkpoint, InterruptedSavesAreIgnoredAndCleanedUp) {
   EXPECT_EQ(manager.list().size(), 1u);
   manager.remove_temporaries();
   EXPECT_FALSE(fs::exists(dir / "ckpt/step_00000200.tmp"));
+}
+
+// Issue 19 item 3(c): only the step_<N>.tmp folders begin() makes are removed; a user's folder or
+// file ending in .tmp, a name with other digits, and a link (and what it points to) stay.
+TEST(Checkpoint, RemoveTemporariesRemovesOnlyXlmesOwnTemporaryFolders) {
+  TempDir dir;
+  const CheckpointManager manager(dir / "ckpt", 3, 0);
+  write_parts(manager.begin(200), 200);
+  write_parts(manager.begin(123456789), 1);  // nine digits: path_for's name of a large step
+  write_file(dir / "ckpt/mine.tmp/notes.txt", "mine");
+  write_file(dir / "ckpt/step_1.tmp/notes.txt", "not xlme's name");
+  write_file(dir / "ckpt/step_000000300.tmp/notes.txt", "nine digits, a leading zero");
+  write_file(dir / "ckpt/step_00000400.tmp", "a file, not a folder");
+  write_file(dir / "elsewhere/notes.txt", "linked");
+  fs::create_directory_symlink(dir / "elsewhere", dir / "ckpt/step_00000500.tmp");
+  manager.remove_temporaries();
+  EXPECT_FALSE(fs::exists(dir / "ckpt/step_00000200.tmp"));
+  EXPECT_FALSE(fs::exists(dir / "ckpt/step_123456789.tmp"));
+  EXPECT_EQ(read_file(dir / "ckpt/mine.tmp/notes.txt"), "mine");
+  EXPECT_EQ(read_file(dir / "ckpt/step_1.tmp/notes.txt"), "not xlme's name");
+  EXPECT_EQ(read_file(dir / "ckpt/step_000000300.tmp/notes.txt"), "nine digits, a leading zero");
+  EXPECT_EQ(read_file(dir / "ckpt/step_00000400.tmp"), "a file, not a folder");
+  EXPECT_TRUE(fs::is_symlink(dir / "ckpt/step_00000500.tmp"));
+  EXPECT_EQ(read_file(dir / "elsewhere/notes.txt"), "linked");
+}
+
+// Issue 19 item 3(a): a manifest entry that is not a plain file name inside the folder is refused
+// naming the manifest and the entry, before any file is opened: the sentinel outside, listed with
+// its true size and CRC (so that it would verify), and model.bin inside are never opened.
+TEST(Checkpoint, ManifestEntriesOutsideTheFolderAreRefusedBeforeAnyFileIsOpened) {
+  TempDir dir;
+  const CheckpointManager manager(dir / "run/ckpt", 3, 0);
+  const std::string path = manager.save(100, [](const std::string& f) { write_parts(f, 100); });
+  write_file(dir / "copy-of-model.bin", read_file(path + "/model.bin"));
+  write_file(path + "/a/b", "inside, but not a plain name");
+  const std::string manifest = path + "/manifest.yaml";
+  const std::string secret = "sentinel: keep out\n";
+  write_file(dir / "copy-of-sentinel", secret);
+  // "upward" and "absolute" stand for the two names of each case's own sentinel (a Sentinel is
+  // checked once: its check reads the file).
+  const std::vector<std::string> names = {"upward", "absolute", "a/b", ".", "..", ""};
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const Sentinel outside(dir / ("sentinel-" + std::to_string(i)), secret);
+    std::string name = names[i];
+    if (name == "upward") name = fs::relative(outside.path(), path).string();
+    if (name == "absolute") name = outside.path();
+    SCOPED_TRACE(name);
+    const std::string listed = name == "a/b" ? path + "/a/b" : dir / "copy-of-sentinel";
+    resign_manifest(path, {{"model.bin", dir / "copy-of-model.bin"},
+                           {"rank0.state", path + "/rank0.state"},
+                           {name, listed}});
+    fs::remove(path + "/model.bin");
+    const Sentinel inside(path + "/model.bin", read_file(dir / "copy-of-model.bin"));
+    EXPECT_TRUE(contains_all(error_message([&] { CheckpointManager::verify(path); }),
+                             {manifest, "lists the file \"" + name + "\"",
+                              "not a plain file name inside the checkpoint folder"}));
+    EXPECT_TRUE(inside.untouched());
+    EXPECT_TRUE(outside.untouched());
+    if (i == 0) {
+      EXPECT_EQ(name, "../../../sentinel-0");
+    }
+  }
+  EXPECT_FALSE(manager.latest_valid().has_value());
+}
+
+// Issue 19 item 3(a): a listed file that is a symbolic link (to a file outside, with its true size
+// and CRC) is refused without following it.
+TEST(Checkpoint, ALinkInTheCheckpointIsRefusedWithoutFollowingIt) {
+  TempDir dir;
+  const CheckpointManager manager(dir / "ckpt", 3, 0);
+  const std::string path = manager.save(100, [](const std::string& f) { write_parts(f, 100); });
+  const std::string secret = "sentinel: keep out\n";
+  write_file(dir / "copy-of-sentinel", secret);
+  const Sentinel outside(dir / "sentinel", secret);
+  fs::remove(path + "/model.bin");
+  fs::create_symlink(outside.path(), path + "/model.bin");
+  resign_manifest(
+      path, {{"model.bin", dir / "copy-of-sentinel"}, {"rank0.state", path + "/rank0.state"}});
+  EXPECT_TRUE(contains_all(error_message([&] { CheckpointManager::verify(path); }),
+                           {path, "model.bin is a symbolic link, not a file"}));
+  EXPECT_TRUE(outside.untouched());
+}
+
+// Issue 19 item 6: a loader gets the path of a file only when the manifest lists it (and verify()
+// checked it); an unlisted file is an error naming the manifest and the file.
+TEST(Checkpoint, AFileTheManifestDoesNotListIsNotHandedToTheLoader) {
+  TempDir dir;
+  const CheckpointManager manager(dir / "ckpt", 3, 0);
+  const std::string path = manager.save(100, [](const std::string& f) { write_parts(f, 100); });
+  EXPECT_EQ(CheckpointManager::verify(path).path("model.bin"), path + "/model.bin");
+  resign_manifest(path, checkpoint_entries(path, {"model.bin"}));
+  const VerifiedFiles files = CheckpointManager::verify(path);
+  EXPECT_EQ(files.path("rank0.state"), path + "/rank0.state");
+  EXPECT_TRUE(contains_all(error_message([&] { files.path("model.bin"); }),
+                           {path + "/manifest.yaml", "does not list model.bin"}));
+}
+
+// A module archive with `weight` [250, 4] and `bias` [4], written as a checkpoint's model.pt is.
+void write_module_archive(const std::string& path) {
+  torch::serialize::OutputArchive archive;
+  archive.write("weight", torch::arange(1000, torch::kFloat).reshape({250, 4}));
+  archive.write("bias", torch::ones({4}));
+  save_archive(archive, path);
+}
+
+TEST(Checkpoint, ArchiveReadBackHoldsTheTensorsWritten) {
+  TempDir dir;
+  write_module_archive(dir / "model.pt");
+  const auto tensors = read_module_archive(dir / "model.pt");
+  ASSERT_EQ(tensors.size(), 2u);
+  EXPECT_TRUE(tensors.at("weight").equal(torch::arange(1000, torch::kFloat).reshape({250, 4})));
+  EXPECT_TRUE(tensors.at("bias").equal(torch::ones({4})));
+}
+
+// Issue 19 item 6: a data record shorter than its tensor (the archive re-zipped with the record cut
+// to half) is an error naming the file and the tensor, not a read past the record's end.
+TEST(Checkpoint, ArchiveRecordShorterThanItsTensorIsRefusedNamingTheTensor) {
+  TempDir dir;
+  write_module_archive(dir / "model.pt");
+  auto records = archive_records(dir / "model.pt");
+  int cut = 0;
+  for (auto& [name, bytes] : records) {
+    if (name.rfind("data/", 0) == 0 && bytes.size() == 4000) {  // weight's 1000 floats
+      bytes.resize(2000);
+      ++cut;
+    }
+  }
+  ASSERT_EQ(cut, 1);
+  write_archive_records(dir / "model.pt", records);
+  for (const auto& read :
+       std::vector<std::function<void()>>{[&] { read_module_archive(dir / "model.pt"); },
+                                          [&] {
+                                            torch::serialize::InputArchive archive;
+                                            load_archive(archive, dir / "model.pt", torch::kCPU);
+                                          }}) {
+    EXPECT_TRUE(contains_all(error_message(read), {dir / "model.pt", "tensor \"weight\"",
+                                                   "holds 2000 bytes", "needs 4000", "damaged"}));
+  }
+}
+
+// Issue 19 item 9: an archive that is not a readable zip is an error naming the file.
+TEST(Checkpoint, UnreadableArchiveIsNamed) {
+  TempDir dir;
+  write_module_archive(dir / "model.pt");
+  const std::string bytes = read_file(dir / "model.pt");
+  write_file(dir / "model.pt", bytes.substr(0, bytes.size() / 2));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { read_module_archive(dir / "model.pt"); }),
+                   {"cannot read '" + dir / "model.pt" + "'", "PytorchStreamReader", "damaged"}));
 }
 
 TEST(Checkpoint, FailedWriteLeavesEarlierCheckpointsAlone) {

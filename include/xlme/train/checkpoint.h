@@ -11,8 +11,13 @@
 // it. Pruning (keep_last / keep_every) only ever removes complete, verified checkpoints with the
 // manager's run id and a lower step than the one just written: damaged, empty, stray and other
 // runs' folders are never counted nor removed.
+//
+// A checkpoint may come from someone else: every manifest entry must be a plain file name inside
+// the folder, and a loader reads only the files the manifest lists and verify() checked (it takes
+// their paths from the VerifiedFiles that verify() returns).
 #pragma once
 
+#include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <torch/types.h>
 
@@ -29,6 +34,22 @@ namespace xlme::train {
 struct CheckpointRef {
   int64_t step = 0;
   std::string path;
+};
+
+// The files of a checkpoint that verified: the only source of the paths a loader opens.
+class VerifiedFiles {
+ public:
+  VerifiedFiles(std::string folder, std::string manifest, std::set<std::string> names)
+      : folder_(std::move(folder)), manifest_(std::move(manifest)), names_(std::move(names)) {}
+
+  // The path of `name` in the checkpoint; throws xlme::Error naming the manifest and `name` when
+  // the manifest does not list it (an unlisted file is unchecked and is never read).
+  std::string path(const std::string& name) const;
+
+ private:
+  std::string folder_;
+  std::string manifest_;
+  std::set<std::string> names_;
 };
 
 class CheckpointManager {
@@ -68,7 +89,9 @@ class CheckpointManager {
 
   // Throws xlme::Error naming the checkpoint and the file that is missing, truncated or corrupt,
   // or the manifest field that is missing or malformed. A path that does not exist is named so.
-  static void verify(const std::string& path);
+  // Every entry must be a plain file name (no '/', not '.' or '..') of a regular file, not a
+  // symbolic link: checked for all entries before any file is opened. Returns the listed files.
+  static VerifiedFiles verify(const std::string& path);
   // The run id in the checkpoint's manifest ("" for checkpoints written before run ids); throws
   // like verify() when the manifest cannot be read.
   static std::string run_id_of(const std::string& path);
@@ -91,8 +114,15 @@ class CheckpointManager {
 };
 
 // The flat "a.b.c" -> tensor map of a module saved with torch::save(module) (a checkpoint's
-// model.pt), on the CPU, read without building the module.
+// model.pt), on the CPU, read without building the module (through load_archive).
 std::map<std::string, torch::Tensor> read_module_archive(const std::string& path);
+
+// Reads the archive `path` (a module's, an optimizer's or a rank's state) into `archive` on
+// `device`. Every tensor is first checked to lie inside the data record it is read from (a record
+// shorter than its tensor would be read past its end): the error names the file and the tensor.
+// An unreadable archive (not a zip, a damaged record) is an error naming the file.
+void load_archive(torch::serialize::InputArchive& archive, const std::string& path,
+                  const torch::Device& device);
 
 // Writes `archive` (a module's or an optimizer's) to `path` through write_file_streamed: a
 // temporary name, every write checked, a disk-full error that names the file and the size.
