@@ -77,8 +77,8 @@ inline ::testing::AssertionResult fails_cleanly(const HostileRun& run, int code,
 }
 
 // A file outside every folder a command may touch, watched with inotify from creation on:
-// `untouched()` fails when anything opened, read, wrote, moved or deleted it. Root ignores
-// permissions, so only a watch can tell that a file was not read.
+// `untouched()` (callable more than once) fails when anything opened, read, wrote, moved or deleted
+// it. Root ignores permissions, so only a watch can tell that a file was not read.
 class Sentinel {
  public:
   explicit Sentinel(const std::string& path, const std::string& content = "sentinel: keep out\n")
@@ -114,6 +114,10 @@ class Sentinel {
     std::ifstream in(path_, std::ios::binary);
     if (!in) return ::testing::AssertionFailure() << path_ << " is gone";
     const std::string now((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    // Forget the events of this check's own read, so that a later call sees only what comes next.
+    while (::read(fd_, buffer, sizeof(buffer)) > 0) {
+    }
     if (now != content_) return ::testing::AssertionFailure() << path_ << " was changed";
     return ::testing::AssertionSuccess();
   }
