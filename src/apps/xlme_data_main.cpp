@@ -5,6 +5,7 @@
 #include "xlme/data/binarize.h"
 #include "xlme/data/demo_corpus.h"
 #include "xlme/data/spm_trainer.h"
+#include "xlme/finetune/xtreme_io.h"
 
 #include <spdlog/spdlog.h>
 
@@ -171,6 +172,22 @@ int bench(const xlme::config::Config& cfg, const BenchArgs& args) {
   return xlme::kExitOk;
 }
 
+struct XtremeArgs {
+  std::string task, input, out;
+  std::vector<std::string> languages;
+};
+
+// XTREME's processed tagging layout from the downloads (finetune/xtreme_io.h).
+int xtreme(const XtremeArgs& args) {
+  const auto files = args.task == "udpos"
+                         ? xlme::finetune::prepare_udpos(args.input, args.out, args.languages)
+                         : xlme::finetune::prepare_panx(args.input, args.out, args.languages);
+  for (const auto& f : files) spdlog::info("{:>8} sentences -> {}", f.sentences, f.path);
+  spdlog::info("{}: wrote {} files; fine-tune with --set finetune.data_dir={}", args.task,
+               files.size(), args.out);
+  return xlme::kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -189,6 +206,8 @@ int main(int argc, char** argv) {
   int64_t inspect_samples = 100;
   CLI::App* bench_cmd = nullptr;
   BenchArgs bench_args;
+  CLI::App* xtreme_cmd = nullptr;
+  XtremeArgs xtreme_args;
   auto add_options = [&](CLI::App& cli) {
     // No subcommand is fine with --print-config; otherwise the body asks for one.
     cli.require_subcommand(0, 1);
@@ -245,6 +264,24 @@ int main(int argc, char** argv) {
         ->add_option("--synthetic-tokens", bench_args.synthetic_tokens,
                      "mono tokens of the synthetic shards (para: half as many)")
         ->capture_default_str();
+    xtreme_cmd = cli.add_subcommand(
+        "xtreme",
+        "write XTREME's processed udpos or panx files (<out>/<task>/{train,dev,test}-<lang>.tsv) "
+        "from a UD release folder of .conllu files or the unpacked PAN-X (WikiAnn) folders");
+    xtreme_cmd->add_option("--task", xtreme_args.task, "udpos or panx")
+        ->required()
+        ->check(CLI::IsMember({"udpos", "panx"}));
+    xtreme_cmd
+        ->add_option("--input", xtreme_args.input,
+                     "udpos: a UD release folder (ud-treebanks-v2.5); panx: a folder of "
+                     "<lang>/{train,dev,test} (each <lang>.tar.gz unpacked)")
+        ->required();
+    xtreme_cmd->add_option("--out", xtreme_args.out, "XTREME's download folder (finetune.data_dir)")
+        ->required();
+    xtreme_cmd
+        ->add_option("--languages", xtreme_args.languages,
+                     "comma-separated languages (default: the task's XTREME languages)")
+        ->delimiter(',');
   };
   return xlme::run_app(
       argc, argv, spec,
@@ -254,9 +291,10 @@ int main(int argc, char** argv) {
         if (bin->parsed()) return binarize(cfg, bin_options);
         if (insp->parsed()) return inspect(cfg, inspect_dir, inspect_samples);
         if (bench_cmd->parsed()) return bench(cfg, bench_args);
+        if (xtreme_cmd->parsed()) return xtreme(xtreme_args);
         spdlog::error(
-            "xlme-data needs a command: demo-corpus, train-spm, binarize, inspect, bench (see "
-            "xlme-data --help)");
+            "xlme-data needs a command: demo-corpus, train-spm, binarize, inspect, bench, xtreme "
+            "(see xlme-data --help)");
         return xlme::kExitUsage;
       },
       add_options);

@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -120,8 +122,27 @@ std::string origin_of(const Origins& origins, const std::string& key) {
   return it == origins.end() ? "default" : "from " + it->second;
 }
 
+// Fine-tuning builds file names from language codes and pair names (download/pawsx/test-de.tsv,
+// predictions/tatoeba/test-de.tsv): they are letters, digits, '_' and '-' only, so that a code
+// can never name a path ("../../x") outside finetune.data_dir or run.out_dir.
+void validate_language_codes(const FinetuneConfig& f, const Origins& o) {
+  auto check = [&](const std::string& key, const std::string& code) {
+    const bool ok = !code.empty() && std::all_of(code.begin(), code.end(), [](char ch) {
+      return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+    });
+    XLME_CHECK(ok,
+               "{} ({}) holds '{}', which is not a language code: use letters, digits, '_' and "
+               "'-' only (e.g. de, zh-yue, en-de)",
+               key, origin_of(o, key), code);
+  };
+  check("finetune.train_language", f.train_language);
+  for (const auto& code : f.languages) check("finetune.languages", code);
+  for (const auto& pair : f.pairs) check("finetune.pairs", pair);
+}
+
 // Constraints that involve more than one key; the message names each key and where it was set.
 void validate(const Config& c, const Origins& o) {
+  validate_language_codes(c.finetune, o);
   XLME_CHECK(c.run.out_dir.find_first_not_of(" \t") != std::string::npos,
              "run.out_dir ({}) is empty: the run would write into the working directory; set it "
              "to a folder, e.g. --set run.out_dir=runs/demo",

@@ -4,6 +4,7 @@
 #include "xlme/common/error.h"
 
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
@@ -192,6 +193,46 @@ std::vector<int64_t> feat_encode(const data::Tokenizer& tokenizer, const std::st
   return std::vector<int64_t>(ids.begin(), ids.end());
 }
 
+// Text fields cut before tokenization. A SentencePiece piece covers at most 16 code points
+// (max_sentencepiece_length's default), 64 UTF-8 bytes, so `tokens` tokens never need more than
+// tokens * 64 bytes of a field (runs of whitespace, which make no piece, aside): the cut changes
+// no feature of real text, and bounds the tokenizer's memory on a hostile one (a 100 MB line
+// took 24 GB).
+class FeatTextBound {
+ public:
+  static constexpr int64_t kBytesPerToken = 64;
+
+  // `tokens` is the setting that bounds the field (`name`, e.g. "max_len").
+  FeatTextBound(int64_t tokens, const char* name)
+      : tokens_(tokens), bytes_(static_cast<size_t>(tokens * kBytesPerToken)), name_(name) {}
+
+  // The ids of `text`, cut to the bound at a code-point boundary first.
+  std::vector<int64_t> encode(const data::Tokenizer& tokenizer, const std::string& text,
+                              const Source& source) {
+    if (text.size() <= bytes_) return feat_encode(tokenizer, text);
+    size_t end = bytes_;
+    while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xc0) == 0x80) --end;
+    if (cut_++ == 0) first_ = source;
+    return feat_encode(tokenizer, text.substr(0, end));
+  }
+
+  // Logs how many fields were cut, naming the first one's file and line.
+  void report() const {
+    if (cut_ == 0) return;
+    spdlog::warn(
+        "{}: {} text field(s) longer than {} bytes ({} bytes per token of {} {}) were cut to "
+        "that length before tokenization, the first at {}",
+        first_.file, cut_, bytes_, kBytesPerToken, name_, tokens_, feat_where(first_));
+  }
+
+ private:
+  int64_t tokens_;
+  size_t bytes_;
+  const char* name_;
+  int64_t cut_ = 0;
+  Source first_;
+};
+
 std::string feat_join_words(const std::vector<std::string>& words, int64_t first, int64_t last) {
   std::string out;
   for (int64_t w = first; w <= last; ++w) {
@@ -293,13 +334,14 @@ std::vector<ClassificationFeature> featurize_pairs(const std::vector<PairExample
   const auto& special = tokenizer.special_ids();
   std::vector<ClassificationFeature> features;
   features.reserve(examples.size());
+  FeatTextBound bound(max_len, "max_len");
   for (size_t e = 0; e < examples.size(); ++e) {
     const PairExample& example = examples[e];
     ClassificationFeature feature;
     feature.example = static_cast<int64_t>(e);
     feature.label = example.label.empty() ? -1 : label_index(labels, example.label, example.source);
-    const auto a = feat_encode(tokenizer, example.text_a);
-    const auto b = feat_encode(tokenizer, example.text_b);
+    const auto a = bound.encode(tokenizer, example.text_a, example.source);
+    const auto b = bound.encode(tokenizer, example.text_b, example.source);
     const auto [keep_a, keep_b] = longest_first_lengths(
         static_cast<int64_t>(a.size()), static_cast<int64_t>(b.size()), max_len - 4);
     auto& ids = feature.input_ids;
@@ -310,6 +352,7 @@ std::vector<ClassificationFeature> featurize_pairs(const std::vector<PairExample
     ids.push_back(special.eos);
     features.push_back(std::move(feature));
   }
+  bound.report();
   return features;
 }
 
@@ -325,6 +368,8 @@ std::vector<TaggingFeature> featurize_tagging(const std::vector<TaggedSentence>&
              options.max_len);
   const auto& special = tokenizer.special_ids();
   std::vector<TaggingFeature> features;
+  // A word cut to max_len * 64 bytes still has more pieces than a chunk holds: still one <unk>.
+  FeatTextBound bound(options.max_len, "max_len");
   for (size_t s = 0; s < sentences.size(); ++s) {
     const TaggedSentence& sentence = sentences[s];
     const auto& words = sentence.words;
@@ -334,7 +379,7 @@ std::vector<TaggingFeature> featurize_tagging(const std::vector<TaggedSentence>&
     std::vector<std::vector<int64_t>> pieces(words.size());
     std::vector<int64_t> label_ids(words.size(), kIgnoreLabel);
     for (size_t w = 0; w < words.size(); ++w) {
-      pieces[w] = feat_encode(tokenizer, words[w]);
+      pieces[w] = bound.encode(tokenizer, words[w], sentence.source);
       if (pieces[w].empty() || static_cast<int64_t>(pieces[w].size()) > limit) {
         pieces[w] = {special.unk};
       }
@@ -377,6 +422,7 @@ std::vector<TaggingFeature> featurize_tagging(const std::vector<TaggedSentence>&
     }
     if (!words.empty()) emit(first, words.size());
   }
+  bound.report();
   return features;
 }
 
@@ -453,6 +499,10 @@ QaFeatures featurize_qa(const std::vector<QaExample>& examples, const data::Toke
              options.max_query_len);
   const auto& special = tokenizer.special_ids();
   QaFeatures out;
+  // Context words and answers by max_len (a longer word fills whole windows), questions by
+  // max_query_len.
+  FeatTextBound context_bound(options.max_len, "max_len");
+  FeatTextBound query_bound(options.max_query_len, "max_query_len");
   // The context's words and sub-tokens, kept while consecutive questions share a paragraph.
   const std::string* context = nullptr;
   std::vector<std::string> words;
@@ -467,7 +517,7 @@ QaFeatures featurize_qa(const std::vector<QaExample>& examples, const data::Toke
       word_to_tok.resize(words.size());
       for (size_t w = 0; w < words.size(); ++w) {
         word_to_tok[w] = static_cast<int64_t>(doc.size());
-        for (const int64_t id : feat_encode(tokenizer, words[w])) {
+        for (const int64_t id : context_bound.encode(tokenizer, words[w], example.source)) {
           doc.push_back(id);
           tok_to_word.push_back(static_cast<int64_t>(w));
         }
@@ -504,7 +554,8 @@ QaFeatures featurize_qa(const std::vector<QaExample>& examples, const data::Toke
       tok_end = end_word < num_words - 1 ? word_to_tok[static_cast<size_t>(end_word + 1)] - 1
                                          : num_tokens - 1;
       // _improve_answer_span: the first, then longest, sub-span equal to the answer's own pieces.
-      const auto answer_ids = feat_encode(tokenizer, example.answers[0].text);
+      const auto answer_ids =
+          context_bound.encode(tokenizer, example.answers[0].text, example.source);
       bool improved = false;
       for (int64_t s = tok_start; s <= tok_end && !improved; ++s) {
         for (int64_t t = tok_end; t >= s && !improved; --t) {
@@ -522,7 +573,7 @@ QaFeatures featurize_qa(const std::vector<QaExample>& examples, const data::Toke
       }
     }
 
-    auto query = feat_encode(tokenizer, example.question);
+    auto query = query_bound.encode(tokenizer, example.question, example.source);
     if (static_cast<int64_t>(query.size()) > options.max_query_len) {
       query.resize(static_cast<size_t>(options.max_query_len));
     }
@@ -582,6 +633,8 @@ QaFeatures featurize_qa(const std::vector<QaExample>& examples, const data::Toke
       out.features.push_back(std::move(feature));
     }
   }
+  context_bound.report();
+  query_bound.report();
   return out;
 }
 

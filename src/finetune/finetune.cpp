@@ -76,6 +76,9 @@ int run_finetune(const config::Config& config) {
   spdlog::info("{}: {} (step {}, {} tokens seen){}, on {}", settings.task, init, pretrained.step,
                pretrained.tokens_seen, settings.untrained ? ", untrained weights" : "",
                device.str());
+  // results.json records the model that was loaded, not the config's model section.
+  config::Config recorded = config;
+  recorded.model = pretrained.model;
   nlohmann::ordered_json results;
   std::string table;
 
@@ -98,7 +101,7 @@ int run_finetune(const config::Config& config) {
       table += fmt::format("\nthe same architecture untrained (seed {}):\n{}", config.run.seed,
                            baseline.table);
     }
-    results["config"] = config::to_yaml(config, /*docs=*/false);
+    results["config"] = config::to_yaml(recorded, /*docs=*/false);
     write_file_atomic((fs::path(config.run.out_dir) / "results.json").string(),
                       results.dump(2) + "\n");
   } else {
@@ -115,7 +118,7 @@ int run_finetune(const config::Config& config) {
                              seed_folder(config.run.out_dir, settings.seeds.size(), seed)));
     }
     write_file_atomic((fs::path(config.run.out_dir) / "results.json").string(),
-                      results_json(config, seeds));
+                      results_json(recorded, seeds));
     table = results_table(seeds, Split::kTest) + results_table(seeds, Split::kDev);
     if (table.empty()) table = "no evaluation set had gold labels; predictions were written\n";
   }

@@ -119,8 +119,8 @@ ProbeReport run_retrieval(const config::FinetuneConfig& settings, model::Encoder
   for (const auto& pair : find_language_pairs(settings.data_dir, settings.pairs)) {
     const auto dash = pair.find('-');
     const auto a = pair.substr(0, dash), b = pair.substr(dash + 1);
-    const auto base = fs::path(settings.data_dir) / pair;
-    auto sentences = read_line_pairs(base.string() + "." + a, base.string() + "." + b, a, b,
+    auto sentences = read_line_pairs(path_under(settings.data_dir, pair + "." + a),
+                                     path_under(settings.data_dir, pair + "." + b), a, b,
                                      /*aligned=*/true);
     if (static_cast<int64_t>(sentences.source.size()) < settings.min_sentences) continue;
     if (settings.max_eval_examples > 0) {
@@ -155,13 +155,14 @@ ProbeReport run_tatoeba(const config::FinetuneConfig& settings, model::Encoder& 
                             : read_tatoeba_xtreme(settings.data_dir, language);
     std::vector<torch::Tensor> english_to_xx;
     if (gold) {
-      // source = xx, target = en: accuracy a_to_b is xx -> en.
+      // source = xx, target = en. XTREME's headline is en -> xx (each English sentence retrieves
+      // its translation); xx -> en is kept beside it.
       const auto scores =
           score_aligned(pairs, encoder, tokenizer, layers, settings, device, &english_to_xx);
       for (const auto& [layer, value] : scores.items()) {
-        by_layer[layer][language] = {{"xx_to_en", value.at(language + "_to_en")},
+        by_layer[layer][language] = {{"accuracy", value.at("en_to_" + language)},
                                      {"en_to_xx", value.at("en_to_" + language)},
-                                     {"accuracy", value.at("accuracy")}};
+                                     {"xx_to_en", value.at(language + "_to_en")}};
       }
     } else {
       auto xx = embed(encoder, tokenizer, pairs.source, layers, settings, device);
@@ -170,11 +171,15 @@ ProbeReport run_tatoeba(const config::FinetuneConfig& settings, model::Encoder& 
         english_to_xx.push_back(eval::nearest_neighbours(en[l], xx[l]));
       }
     }
-    // XTREME's submission: for each English line, the index of the retrieved xx sentence.
+    // XTREME's submission: for each line of the sorted English file (the leaderboard's order,
+    // whatever order the English side was read in), the index of the retrieved xx sentence.
     auto chosen = english_to_xx[static_cast<size_t>(
         std::find(layers.begin(), layers.end(), settings.layer) - layers.begin())];
-    std::vector<int64_t> indices(chosen.data_ptr<int64_t>(),
-                                 chosen.data_ptr<int64_t>() + chosen.numel());
+    const int64_t* retrieved = chosen.data_ptr<int64_t>();
+    std::vector<int64_t> indices;
+    for (const int64_t line : tatoeba_sorted_order(pairs.target)) {
+      indices.push_back(retrieved[line]);
+    }
     if (!predictions_dir.empty()) {
       write_index_predictions(prediction_path(predictions_dir, "tatoeba", language), indices);
     }
@@ -187,7 +192,8 @@ ProbeReport run_tatoeba(const config::FinetuneConfig& settings, model::Encoder& 
   for (auto& [layer, languages] : by_layer.items()) add_means(languages);
   report.results = {{"main", "accuracy"}, {"layers", by_layer}};
   report.table = score_table(by_layer, "accuracy",
-                             "tatoeba accuracy@1 (mean of en->xx and xx->en), per layer:");
+                             "tatoeba accuracy@1 en->xx (XTREME's; xx->en in results.json), per "
+                             "layer:");
   return report;
 }
 
@@ -244,9 +250,10 @@ ProbeReport run_alignment(const config::FinetuneConfig& settings, model::Encoder
   Json by_layer = Json::object();
   for (const auto& pair : find_language_pairs(settings.data_dir, settings.pairs)) {
     const auto dash = pair.find('-');
-    const auto base = (fs::path(settings.data_dir) / pair).string();
-    auto gold = read_aligned_pairs(base + "." + pair.substr(0, dash),
-                                   base + "." + pair.substr(dash + 1), base + ".gold");
+    auto gold =
+        read_aligned_pairs(path_under(settings.data_dir, pair + "." + pair.substr(0, dash)),
+                           path_under(settings.data_dir, pair + "." + pair.substr(dash + 1)),
+                           path_under(settings.data_dir, pair + ".gold"));
     if (settings.max_eval_examples > 0 &&
         static_cast<int64_t>(gold.size()) > settings.max_eval_examples) {
       gold.resize(static_cast<size_t>(settings.max_eval_examples));
@@ -287,9 +294,8 @@ std::vector<std::string> find_language_pairs(const std::string& dir,
   auto has_both = [&](const std::string& pair) {
     const auto dash = pair.find('-');
     if (dash == std::string::npos || dash == 0 || dash + 1 == pair.size()) return false;
-    const auto base = (fs::path(dir) / pair).string();
-    return fs::is_regular_file(base + "." + pair.substr(0, dash)) &&
-           fs::is_regular_file(base + "." + pair.substr(dash + 1));
+    return fs::is_regular_file(path_under(dir, pair + "." + pair.substr(0, dash))) &&
+           fs::is_regular_file(path_under(dir, pair + "." + pair.substr(dash + 1)));
   };
   if (!pairs.empty()) {
     for (const auto& pair : pairs) {

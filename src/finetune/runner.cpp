@@ -2,11 +2,13 @@
 
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
+#include "xlme/finetune/xtreme_io.h"
 #include "xlme/train/optimizer.h"
 #include "xlme/train/precision.h"
 #include "xlme/train/schedule.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
@@ -108,10 +110,23 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
   const auto dev_languages = task.languages(Split::kDev);
   const bool can_select = std::find(dev_languages.begin(), dev_languages.end(),
                                     settings.train_language) != dev_languages.end();
+  const auto& named = settings.languages;
+  XLME_CHECK(!select_best || can_select || named.empty() ||
+                 std::find(named.begin(), named.end(), settings.train_language) != named.end(),
+             "finetune.select best_dev selects on the {} dev set (finetune.train_language), but "
+             "finetune.languages [{}] does not name {}, so its dev set is not read; add {} to "
+             "finetune.languages or set finetune.select: last",
+             settings.train_language, fmt::join(named, ", "), settings.train_language,
+             settings.train_language);
   XLME_CHECK(!select_best || can_select,
              "finetune.select best_dev needs a {} dev set for {}; add it under "
              "finetune.data_dir or set finetune.select: last",
              settings.train_language, settings.task);
+  // Every evaluation set is read before the first step: a missing or damaged dev, test or gold
+  // file stops the run now, not after the training it would lose.
+  for (Split split : {Split::kDev, Split::kTest}) {
+    for (const auto& language : task.languages(split)) task.read(language, split);
+  }
   spdlog::info("seed {}: {} training features, {} steps ({} per epoch), warm-up {}, dev every {}",
                seed, examples, total, per_epoch, warmup, eval_every);
 
@@ -182,10 +197,8 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
       auto scores = evaluate_without_grad(task, model, language, split, device, bf16,
                                           predictions_dir.empty() ? nullptr : &predictions);
       if (!predictions_dir.empty()) {
-        write_file_atomic(
-            (std::filesystem::path(predictions_dir) / task.prediction_file(language, split))
-                .string(),
-            predictions);
+        write_file_atomic(path_under(predictions_dir, task.prediction_file(language, split)),
+                          predictions);
       }
       if (scores.values.empty()) continue;  // predicted, but the set has no gold to score
       if (split == Split::kDev && language == settings.train_language && !select_best) {

@@ -164,6 +164,8 @@ class PairTask : public TrainableTask {
     return {{{"accuracy", accuracy(gold, predicted)}}, "accuracy"};
   }
 
+  void read(const std::string& language, Split split) override { load(language, split); }
+
   std::vector<std::string> languages(Split split) const override {
     return EvalSets(settings_).available(
         split, [&](const std::string& language, std::string& missing) {
@@ -188,8 +190,8 @@ class PairTask : public TrainableTask {
 
   std::string gold_path(const std::string& language) const {
     return settings_.task == "xnli"
-               ? (fs::path(settings_.gold_dir) / "XNLI-1.0" / "xnli.test.tsv").string()
-               : (fs::path(settings_.gold_dir) / "x-final" / language / "test_2k.tsv").string();
+               ? path_under(settings_.gold_dir, "XNLI-1.0/xnli.test.tsv")
+               : path_under(settings_.gold_dir, "x-final/" + language + "/test_2k.tsv");
   }
 
   using Cache = EvalCache<PairExample, std::vector<ClassificationFeature>>;
@@ -280,12 +282,14 @@ class TaggingTask : public TrainableTask {
             "f1"};
   }
 
+  void read(const std::string& language, Split split) override { load(language, split); }
+
   std::vector<std::string> languages(Split split) const override {
     return EvalSets(settings_).available(
         split, [&](const std::string& language, std::string& missing) {
           if (split == Split::kTest && !settings_.gold_dir.empty()) {
             if (settings_.task == "panx") {
-              missing = (fs::path(settings_.gold_dir) / language / "test").string();
+              missing = path_under(settings_.gold_dir, language + "/test");
               return file_exists(missing);
             }
             missing = settings_.gold_dir;
@@ -311,7 +315,7 @@ class TaggingTask : public TrainableTask {
             settings_.task);
       }
       if (settings_.task == "panx") {
-        return read_panx_raw((fs::path(settings_.gold_dir) / language / "test").string());
+        return read_panx_raw(path_under(settings_.gold_dir, language + "/test"));
       }
       std::vector<TaggedSentence> sentences;
       for (const auto& file : ud_conllu_files(settings_.gold_dir, language, "test")) {
@@ -403,6 +407,8 @@ class QaTask : public TrainableTask {
     return {{{"f1", scores.f1}, {"exact_match", scores.exact_match}}, "f1"};
   }
 
+  void read(const std::string& language, Split split) override { load(language, split); }
+
   std::vector<std::string> languages(Split split) const override {
     return EvalSets(settings_).available(split,
                                          [&](const std::string& language, std::string& missing) {
@@ -421,11 +427,11 @@ class QaTask : public TrainableTask {
     if (split == Split::kDev && settings_.task != "mlqa") {
       XLME_FAIL("{} has no dev set in XTREME", settings_.task);
     }
-    auto processed = qa_file(settings_.data_dir, settings_.task, split_name(split), language);
+    // With a gold folder the answer-stripped copy under data_dir is not needed.
     if (split == Split::kTest && !settings_.gold_dir.empty()) {
-      return (fs::path(settings_.gold_dir) / fs::path(processed).filename()).string();
+      return qa_gold_file(settings_.gold_dir, settings_.task, split_name(split), language);
     }
-    return processed;
+    return qa_file(settings_.data_dir, settings_.task, split_name(split), language);
   }
 
   using Cache = EvalCache<QaExample, QaFeatures>;

@@ -251,6 +251,26 @@ void write_lines_atomic(const std::string& path, const std::vector<std::string>&
 }  // namespace xio
 }  // namespace
 
+// ---- Paths -------------------------------------------------------------------------------------
+
+std::string path_under(const std::string& root, const std::string& relative) {
+  fs::path base = fs::path(root.empty() ? "." : root).lexically_normal();
+  if (base.filename().empty() && base.has_parent_path() && base != base.root_path()) {
+    base = base.parent_path();  // "download/" -> "download"
+  }
+  const fs::path rel(relative);
+  const fs::path joined = (base / rel).lexically_normal();
+  const fs::path inside = joined.lexically_relative(base);
+  const bool ok =
+      !rel.has_root_path() && !inside.empty() && *inside.begin() != ".." && *inside.begin() != ".";
+  XLME_CHECK(ok,
+             "the path '{}' built under '{}' leads outside that folder; a language code, pair "
+             "name or file name from the config must not contain '/' or '..' (finetune.data_dir, "
+             "finetune.gold_dir and run.out_dir bound what xlme-finetune reads and writes)",
+             relative, root);
+  return (fs::path(root) / rel).string();
+}
+
 // ---- Tasks -------------------------------------------------------------------------------------
 
 const std::vector<std::string>& task_names() {
@@ -360,9 +380,10 @@ std::vector<TsvRow> read_tsv(const std::string& path, TsvQuoting quoting) {
 
 std::string pair_file(const std::string& download_dir, const std::string& task,
                       const std::string& split, const std::string& lang) {
-  const fs::path dir = fs::path(download_dir) / task;
-  const std::string current = (dir / fmt::format("{}-{}.tsv", split, lang)).string();
-  const std::string original = (dir / fmt::format("{}-{}.tsv", lang, split)).string();
+  const std::string current =
+      path_under(download_dir, fmt::format("{}/{}-{}.tsv", task, split, lang));
+  const std::string original =
+      path_under(download_dir, fmt::format("{}/{}-{}.tsv", task, lang, split));
   if (fs::is_regular_file(current)) return current;
   if (fs::is_regular_file(original)) return original;
   XLME_FAIL(
@@ -456,8 +477,7 @@ std::vector<PairExample> read_pawsx_gold(const std::string& path) {
 
 std::string tagging_file(const std::string& download_dir, const std::string& task,
                          const std::string& split, const std::string& lang) {
-  const std::string path =
-      (fs::path(download_dir) / task / fmt::format("{}-{}.tsv", split, lang)).string();
+  const std::string path = path_under(download_dir, fmt::format("{}/{}-{}.tsv", task, split, lang));
   XLME_CHECK(fs::is_regular_file(path),
              "{} {} split for language '{}': '{}' does not exist; run "
              "XTREME's download_data.sh or drop '{}' from the task's languages",
@@ -590,8 +610,11 @@ std::vector<TaggedSentence> read_conllu(const std::string& path, const std::stri
   return sentences;
 }
 
-std::vector<std::string> ud_conllu_files(const std::string& ud_dir, const std::string& lang,
-                                         const std::string& split) {
+namespace {
+
+// The `.conllu` files of `lang` and `split` under `ud_dir`, sorted by file name; maybe none.
+std::vector<std::string> find_ud_files(const std::string& ud_dir, const std::string& lang,
+                                       const std::string& split) {
   XLME_CHECK(fs::is_directory(ud_dir),
              "UD folder '{}' does not exist; unpack "
              "ud-treebanks-v2.5.tgz there",
@@ -604,39 +627,50 @@ std::vector<std::string> ud_conllu_files(const std::string& ud_dir, const std::s
       found.emplace_back(name, entry.path().string());
     }
   }
-  XLME_CHECK(!found.empty(),
-             "udpos {} split for language '{}': no '{}_*{}*.conllu' file under "
-             "'{}'",
-             split, lang, lang, split, ud_dir);
   std::sort(found.begin(), found.end());
   std::vector<std::string> paths;
   for (auto& f : found) paths.push_back(std::move(f.second));
   return paths;
 }
 
+}  // namespace
+
+std::vector<std::string> ud_conllu_files(const std::string& ud_dir, const std::string& lang,
+                                         const std::string& split) {
+  auto paths = find_ud_files(ud_dir, lang, split);
+  XLME_CHECK(!paths.empty(),
+             "udpos {} split for language '{}': no '{}_*{}*.conllu' file under "
+             "'{}'",
+             split, lang, lang, split, ud_dir);
+  return paths;
+}
+
 // ---- QA ----------------------------------------------------------------------------------------
 
-std::string qa_file(const std::string& download_dir, const std::string& task,
-                    const std::string& split, const std::string& lang) {
+namespace {
+
+// The names XTREME's scripts and preprocessing give the SQuAD-format file of `task`, `split` and
+// `lang`, relative to the download folder, most current first.
+std::vector<fs::path> qa_candidates(const std::string& task, const std::string& split,
+                                    const std::string& lang) {
   static const std::map<std::string, std::string> tydiqa_names = {
       {"ar", "arabic"},  {"bn", "bengali"},    {"en", "english"},
       {"fi", "finnish"}, {"id", "indonesian"}, {"ko", "korean"},
       {"ru", "russian"}, {"sw", "swahili"},    {"te", "telugu"}};
-  const fs::path root(download_dir);
   std::vector<fs::path> candidates;
   if (task == "squad" && (split == "train" || split == "dev")) {
-    candidates.push_back(root / "squad" / fmt::format("{}-v1.1.json", split));
+    candidates.push_back(fs::path("squad") / fmt::format("{}-v1.1.json", split));
   } else if (task == "xquad" && split == "test") {
-    candidates.push_back(root / "xquad" / fmt::format("xquad.{}.json", lang));
+    candidates.push_back(fs::path("xquad") / fmt::format("xquad.{}.json", lang));
   } else if (task == "mlqa" && (split == "dev" || split == "test")) {
-    candidates.push_back(root / "mlqa" / "MLQA_V1" / split /
+    candidates.push_back(fs::path("mlqa") / "MLQA_V1" / split /
                          fmt::format("{}-context-{}-question-{}.json", split, lang, lang));
   } else if (task == "tydiqa" && split == "train") {
-    const fs::path dir = root / "tydiqa" / "tydiqa-goldp-v1.1-train";
+    const fs::path dir = fs::path("tydiqa") / "tydiqa-goldp-v1.1-train";
     candidates.push_back(dir / fmt::format("tydiqa.goldp.{}.train.json", lang));
     candidates.push_back(dir / fmt::format("tydiqa.{}.train.json", lang));
   } else if (task == "tydiqa" && (split == "test" || split == "dev")) {
-    const fs::path dir = root / "tydiqa" / "tydiqa-goldp-v1.1-dev";
+    const fs::path dir = fs::path("tydiqa") / "tydiqa-goldp-v1.1-dev";
     candidates.push_back(dir / fmt::format("tydiqa.goldp.{}.dev.json", lang));
     candidates.push_back(dir / fmt::format("tydiqa.{}.dev.json", lang));
     const auto it = tydiqa_names.find(lang);
@@ -648,15 +682,38 @@ std::string qa_file(const std::string& download_dir, const std::string& task,
         "dev/test, tydiqa train/test",
         task, split);
   }
+  return candidates;
+}
+
+// The first of `relative` that exists under `root`; throws listing every path tried.
+std::string first_qa_file(const std::string& root, const std::vector<fs::path>& relative,
+                          const std::string& task, const std::string& split,
+                          const std::string& lang, const std::string& remedy) {
   std::vector<std::string> tried;
-  for (const auto& c : candidates) {
-    if (fs::is_regular_file(c)) return c.string();
-    tried.push_back("'" + c.string() + "'");
+  for (const auto& r : relative) {
+    const std::string path = path_under(root, r.string());
+    if (fs::is_regular_file(path)) return path;
+    tried.push_back("'" + path + "'");
   }
   XLME_FAIL(
-      "{} {} split for language '{}': {} not found; run XTREME's download_data.sh or drop "
-      "'{}' from the task's languages",
-      task, split, lang, xio::join(tried, " or "), lang);
+      "{} {} split for language '{}': {} not found; {} or drop '{}' from the task's languages",
+      task, split, lang, xio::join(tried, " or "), remedy, lang);
+}
+
+}  // namespace
+
+std::string qa_file(const std::string& download_dir, const std::string& task,
+                    const std::string& split, const std::string& lang) {
+  return first_qa_file(download_dir, qa_candidates(task, split, lang), task, split, lang,
+                       "run XTREME's download_data.sh");
+}
+
+std::string qa_gold_file(const std::string& gold_dir, const std::string& task,
+                         const std::string& split, const std::string& lang) {
+  std::vector<fs::path> names;
+  for (const auto& c : qa_candidates(task, split, lang)) names.push_back(c.filename());
+  return first_qa_file(gold_dir, names, task, split, lang,
+                       "put the file with its answers into finetune.gold_dir");
 }
 
 QaData read_squad_json(const std::string& path, bool skip_mismatched) {
@@ -726,15 +783,52 @@ QaData read_squad_json(const std::string& path, bool skip_mismatched) {
 
 const std::string& tatoeba_iso3(const std::string& lang) {
   static const std::map<std::string, std::string> codes = {
-      {"af", "afr"}, {"ar", "ara"}, {"bg", "bul"}, {"bn", "ben"}, {"de", "deu"}, {"el", "ell"},
-      {"es", "spa"}, {"et", "est"}, {"eu", "eus"}, {"fa", "pes"}, {"fi", "fin"}, {"fr", "fra"},
-      {"he", "heb"}, {"hi", "hin"}, {"hu", "hun"}, {"id", "ind"}, {"it", "ita"}, {"ja", "jpn"},
-      {"jv", "jav"}, {"ka", "kat"}, {"kk", "kaz"}, {"ko", "kor"}, {"ml", "mal"}, {"mr", "mar"},
-      {"nl", "nld"}, {"pt", "por"}, {"ru", "rus"}, {"sw", "swh"}, {"ta", "tam"}, {"te", "tel"},
-      {"th", "tha"}, {"tl", "tgl"}, {"tr", "tur"}, {"ur", "urd"}, {"vi", "vie"}, {"zh", "cmn"}};
+      {"af", "afr"},
+      {"ar", "ara"},
+      {"bg", "bul"},
+      {"bn", "ben"},
+      {"de", "deu"},
+      {"el", "ell"},
+      {"es", "spa"},
+      {"et", "est"},
+      {"eu", "eus"},
+      {"fa", "pes"},
+      {"fi", "fin"},
+      {"fr", "fra"},
+      {"he", "heb"},
+      {"hi", "hin"},
+      {"hu", "hun"},
+      {"id", "ind"},
+      {"it", "ita"},
+      {"ja", "jpn"},
+      {"jv", "jav"},
+      {"ka", "kat"},
+      {"kk", "kaz"},
+      {"ko", "kor"},
+      {"ml", "mal"},
+      {"mr", "mar"},
+      {"nl", "nld"},
+      {"pt", "por"},
+      {"ru", "rus"},
+      {"sw", "swh"},
+      {"ta", "tam"},
+      {"te", "tel"},
+      {"th", "tha"},
+      {"tl", "tgl"},
+      {"tr", "tur"},
+      {"ur", "urd"},
+      {"vi", "vie"},
+      {"zh", "cmn"},
+      // XTREME-R's additions (utils_preprocess.py's tatoeba_preprocess).
+      {"az", "aze"},
+      {"lt", "lit"},
+      {"pl", "pol"},
+      {"ro", "ron"},
+      {"uk", "ukr"}};
   const auto it = codes.find(lang);
-  XLME_CHECK(it != codes.end(), "'{}' is not a Tatoeba language of XTREME; they are: {}", lang,
-             xio::join(task_languages("tatoeba")));
+  XLME_CHECK(it != codes.end(),
+             "'{}' is not a Tatoeba language of XTREME; they are: {} and XTREME-R's az lt pl ro uk",
+             lang, xio::join(task_languages("tatoeba")));
   return it->second;
 }
 
@@ -759,14 +853,16 @@ SentencePairs read_line_pairs(const std::string& source_path, const std::string&
 
 SentencePairs read_tatoeba_laser(const std::string& dir, const std::string& lang) {
   const std::string code = tatoeba_iso3(lang);
-  const fs::path base = fs::path(dir) / fmt::format("tatoeba.{}-eng", code);
-  return read_line_pairs(base.string() + "." + code, base.string() + ".eng", lang, "en", true);
+  const std::string base = fmt::format("tatoeba.{}-eng", code);
+  return read_line_pairs(path_under(dir, base + "." + code), path_under(dir, base + ".eng"), lang,
+                         "en", true);
 }
 
 SentencePairs read_tatoeba_xtreme(const std::string& download_dir, const std::string& lang) {
   tatoeba_iso3(lang);  // validates the language
-  const fs::path base = fs::path(download_dir) / "tatoeba" / fmt::format("{}-en", lang);
-  return read_line_pairs(base.string() + "." + lang, base.string() + ".en", lang, "en", false);
+  const std::string base = fmt::format("tatoeba/{}-en", lang);
+  return read_line_pairs(path_under(download_dir, base + "." + lang),
+                         path_under(download_dir, base + ".en"), lang, "en", false);
 }
 
 std::vector<int64_t> tatoeba_sorted_order(const std::vector<std::string>& english) {
@@ -786,13 +882,13 @@ BuccCorpus read_bucc(const std::string& download_dir, const std::string& lang,
              "'{}' is not a BUCC language; they are: "
              "{}",
              lang, xio::join(task_languages("bucc")));
-  const fs::path base = fs::path(download_dir) / "bucc2018" / fmt::format("{}-en.{}", lang, split);
+  const std::string base = path_under(download_dir, fmt::format("bucc2018/{}-en.{}", lang, split));
   BuccCorpus corpus;
   corpus.language = lang;
   auto read_side = [&](const std::string& ext,
                        std::vector<std::pair<std::string, std::string>>& out,
                        std::unordered_set<std::string>& ids) {
-    const std::string path = base.string() + "." + ext;
+    const std::string path = base + "." + ext;
     xio::require_file(path, fmt::format("bucc {} split for language '{}'", split, lang));
     data::LineReader reader(path, xtreme_reader_options());
     for (std::string line; reader.next(line);) {
@@ -808,7 +904,7 @@ BuccCorpus read_bucc(const std::string& download_dir, const std::string& lang,
   std::unordered_set<std::string> source_ids, english_ids;
   read_side(lang, corpus.source, source_ids);
   read_side("en", corpus.english, english_ids);
-  const std::string gold_path = base.string() + ".gold";
+  const std::string gold_path = base + ".gold";
   if (!fs::is_regular_file(gold_path)) {
     XLME_CHECK(!require_gold,
                "bucc {} gold for language '{}': '{}' does not exist (XTREME deletes "
@@ -892,12 +988,77 @@ std::vector<AlignedPair> read_aligned_pairs(const std::string& source_path,
   return pairs;
 }
 
+// ---- XTREME's processed layout from the downloads -----------------------------------------------
+
+void write_tagged_tsv(const std::string& path, const std::vector<TaggedSentence>& sentences,
+                      bool with_tags) {
+  std::string content;
+  for (size_t s = 0; s < sentences.size(); ++s) {
+    if (s > 0) content += "\n";
+    const auto& sentence = sentences[s];
+    for (size_t w = 0; w < sentence.words.size(); ++w) {
+      content += sentence.words[w];
+      if (with_tags) content += "\t" + sentence.tags.at(w);
+      content += "\n";
+    }
+  }
+  write_file_atomic(path, content);
+}
+
+std::vector<PreparedFile> prepare_udpos(const std::string& ud_dir, const std::string& out_dir,
+                                        const std::vector<std::string>& languages) {
+  std::vector<PreparedFile> written;
+  for (const auto& lang : languages.empty() ? task_languages("udpos") : languages) {
+    for (const std::string split : {"train", "dev", "test"}) {
+      std::vector<TaggedSentence> sentences;
+      for (const auto& file : find_ud_files(ud_dir, lang, split)) {
+        auto part = read_conllu(file, lang);
+        sentences.insert(sentences.end(), std::make_move_iterator(part.begin()),
+                         std::make_move_iterator(part.end()));
+      }
+      if (sentences.empty()) continue;
+      const auto path = path_under(out_dir, fmt::format("udpos/{}-{}.tsv", split, lang));
+      write_tagged_tsv(path, sentences, split != "test");
+      written.push_back({path, static_cast<int64_t>(sentences.size())});
+    }
+  }
+  XLME_CHECK(!written.empty(),
+             "'{}' holds no '<lang>_*-ud-{{train,dev,test}}.conllu' file of the languages {}; is "
+             "it an unpacked UD release (ud-treebanks-v2.5)?",
+             ud_dir, xio::join(languages.empty() ? task_languages("udpos") : languages));
+  return written;
+}
+
+std::vector<PreparedFile> prepare_panx(const std::string& panx_dir, const std::string& out_dir,
+                                       const std::vector<std::string>& languages) {
+  XLME_CHECK(fs::is_directory(panx_dir),
+             "PAN-X folder '{}' does not exist; unpack each <lang>.tar.gz of AmazonPhotos.zip "
+             "into <folder>/<lang>/",
+             panx_dir);
+  std::vector<PreparedFile> written;
+  for (const auto& lang : languages.empty() ? task_languages("panx") : languages) {
+    for (const std::string split : {"train", "dev", "test"}) {
+      const auto raw = path_under(panx_dir, lang + "/" + split);
+      if (!fs::is_regular_file(raw)) continue;
+      const auto sentences = read_panx_raw(raw);
+      const auto path = path_under(out_dir, fmt::format("panx/{}-{}.tsv", split, lang));
+      write_tagged_tsv(path, sentences, split != "test");
+      written.push_back({path, static_cast<int64_t>(sentences.size())});
+    }
+  }
+  XLME_CHECK(!written.empty(),
+             "'{}' holds no <lang>/{{train,dev,test}} file of the languages {}; unpack each "
+             "<lang>.tar.gz of AmazonPhotos.zip into <folder>/<lang>/",
+             panx_dir, xio::join(languages.empty() ? task_languages("panx") : languages));
+  return written;
+}
+
 // ---- Submission layout -------------------------------------------------------------------------
 
 std::string prediction_path(const std::string& dir, const std::string& task,
                             const std::string& lang) {
   const bool qa = task == "xquad" || task == "mlqa" || task == "tydiqa";
-  return (fs::path(dir) / task / fmt::format("test-{}.{}", lang, qa ? "json" : "tsv")).string();
+  return path_under(dir, fmt::format("{}/test-{}.{}", task, lang, qa ? "json" : "tsv"));
 }
 
 void write_label_predictions(const std::string& path, const std::vector<std::string>& labels) {

@@ -2,10 +2,13 @@
 // and the upstream gold files), from a tiny pre-training checkpoint: every task trains or
 // probes, scores with its official metric and writes its submission files.
 #include "xlme/finetune/finetune.h"
+#include "xlme/finetune/xtreme_io.h"
 
 #include "export_fixtures.h"
 #include "test_util.h"
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include <gtest/gtest.h>
@@ -14,6 +17,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 namespace xlme::finetune {
 namespace {
@@ -61,6 +65,16 @@ class FinetuneTasks : public ::testing::Test {
   }
 
   std::string file(const std::string& relative) const { return (data_.path() / relative).string(); }
+
+  // run_finetune(c) that must fail: its error message and everything it logged.
+  static std::pair<std::string, std::string> failed_run(const config::Config& c) {
+    std::ostringstream log;
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+    spdlog::default_logger()->sinks().push_back(sink);
+    const auto error = error_message([&] { run_finetune(c); });
+    spdlog::default_logger()->sinks().pop_back();
+    return {error, log.str()};
+  }
 
   static TempDir* dir_;
   static std::string* checkpoint_;
@@ -294,9 +308,48 @@ TEST_F(FinetuneTasks, TatoebaAndBuccReadXtremesFilesAndScoreUpstreamGold) {
   write_file(file("gold/tatoeba.deu-eng.deu"), xx);
   write_file(file("gold/tatoeba.deu-eng.eng"), xx);
   auto json = run(config_for("tatoeba", {"finetune.languages=[de]", "finetune.layer=2"}));
-  EXPECT_DOUBLE_EQ(json["trained"]["layers"]["layer 2"]["de"]["accuracy"].get<double>(), 100.0);
-  const auto indices = read_file(data_.path() / "out/predictions/tatoeba/test-de.tsv");
-  EXPECT_EQ(std::count(indices.begin(), indices.end(), '\n'), 20);
+  const auto& de = json["trained"]["layers"]["layer 2"]["de"];
+  EXPECT_DOUBLE_EQ(de["accuracy"].get<double>(), 100.0);
+  EXPECT_TRUE(de.contains("en_to_xx") && de.contains("xx_to_en")) << de.dump();
+  // The leaderboard's order: line k answers the k-th line of the sorted English file, here
+  // LASER's line order[k], whose translation is xx line order[k].
+  std::string leaderboard;
+  for (const int64_t line : tatoeba_sorted_order(lines)) leaderboard += std::to_string(line) + "\n";
+  EXPECT_EQ(read_file(data_.path() / "out/predictions/tatoeba/test-de.tsv"), leaderboard);
+  // XTREME's copy (English sorted, no gold) gives the same submission.
+  auto copy = config_for("tatoeba", {"finetune.languages=[de]", "finetune.layer=2"});
+  copy.finetune.gold_dir.clear();
+  run(copy);
+  EXPECT_EQ(read_file(data_.path() / "out/predictions/tatoeba/test-de.tsv"), leaderboard);
+  // The recorded config is the model loaded (32 wide), not the config's default (768).
+  EXPECT_NE(json["config"].get<std::string>().find("hidden_size: 32"), std::string::npos)
+      << json["config"];
+
+  // XTREME's headline is en -> xx, not the mean of both directions. Three planted pairs make the
+  // directions differ: English i = W (4 new words), English i+1 = W + w5, German i = W + w5 + w6,
+  // German i+1 = 4 unrelated words. English i finds German i (the only German line sharing W),
+  // German i finds English i+1 (sharing one more word): en -> xx gains what xx -> en loses.
+  const auto other = random_words(60, 17);
+  auto en_side = lines, xx_side = lines;
+  for (size_t k = 0; k < 3; ++k) {
+    const size_t i = 6 * k + 1, first = 20 * k;
+    en_side[i] = join(other, first, 4);
+    en_side[i + 1] = join(other, first, 5);
+    xx_side[i] = join(other, first, 6);
+    xx_side[i + 1] = join(other, first + 10, 4);
+  }
+  std::string en_text, xx_text;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    en_text += en_side[i] + "\n";
+    xx_text += xx_side[i] + "\n";
+  }
+  write_file(file("gold/tatoeba.deu-eng.eng"), en_text);
+  write_file(file("gold/tatoeba.deu-eng.deu"), xx_text);
+  json = run(config_for("tatoeba", {"finetune.languages=[de]", "finetune.layer=2"}));
+  const auto& asymmetric = json["trained"]["layers"]["layer 2"]["de"];
+  EXPECT_GT(asymmetric["en_to_xx"].get<double>(), asymmetric["xx_to_en"].get<double>())
+      << asymmetric.dump();
+  EXPECT_DOUBLE_EQ(asymmetric["accuracy"].get<double>(), asymmetric["en_to_xx"].get<double>());
 
   // BUCC: ids, the dev gold to tune the threshold, the test gold from upstream.
   for (const char* split : {"dev", "test"}) {
@@ -328,6 +381,77 @@ TEST_F(FinetuneTasks, AlignmentProbeReportsAer) {
   c.finetune.data_dir = file("align");
   auto json = run(c);
   EXPECT_DOUBLE_EQ(json["trained"]["layers"]["layer 0"]["en-de"]["aer"].get<double>(), 0.0);
+}
+
+// Every configured dev, test and gold file is read before the first step: a damaged or missing one
+// stops the run at once (no "step" line was logged), naming the file.
+TEST_F(FinetuneTasks, EvaluationFilesAreReadBeforeTraining) {
+  const std::string tagged = "a\tNOUN\nb\tVERB\n\nc\tDET\n";
+  write_file(file("download/udpos/train-en.tsv"), tagged);
+  write_file(file("download/udpos/dev-en.tsv"), tagged);
+  write_file(
+      file("gold/UD_German-X/de_x-ud-test.conllu"),
+      "# sent_id = 1\n1\tJa\tja\tINTJ\t_\t_\t0\troot\t_\t_\n2\tnein\tnein\tINTJX\t_\t_\t1\t_\t_"
+      "\t_\n\n");
+  auto [error, log] = failed_run(config_for(
+      "udpos", {"finetune.languages=[de]", "finetune.max_steps=1", "finetune.select=last"}));
+  EXPECT_TRUE(
+      contains_all(error, {file("gold/UD_German-X/de_x-ud-test.conllu") + ":3", "'INTJX'"}));
+  EXPECT_EQ(log.find("step 1/1"), std::string::npos) << log;
+
+  // QA: a truncated gold JSON; with finetune.gold_dir the answer-stripped copy is not needed.
+  write_file(file("download/squad/train-v1.1.json"), squad_json(8, 1, false));
+  const auto gold = squad_json(6, 2, false);
+  write_file(file("gold/xquad.de.json"), gold.substr(0, gold.size() / 2));
+  auto qa = config_for("xquad",
+                       {"finetune.languages=[de]", "finetune.max_steps=1", "finetune.select=last",
+                        "finetune.doc_stride=16", "finetune.max_query_len=16"});
+  std::tie(error, log) = failed_run(qa);
+  EXPECT_TRUE(contains_all(error, {file("gold/xquad.de.json") + ":1", "invalid JSON"}));
+  EXPECT_EQ(log.find("step 1/1"), std::string::npos) << log;
+  write_file(file("gold/xquad.de.json"), gold);
+  EXPECT_FALSE(fs::exists(file("download/xquad/xquad.de.json")));
+  EXPECT_TRUE(run(qa)["test"]["languages"]["de"].contains("f1"));
+  // Without gold_dir the answer-stripped copy is the test set: missing, it stops the run first.
+  qa.finetune.gold_dir.clear();
+  std::tie(error, log) = failed_run(qa);
+  EXPECT_TRUE(contains_all(
+      error, {"finetune.languages names de", file("download/xquad/xquad.de.json"), "not found"}));
+  EXPECT_EQ(log.find("step 1/1"), std::string::npos) << log;
+}
+
+// Model selection reads the train language's dev set only when it is evaluated.
+TEST_F(FinetuneTasks, SelectionNamesTheMissingTrainLanguage) {
+  const std::string tagged = "a\tNOUN\nb\tVERB\n";
+  for (const char* name : {"train-en", "dev-en", "test-en", "dev-de", "test-de"}) {
+    write_file(file(std::string("download/udpos/") + name + ".tsv"), tagged);
+  }
+  auto c = config_for("udpos", {"finetune.languages=[de]", "finetune.max_steps=1"});
+  c.finetune.gold_dir.clear();
+  EXPECT_TRUE(contains_all(error_message([&] { run_finetune(c); }),
+                           {"finetune.languages [de] does not name en",
+                            "add en to finetune.languages or set finetune.select: last"}));
+  c.finetune.languages = {"de", "en"};
+  EXPECT_EQ(run_finetune(c), 0);
+}
+
+// xlme-data xtreme writes the layout xlme-finetune reads.
+TEST_F(FinetuneTasks, XtremeCommandConvertsUdReleases) {
+  write_file(file("ud/UD_English-A/en_a-ud-train.conllu"),
+             "# text = We're here\n1-2\tWe're\t_\t_\t_\t_\t_\t_\t_\t_\n"
+             "1\tWe\twe\tPRON\t_\t_\t3\tnsubj\t_\t_\n2\t're\tbe\tAUX\t_\t_\t3\tcop\t_\t_\n"
+             "3\there\there\tADV\t_\t_\t0\troot\t_\t_\n\n");
+  const auto r =
+      xlme::testing::run_tool("xlme-data", {"xtreme", "--task", "udpos", "--input", file("ud"),
+                                            "--out", file("download"), "--languages", "en,de"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_file(file("download/udpos/train-en.tsv")), "We're\tPRON\nhere\tADV\n");
+  EXPECT_TRUE(contains_all(r.out + r.err, {"1 sentences -> " + file("download/udpos/train-en.tsv"),
+                                           "finetune.data_dir=" + file("download")}));
+  const auto bad = xlme::testing::run_tool(
+      "xlme-data", {"xtreme", "--task", "panx", "--input", file("nowhere"), "--out", file("o")});
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_TRUE(contains_all(bad.out + bad.err, {file("nowhere"), "does not exist"}));
 }
 
 TEST_F(FinetuneTasks, InitMustNameAModel) {

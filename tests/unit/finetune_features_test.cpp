@@ -6,6 +6,9 @@
 
 #include "test_util.h"
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
 #include <cstdlib>
 #include <numeric>
 #include <sstream>
@@ -159,6 +162,50 @@ TEST_F(FinetuneFeatures, PairsAreXlmrEncodedAndTruncatedLongestFirst) {
   EXPECT_TRUE(contains_all(error_message([&] { featurize_pairs(examples, labels, *tok_); }),
                            {"dev-de.tsv:2: label 'neutre' is not in the label set: contradiction "
                             "entailment neutral"}));
+}
+
+// Fields longer than 64 bytes per token of max_len are cut before tokenization (a 100 MB line took
+// 24 GB): the features stay those of the whole text, and the log counts the cut fields.
+TEST_F(FinetuneFeatures, LongFieldsAreCutBeforeTokenizationWithoutChangingFeatures) {
+  const auto words = feat_random_words(2000, 11);
+  std::string euros;
+  for (int i = 0; i < 400; ++i) euros += "\xE2\x82\xAC";  // 1200 bytes; 1024 falls inside a '€'
+  const std::vector<PairExample> examples = {
+      {feat_join(words, 0, words.size()), "das Wasser", "1", {"train-en.tsv", 4}},
+      {"kurz", euros, "0", {"train-en.tsv", 5}},
+      {"kurz", "klein", "0", {"train-en.tsv", 6}}};
+  ASSERT_GT(examples[0].text_a.size(), 16u * 64u);
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  const auto features = featurize_pairs(examples, {"0", "1"}, *tok_, 16);
+  spdlog::default_logger()->sinks().pop_back();
+  const auto& sp = tok_->special_ids();
+  for (size_t e = 0; e < examples.size(); ++e) {
+    const auto a = encode(examples[e].text_a), b = encode(examples[e].text_b);
+    const auto [keep_a, keep_b] = feat_naive_longest_first(static_cast<int64_t>(a.size()),
+                                                           static_cast<int64_t>(b.size()), 12);
+    std::vector<int64_t> want = {sp.bos};
+    want.insert(want.end(), a.begin(), a.begin() + keep_a);
+    want.insert(want.end(), {sp.eos, sp.eos});
+    want.insert(want.end(), b.begin(), b.begin() + keep_b);
+    want.push_back(sp.eos);
+    EXPECT_EQ(features[e].input_ids, want) << e;
+  }
+  EXPECT_TRUE(contains_all(log.str(), {"train-en.tsv: 2 text field(s) longer than 1024 bytes (64 "
+                                       "bytes per token of max_len 16)",
+                                       "the first at train-en.tsv:4"}));
+  // A tagging word cut to the bound still has more pieces than a chunk: one <unk>, as uncut.
+  const TaggedSentence sentence{{"Haus", std::string(5000, 'x')}, {"NOUN", "X"}, {"t.tsv", 9}};
+  TaggingOptions options;
+  options.max_len = 16;
+  log.str("");
+  spdlog::default_logger()->sinks().push_back(sink);
+  const auto tagged = featurize_tagging({sentence}, {"O", "NOUN", "X"}, *tok_, options);
+  spdlog::default_logger()->sinks().pop_back();
+  ASSERT_EQ(tagged.size(), 1u);
+  EXPECT_EQ(tagged[0].input_ids[tagged[0].input_ids.size() - 3], sp.unk);
+  EXPECT_TRUE(contains_all(log.str(), {"t.tsv: 1 text field(s)", "the first at t.tsv:9"}));
 }
 
 TEST_F(FinetuneFeatures, TaggingLabelsTheFirstSubTokenOfEachWord) {

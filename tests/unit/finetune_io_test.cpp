@@ -360,5 +360,110 @@ TEST(Writers, SubmissionLayout) {
   EXPECT_EQ(read_file(dir / "p.tsv"), "de-1\ten-2\n");
 }
 
+TEST(Paths, StayUnderTheirRoot) {
+  EXPECT_EQ(path_under("download", "pawsx/train-en.tsv"), "download/pawsx/train-en.tsv");
+  EXPECT_EQ(path_under("download/", "pawsx/test-de.tsv"), "download/pawsx/test-de.tsv");
+  EXPECT_EQ(path_under("", "x-final/de/test_2k.tsv"), "x-final/de/test_2k.tsv");
+  // "test-.." is a folder name, not a step up: still inside.
+  EXPECT_EQ(path_under("/data", "pawsx/test-../x.tsv"), "/data/pawsx/test-../x.tsv");
+  for (const char* escape :
+       {"pawsx/../../x-test.tsv", "../x", "/etc/hostname", "..", ".", "a/../../b"}) {
+    EXPECT_TRUE(contains_all(error_message([&] { path_under("runs/out", escape); }),
+                             {std::string("'") + escape + "'", "'runs/out'", "leads outside"}))
+        << escape;
+  }
+  // Every reader that builds a name from a language code checks it.
+  TempDir dir;
+  EXPECT_TRUE(contains_all(
+      error_message([&] { pair_file(dir.path().string(), "xnli", "test", "../../x"); }),
+      {"'xnli/../../x-test.tsv'", "leads outside"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { prediction_path(dir / "p", "udpos", "../../../../x"); }),
+                   {"'udpos/test-../../../../x.tsv'", "leads outside"}));
+}
+
+TEST(Prepare, UdposFromConlluAsXtremesConversion) {
+  TempDir dir;
+  // Two English treebanks (concatenated in file-name order), comments, a multi-word token
+  // (its subtokens replaced by the fused form with the head's UPOS), an empty node.
+  write_file(dir / "ud/UD_English-B/en_b-ud-train.conllu",
+             "# sent_id = b1\n"
+             "# text = We're here\n"
+             "1-2\tWe're\t_\t_\t_\t_\t_\t_\t_\t_\n"
+             "1\tWe\twe\tPRON\t_\t_\t3\tnsubj\t_\t_\n"
+             "2\t're\tbe\tAUX\t_\t_\t3\tcop\t_\t_\n"
+             "3\there\there\tADV\t_\t_\t0\troot\t_\t_\n"
+             "3.1\tis\t_\tAUX\t_\t_\t_\t_\t3:cop\t_\n"
+             "\n");
+  write_file(dir / "ud/UD_English-A/en_a-ud-train.conllu",
+             "# text = Go .\n"
+             "1\tGo\tgo\tVERB\t_\t_\t0\troot\t_\t_\n"
+             "2\t.\t.\tPUNCT\t_\t_\t1\tpunct\t_\t_\n"
+             "\n"
+             "1\tNow\tnow\tADV\t_\t_\t0\troot\t_\t_\n"
+             "\n");
+  write_file(dir / "ud/UD_English-A/en_a-ud-test.conllu",
+             "1\tHi\thi\tINTJ\t_\t_\t0\troot\t_\t_\n\n");
+  write_file(dir / "ud/UD_German-A/de_a-ud-dev.conllu", "1\tJa\tja\tINTJ\t_\t_\t0\troot\t_\t_\n");
+  const auto written = prepare_udpos(dir / "ud", dir / "download", {"en", "de", "fr"});
+  ASSERT_EQ(written.size(), 3u);
+  EXPECT_EQ(written[0].path, dir / "download/udpos/train-en.tsv");
+  EXPECT_EQ(written[0].sentences, 3);
+  EXPECT_EQ(read_file(dir / "download/udpos/train-en.tsv"),
+            "Go\tVERB\n.\tPUNCT\n\nNow\tADV\n\nWe're\tPRON\nhere\tADV\n");
+  // Test files carry the words only, as XTREME's (the gold is the .conllu itself).
+  EXPECT_EQ(read_file(dir / "download/udpos/test-en.tsv"), "Hi\n");
+  EXPECT_EQ(read_file(dir / "download/udpos/dev-de.tsv"), "Ja\tINTJ\n");
+  EXPECT_FALSE(std::filesystem::exists(dir / "download/udpos/dev-en.tsv"));
+  // What it wrote is what xlme-finetune reads.
+  const auto back = read_conll_tsv(dir / "download/udpos/train-en.tsv", "udpos");
+  ASSERT_EQ(back.size(), 3u);
+  EXPECT_EQ(back[2].words, (std::vector<std::string>{"We're", "here"}));
+  EXPECT_TRUE(contains_all(error_message([&] { prepare_udpos(dir / "ud", dir / "o", {"fr"}); }),
+                           {dir / "ud", "fr", "conllu"}));
+}
+
+TEST(Prepare, PanxFromRawWikiannFolders) {
+  TempDir dir;
+  write_file(dir / "panx/en/train", "en:Atlantic\tB-LOC\nen:City:X\tI-LOC\n\nen:Bob\tB-PER\n");
+  write_file(dir / "panx/en/test", "en:Bob\tB-PER\n");
+  const auto written = prepare_panx(dir / "panx", dir / "download", {"en", "de"});
+  ASSERT_EQ(written.size(), 2u);
+  EXPECT_EQ(read_file(dir / "download/panx/train-en.tsv"),
+            "Atlantic\tB-LOC\nCity:X\tI-LOC\n\nBob\tB-PER\n");
+  EXPECT_EQ(read_file(dir / "download/panx/test-en.tsv"), "Bob\n");
+  EXPECT_TRUE(contains_all(error_message([&] { prepare_panx(dir / "panx", dir / "o", {"de"}); }),
+                           {dir / "panx", "de", "<lang>/{train,dev,test}"}));
+}
+
+TEST(Tatoeba, XtremeRLanguagesAndInvalidUtf8NamingFileAndLine) {
+  TempDir dir;
+  EXPECT_EQ(tatoeba_iso3("uk"), "ukr");
+  EXPECT_EQ(tatoeba_iso3("az"), "aze");
+  write_file(dir / "laser/tatoeba.ukr-eng.ukr", "привіт\nдо поб\xd0\n");
+  write_file(dir / "laser/tatoeba.ukr-eng.eng", "hello\ngoodbye\n");
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  const auto pairs = read_tatoeba_laser(dir / "laser", "uk");
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(pairs.source.size(), 2u);
+  EXPECT_TRUE(contains_all(log.str(), {dir / "laser/tatoeba.ukr-eng.ukr:2: invalid UTF-8"}));
+  EXPECT_TRUE(contains_all(error_message([] { tatoeba_iso3("xx"); }),
+                           {"'xx'", "XTREME-R's az lt pl ro uk"}));
+}
+
+TEST(QaFiles, GoldNeedsNoAnswerStrippedCopy) {
+  TempDir dir;
+  write_file(dir / "gold/xquad.de.json", "{}");
+  write_file(dir / "gold/test-context-ar-question-ar.json", "{}");
+  EXPECT_EQ(qa_gold_file(dir / "gold", "xquad", "test", "de"), dir / "gold/xquad.de.json");
+  EXPECT_EQ(qa_gold_file(dir / "gold", "mlqa", "test", "ar"),
+            dir / "gold/test-context-ar-question-ar.json");
+  EXPECT_TRUE(
+      contains_all(error_message([&] { qa_gold_file(dir / "gold", "xquad", "test", "ru"); }),
+                   {dir / "gold/xquad.ru.json", "finetune.gold_dir"}));
+}
+
 }  // namespace
 }  // namespace xlme::finetune

@@ -122,6 +122,7 @@ class ContainsTokenTask : public TrainableTask {
          {"positives", predicted.sum().item<double>()}},
         "accuracy"};
   }
+  void read(const std::string&, Split) override {}
   std::vector<std::string> languages(Split split) const override {
     return split == Split::kDev ? std::vector<std::string>{"en"}
                                 : std::vector<std::string>{"de", "en"};

@@ -48,6 +48,10 @@ class TrainableTask {
   virtual Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
                           const torch::Device& device, std::string* predictions) = 0;
 
+  // Reads and featurizes `language`'s `split` set now, for evaluate() to reuse; throws naming the
+  // file when it is missing or damaged.
+  virtual void read(const std::string& language, Split split) = 0;
+
   // The languages that have a `split` set to evaluate.
   virtual std::vector<std::string> languages(Split split) const = 0;
 
@@ -68,8 +72,9 @@ struct SeedResult {
   std::map<std::string, std::map<std::string, Scores>> by;  // split -> language -> scores
 };
 
-// One seed: trains `task` (finetune.* settings), selects, evaluates every language of both
-// splits, and writes predictions under `predictions_dir` (empty = none).
+// One seed: reads every evaluation set (a missing or damaged file fails before the first step),
+// trains `task` (finetune.* settings), selects, evaluates every language of both splits, and
+// writes predictions under `predictions_dir` (empty = none).
 SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableTask& task,
                               const ModelFactory& factory, int64_t seed,
                               const torch::Device& device, const std::string& predictions_dir);

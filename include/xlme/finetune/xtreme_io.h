@@ -15,6 +15,14 @@
 
 namespace xlme::finetune {
 
+// ---- Paths -------------------------------------------------------------------------------------
+
+// `root`/`relative`, checked to stay under `root` after resolving "." and ".." (lexically): every
+// path fine-tuning builds from config values (a language code, a pair name, a file name) under
+// finetune.data_dir, finetune.gold_dir or run.out_dir goes through here. Throws naming both
+// otherwise.
+std::string path_under(const std::string& root, const std::string& relative);
+
 // ---- Tasks -------------------------------------------------------------------------------------
 
 // The task names: xnli pawsx udpos panx xquad mlqa tydiqa tatoeba bucc (and squad, whose only
@@ -126,6 +134,11 @@ std::vector<std::string> ud_conllu_files(const std::string& ud_dir, const std::s
 std::string qa_file(const std::string& download_dir, const std::string& task,
                     const std::string& split, const std::string& lang);
 
+// The same file with its answers in a flat `gold_dir` (finetune.gold_dir): the name qa_file
+// finds, without its folders. Throws listing every path tried.
+std::string qa_gold_file(const std::string& gold_dir, const std::string& task,
+                         const std::string& split, const std::string& lang);
+
 struct QaData {
   std::vector<QaExample> examples;
   // Questions left out because an answer's text is not the context's text at its `answer_start`
@@ -144,7 +157,7 @@ QaData read_squad_json(const std::string& path, bool skip_mismatched = true);
 // ---- Retrieval (tatoeba, bucc) -----------------------------------------------------------------
 
 // The LASER 3-letter code for XTREME's 2-letter Tatoeba language (fa -> pes, sw -> swh, zh -> cmn,
-// ...). Throws listing the 36 languages.
+// ...): the 36 of XTREME and XTREME-R's az, lt, pl, ro, uk. Throws listing them.
 const std::string& tatoeba_iso3(const std::string& lang);
 
 // Two line-aligned files as SentencePairs (source_language/target_language given); throws naming
@@ -187,6 +200,35 @@ void parse_pharaoh_line(const std::string& line, bool one_based, const std::stri
 std::vector<AlignedPair> read_aligned_pairs(const std::string& source_path,
                                             const std::string& target_path,
                                             const std::string& gold_path, bool one_based = false);
+
+// ---- XTREME's processed layout from the downloads -----------------------------------------------
+
+// A file prepare_udpos / prepare_panx wrote.
+struct PreparedFile {
+  std::string path;
+  int64_t sentences = 0;
+};
+
+// `<out_dir>/<task>/{split}-{lang}.tsv` as XTREME's utils_preprocess.py writes them: `word TAB tag`
+// lines, a blank line between sentences (none after the last); test files hold the word only
+// (XTREME removes test labels: score test with finetune.gold_dir). Replaces the file atomically.
+void write_tagged_tsv(const std::string& path, const std::vector<TaggedSentence>& sentences,
+                      bool with_tags);
+
+// udpos from a UD release folder (e.g. ud-treebanks-v2.5), as download_data.sh does with
+// conllu_to_conll.py and udpos_preprocess: per language and split, every treebank whose file name
+// starts with "<lang>_" and contains the split, concatenated in file-name order and read by
+// read_conllu (multi-word tokens fused, empty nodes and comments skipped). `languages` empty =
+// udpos's 33; a language without files of a split gets no file. Throws naming the folder when no
+// file is found at all.
+std::vector<PreparedFile> prepare_udpos(const std::string& ud_dir, const std::string& out_dir,
+                                        const std::vector<std::string>& languages);
+
+// panx from the unpacked WikiAnn archives `<panx_dir>/<lang>/{train,dev,test}` (raw `lang:token
+// TAB tag` lines, read by read_panx_raw), as panx_preprocess. `languages` empty = panx's 40; a
+// missing file is skipped. Throws naming the folder when none is found.
+std::vector<PreparedFile> prepare_panx(const std::string& panx_dir, const std::string& out_dir,
+                                       const std::vector<std::string>& languages);
 
 // ---- Submission layout -------------------------------------------------------------------------
 

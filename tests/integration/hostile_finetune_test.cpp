@@ -1,0 +1,146 @@
+// Hostile fine-tuning inputs (issue 19, items 3(b) and 8) against the built xlme-finetune: a
+// language code that names a path outside finetune.data_dir, and a PAWS-X line of 100 MB.
+#include "xlme/finetune/finetune.h"
+
+#include "export_fixtures.h"
+#include "hostile_fixtures.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace xlme::finetune {
+namespace {
+
+namespace fs = std::filesystem;
+using xlme::testing::contains_all;
+using xlme::testing::error_message;
+using xlme::testing::fails_cleanly;
+using xlme::testing::run_hostile;
+using xlme::testing::Sentinel;
+using xlme::testing::TempDir;
+using xlme::testing::write_file;
+
+// PAWS-X rows `s1 TAB s2 TAB label` of random words.
+std::string hostile_pawsx_rows(int count, bool labels) {
+  std::string out;
+  unsigned state = 5;
+  auto word = [&state] {
+    std::string w;
+    for (int n = 0; n < 5; ++n) w += static_cast<char>('a' + (state = state * 69069u + 1u) % 26);
+    return w;
+  };
+  for (int i = 0; i < count; ++i) {
+    out += word() + " " + word() + "\t" + word() + " " + word();
+    if (labels) out += std::string("\t") + (i % 2 ? "1" : "0");
+    out += "\n";
+  }
+  return out;
+}
+
+// One tiny checkpoint for the suite; each test has its own data and run folders under `root_`.
+class HostileFinetune : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    setup_.run([] {
+      dir_ = new TempDir();
+      const auto tokenizer = xlme::testing::train_tiny_tokenizer((dir_->path() / "tok").string());
+      const auto c = xlme::testing::tiny_export_config(tokenizer, {});
+      checkpoint_ = new std::string(
+          xlme::testing::make_tiny_checkpoint(c, (dir_->path() / "run").string(), 0.02).path);
+    });
+  }
+  static void TearDownTestSuite() {
+    delete checkpoint_;
+    delete dir_;
+  }
+  inline static xlme::testing::SuiteSetUp setup_;
+  void SetUp() override {
+    setup_.check();
+    write_file(data_dir() + "/pawsx/train-en.tsv", hostile_pawsx_rows(16, true));
+    write_file(data_dir() + "/pawsx/dev-en.tsv", hostile_pawsx_rows(8, true));
+    write_file(data_dir() + "/pawsx/test-en.tsv", hostile_pawsx_rows(8, false));
+  }
+
+  // root/a/download: "../../x" from its pawsx/ folder is root/a/x.
+  std::string data_dir() const { return root_ / "a/download"; }
+  std::string out_dir() const { return root_ / "a/out"; }
+
+  // xlme-finetune's arguments for pawsx on data_dir(), then `extra` --set values.
+  std::vector<std::string> args(const std::vector<std::string>& extra) const {
+    std::vector<std::string> sets = {"finetune.task=pawsx",
+                                     "finetune.init=" + *checkpoint_,
+                                     "finetune.data_dir=" + data_dir(),
+                                     "run.out_dir=" + out_dir(),
+                                     "run.device=cpu",
+                                     "run.threads=1",
+                                     "finetune.max_len=64",
+                                     "finetune.epochs=1",
+                                     "finetune.batch_size=8",
+                                     "finetune.select=last"};
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    std::vector<std::string> out;
+    for (const auto& s : sets) out.insert(out.end(), {"--set", s});
+    return out;
+  }
+
+  static TempDir* dir_;
+  static std::string* checkpoint_;
+  TempDir root_;
+};
+TempDir* HostileFinetune::dir_ = nullptr;
+std::string* HostileFinetune::checkpoint_ = nullptr;
+
+// Item 3(b): `finetune.languages: [en, ../../x]` read root/a/x-test.tsv (XTREME's original
+// `{lang}-{split}.tsv` naming) and would write predictions beside it.
+TEST_F(HostileFinetune, LanguageCodeThatIsAPathIsRejectedAtConfigTime) {
+  const Sentinel outside(root_ / "a/x-test.tsv", hostile_pawsx_rows(8, false));
+  const auto run = run_hostile("xlme-finetune", args({"finetune.languages=[en, ../../x]"}));
+  EXPECT_TRUE(fails_cleanly(run, 1, {"finetune.languages", "'../../x'", "letters, digits"}));
+  EXPECT_TRUE(outside.untouched());
+  EXPECT_FALSE(fs::exists(root_ / "a/x.tsv"));
+  EXPECT_FALSE(fs::exists(out_dir() + "/results.json"));
+  for (const auto* key : {"finetune.train_language=../en", "finetune.pairs=[en-de, ../de]"}) {
+    EXPECT_TRUE(fails_cleanly(run_hostile("xlme-finetune", args({key})), 1, {"'../"})) << key;
+  }
+}
+
+// The same codes past the config check (a Config built in code): every path fine-tuning builds
+// goes through path_under, so the test set outside data_dir is refused before training, unread.
+TEST_F(HostileFinetune, PathsBuiltFromCodesStayUnderTheirRoots) {
+  const Sentinel outside(root_ / "a/x-test.tsv", hostile_pawsx_rows(8, false));
+  auto c = config::load_config("", [&] {
+    std::vector<std::string> sets;
+    const auto a = args({});
+    for (size_t i = 1; i < a.size(); i += 2) sets.push_back(a[i]);
+    return sets;
+  }());
+  c.finetune.languages = {"en", "../../x"};
+  EXPECT_TRUE(contains_all(error_message([&] { run_finetune(c); }),
+                           {"finetune.languages names ../../x", "leads outside",
+                            "'pawsx/../../x-test.tsv'", "'" + data_dir() + "'"}));
+  EXPECT_TRUE(outside.untouched());
+}
+
+// Item 8: one 100 MB field took 24 GB before tokenization; it is cut to max_len * 64 bytes.
+TEST_F(HostileFinetune, HundredMegabyteFieldIsCutBeforeTokenization) {
+  {
+    std::ofstream train(data_dir() + "/pawsx/train-en.tsv", std::ios::app | std::ios::binary);
+    train << std::string(100 << 20, 'a') << " end\tshort\t1\n";
+  }
+  // This run peaks at 1.2 GiB of address space (0.5 GiB resident) with the 100 MB line read;
+  // tokenizing the whole line needed 24 GB, and fails here with bad_alloc.
+  const auto run =
+      run_hostile("xlme-finetune", args({"finetune.languages=[en]"}), "", 3LL * 1024 * 1024);
+  EXPECT_TRUE(fails_cleanly(run, 0,
+                            {data_dir() + "/pawsx/train-en.tsv: 1 text field(s) longer "
+                                          "than 4096 bytes (64 bytes per token of "
+                                          "max_len 64)",
+                             "train-en.tsv:17"}));
+  EXPECT_TRUE(fs::exists(out_dir() + "/results.json"));
+}
+
+}  // namespace
+}  // namespace xlme::finetune
