@@ -97,6 +97,7 @@ _NUMPY_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": 
 _DTYPE_BYTES = {**{k: np.dtype(v).itemsize for k, v in _NUMPY_DTYPES.items()}, "BF16": 2}
 _MAX_HEADER = 100 * 1024 * 1024  # the format's own cap
 _MAX_SIZE = 2**63 - 1  # sizes and byte counts must fit LibTorch's int64, as in the C++ reader
+_MAX_DIMS = 64
 
 
 def _is_size(value):
@@ -115,6 +116,8 @@ def _tensor_span(path, name, spec):
                           f"{', '.join(_DTYPE_BYTES)}")
     if not isinstance(shape, list) or not all(_is_size(size) for size in shape):
         raise ExportError(f"{where}: its shape must be a list of sizes, got {brief(shape)}")
+    if len(shape) > _MAX_DIMS:
+        raise ExportError(f"{where} has {len(shape)} dimensions; at most {_MAX_DIMS} are read")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_size, offsets))
             and offsets[0] <= offsets[1]):
         raise ExportError(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, "

@@ -33,6 +33,9 @@ constexpr uint64_t kMaxSafetensorsHeader = 100u * 1024 * 1024;
 // The largest size, element count or byte count of a tensor: LibTorch's are int64.
 constexpr int64_t kSafetensorsMaxSize = std::numeric_limits<int64_t>::max();
 
+// The most dimensions a tensor may have (a hostile shape could list millions).
+constexpr size_t kSafetensorsMaxDims = 64;
+
 struct SafetensorsDtype {
   const char* name;
   torch::ScalarType type;
@@ -135,6 +138,9 @@ SafetensorsEntry safetensors_entry(const std::string& file, const std::string& n
   const auto& shape = spec["shape"];
   XLME_CHECK(shape.is_array(), "safetensors file '{}': the shape of tensor '{}' is not a list: {}",
              file, name, describe_json(shape));
+  XLME_CHECK(shape.size() <= kSafetensorsMaxDims,
+             "safetensors file '{}': tensor '{}' has {} dimensions; at most {} are read", file,
+             name, shape.size(), kSafetensorsMaxDims);
   // Bytes of the tensor, computed without overflow. Every size, and the product of the sizes
   // (0 counted as 1, which bounds LibTorch's strides) times the element size, must fit in int64.
   uint64_t bound = static_cast<uint64_t>(c10::elementSize(e.type));

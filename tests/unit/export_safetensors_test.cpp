@@ -185,6 +185,12 @@ TEST(Safetensors, RefusesShapesWhoseSizeOverflowsNamingTheTensor) {
           R"({"w":{"dtype":"U8","shape":[9223372036854775807],"data_offsets":[0,9223372036854775807]}})",
           "")),
       {"is truncated: its tensors need 9223372036854775807 bytes of data but the file holds 0"}));
+  std::string many_dims = "1";
+  for (int i = 0; i < 64; ++i) many_dims += ",1";
+  EXPECT_TRUE(contains_all(
+      parse_error(raw_safetensors(
+          R"({"w":{"dtype":"U8","shape":[)" + many_dims + R"(],"data_offsets":[0,1]}})", "x")),
+      {"tensor 'w' has 65 dimensions; at most 64 are read"}));
   // Empty tensors of sane shapes stay readable.
   const auto content = parse_safetensors(
       raw_safetensors(R"({"w":{"dtype":"F32","shape":[0,1048576],"data_offsets":[0,0]}})", ""),
