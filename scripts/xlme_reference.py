@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import reprlib
 import struct
 import sys
 
@@ -39,38 +40,144 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+# --- reading files that others made -------------------------------------------------------------
+
+class ExportError(ValueError):
+    """A file that is not what it should be; the message names the file (and the tensor or key).
+    The command line prints it as one line and exits 1."""
+
+
+_MAX_JSON_DEPTH = 64  # as xlme's C++ reader (kMaxJsonDepth): its own files nest three levels
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother = 3, 80, 80
+_BRIEF.maxlist = _BRIEF.maxdict = 8
+
+
+def brief(value):
+    """An untrusted value for a message, bounded however large or deep: its type and a prefix."""
+    return f"{type(value).__name__} {_BRIEF.repr(value)}"
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(raw, what):
+    """JSON from untrusted bytes; `what` names them in errors (not UTF-8, not JSON, too deep)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ExportError(f"{what} is not UTF-8 text (byte {e.start} is {raw[e.start]:#04x})") \
+            from None
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        value = None  # deeper than Python's recursion limit: reported below
+        depth = sys.getrecursionlimit()
+    except ValueError as e:
+        raise ExportError(f"{what} is not valid JSON: {e}") from None
+    else:
+        depth, stack = 0, [(value, 1)]
+        while stack and depth <= _MAX_JSON_DEPTH:
+            item, level = stack.pop()
+            if isinstance(item, (list, dict)):
+                depth = max(depth, level)
+                stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict)
+                                                       else item))
+    if depth > _MAX_JSON_DEPTH:
+        raise ExportError(f"{what} is nested too deeply: more than {_MAX_JSON_DEPTH} levels of "
+                          "lists and objects (xlme's own files nest 3)")
+    return value
+
+
 # --- safetensors (https://github.com/huggingface/safetensors), read and written with numpy ------
 
 _NUMPY_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
                  "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+_DTYPE_BYTES = {**{k: np.dtype(v).itemsize for k, v in _NUMPY_DTYPES.items()}, "BF16": 2}
+_MAX_HEADER = 100 * 1024 * 1024  # the format's own cap
+_MAX_SIZE = 2**63 - 1  # sizes and byte counts must fit LibTorch's int64, as in the C++ reader
+_MAX_DIMS = 64
+
+
+def _is_size(value):
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_SIZE
+
+
+def _tensor_span(path, name, spec):
+    """(begin, end, dtype, shape) of one header entry, checked as the C++ reader checks it."""
+    where = f"safetensors file '{path}': tensor '{name}'"
+    if not (isinstance(spec, dict) and {"dtype", "shape", "data_offsets"} <= spec.keys()):
+        raise ExportError(f"{where} needs an object with dtype, shape and data_offsets, got "
+                          f"{brief(spec)}")
+    dtype, shape, offsets = spec["dtype"], spec["shape"], spec["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in _DTYPE_BYTES:
+        raise ExportError(f"{where} has the unknown dtype {brief(dtype)}; known: "
+                          f"{', '.join(_DTYPE_BYTES)}")
+    if not isinstance(shape, list) or not all(_is_size(size) for size in shape):
+        raise ExportError(f"{where}: its shape must be a list of sizes, got {brief(shape)}")
+    if len(shape) > _MAX_DIMS:
+        raise ExportError(f"{where} has {len(shape)} dimensions; at most {_MAX_DIMS} are read")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_size, offsets))
+            and offsets[0] <= offsets[1]):
+        raise ExportError(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, "
+                          f"got {brief(offsets)}")
+    bound = math.prod(max(size, 1) for size in shape) * _DTYPE_BYTES[dtype]
+    if bound > _MAX_SIZE:
+        raise ExportError(f"{where} ({dtype} of shape {shape}) would need more than 2^63 bytes "
+                          "(its size overflows); the header is damaged or was made to break "
+                          "readers")
+    needed = 0 if 0 in shape else bound
+    if offsets[1] - offsets[0] != needed:
+        raise ExportError(f"{where} ({dtype} of shape {shape}) needs {needed} bytes but its "
+                          f"data_offsets {offsets} span {offsets[1] - offsets[0]}")
+    return offsets[0], offsets[1], dtype, shape
 
 
 def read_safetensors(path):
-    """Returns ({name: torch.Tensor}, {metadata}). BF16 becomes float32 (exactly)."""
+    """Returns ({name: torch.Tensor}, {metadata}). BF16 becomes float32 (exactly). Every header
+    is checked as xlme's C++ reader checks it; a malformed file is an ExportError naming it."""
     with open(path, "rb") as f:
         data = f.read()
     if len(data) < 8:
-        raise ValueError(f"{path}: shorter than the 8-byte header size")
+        raise ExportError(f"safetensors file '{path}' is {len(data)} bytes long, shorter than "
+                          "its 8-byte header size; it is truncated or not a safetensors file")
     (header_size,) = struct.unpack("<Q", data[:8])
-    if header_size > len(data) - 8:
-        raise ValueError(f"{path}: header of {header_size} bytes beyond the end of the file")
-    header = json.loads(data[8:8 + header_size])
-    start = 8 + header_size
+    if header_size > len(data) - 8 or header_size > _MAX_HEADER:
+        raise ExportError(f"safetensors file '{path}' announces a {header_size}-byte header but "
+                          f"the file has only {len(data) - 8} bytes after the size; it is "
+                          "truncated or not a safetensors file")
+    header = parse_json(data[8:8 + header_size], f"safetensors file '{path}': the header")
+    if not isinstance(header, dict):
+        raise ExportError(f"safetensors file '{path}': the header is not a JSON object")
+    metadata = header.pop("__metadata__", {})
+    if not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise ExportError(f"safetensors file '{path}': __metadata__ must be an object of "
+                          f"strings, got {brief(metadata)}")
+    spans = sorted((_tensor_span(path, name, spec), name) for name, spec in header.items())
+    # The tensors must tile the data region exactly: no overlap, no gap, nothing left over.
+    start, covered, previous = 8 + header_size, 0, None
+    for (begin, end, _, _), name in spans:
+        if begin < covered:
+            raise ExportError(f"safetensors file '{path}': tensors '{previous}' and '{name}' "
+                              f"overlap (bytes [{begin}, {covered}) of the data)")
+        if begin > covered:
+            raise ExportError(f"safetensors file '{path}': bytes [{covered}, {begin}) of the data "
+                              f"belong to no tensor (before '{name}')")
+        covered, previous = end, name
+    if covered != len(data) - start:
+        raise ExportError(f"safetensors file '{path}': its tensors cover {covered} bytes of data "
+                          f"but the file holds {len(data) - start}; it is truncated or damaged")
     tensors = {}
-    for name, spec in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = spec["data_offsets"]
-        if start + end > len(data):
-            raise ValueError(f"{path}: tensor {name} runs past the end of the file (truncated)")
+    for (begin, end, dtype, shape), name in spans:
         raw = data[start + begin:start + end]
-        if spec["dtype"] == "BF16":
+        if dtype == "BF16":
             # bfloat16 is the upper half of a float32.
             array = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
         else:
-            array = np.frombuffer(raw, dtype=_NUMPY_DTYPES[spec["dtype"]])
-        tensors[name] = torch.from_numpy(array.reshape(spec["shape"]).copy())
-    return tensors, header.get("__metadata__", {})
+            array = np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype])
+        tensors[name] = torch.from_numpy(array.reshape(shape).copy())
+    return tensors, metadata
 
 
 def write_safetensors(path, tensors, metadata=None):
@@ -234,17 +341,56 @@ class Encoder:
                         self.w["discriminator_head.output.bias"]).squeeze(-1)
 
 
+def _check_config(config, path):
+    """The keys Encoder reads, with their types and the limits of xlme's model config."""
+    def get(section, key, kinds, valid, expected):
+        value = section.get(key) if isinstance(section, dict) else None
+        if not isinstance(value, kinds) or isinstance(value, bool) != (kinds is bool) \
+                or not valid(value):
+            raise ExportError(f"export config '{path}': '{key}' must be {expected}, got "
+                              f"{brief(value)}")
+        return value
+
+    flag = (bool, lambda v: True, "true or false")
+    rp = config.get("relative_position")
+    for key in ("enabled", "gated", "shared_across_layers"):
+        get(rp, key, *flag)
+    get(rp, "num_buckets", int, lambda v: 4 <= v <= 1024 and v % 2 == 0,
+        "an even integer in [4, 1024]")
+    get(rp, "max_distance", int, lambda v: 2 <= v <= 1048576, "an integer in [2, 1048576]")
+    get(config, "absolute_positions", *flag)
+    get(config, "norm", str, lambda v: v in ("post", "pre"), "post or pre")
+    get(config, "layer_norm_eps", (int, float), lambda v: 0 < v <= 1, "a number in (0, 1]")
+    for key in ("dropout", "attention_dropout"):
+        get(config, key, (int, float), lambda v: 0 <= v < 1, "a number in [0, 1)")
+    for shape in (config, config.get("generator")):
+        get(shape, "layers", int, lambda v: 1 <= v <= 1024, "an integer in [1, 1024]")
+        hidden = get(shape, "hidden_size", int, lambda v: 1 <= v <= 65536,
+                     "an integer in [1, 65536]")
+        get(shape, "heads", int, lambda v: 1 <= v <= 1024 and hidden % v == 0,
+            f"an integer in [1, 1024] dividing hidden_size ({hidden})")
+    get(config.get("special_ids"), "pad", int, lambda v: v >= 0, "an integer >= 0")
+
+
 def load_model(folder, encoder="discriminator"):
-    """The encoder of an xlme-export folder (config.json + model.safetensors)."""
-    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-        config = json.load(f)
-    if config.get("format") != "xlme-export" or config.get("format_version", 0) > 1:
-        raise ValueError(f"{folder}: not an xlme-export folder of format version 1")
-    if encoder == "generator" and not config["generator"]["exported"]:
-        raise ValueError(f"{folder}: the generator was not exported (xlme-export --with-generator)")
-    weights, _ = read_safetensors(os.path.join(folder, "model.safetensors"))
+    """The encoder of an xlme-export folder (config.json + model.safetensors); a malformed file is
+    an ExportError naming it."""
+    path = os.path.join(folder, "config.json")
+    with open(path, "rb") as f:
+        config = parse_json(f.read(), f"export config '{path}'")
+    if not isinstance(config, dict) or config.get("format") != "xlme-export" \
+            or config.get("format_version") != 1:
+        raise ExportError(f"{folder}: not an xlme-export folder of format version 1 ({path})")
+    _check_config(config, path)
+    generator = config.get("generator")
+    if encoder == "generator" and generator.get("exported") is not True:
+        raise ExportError(f"{folder}: the generator was not exported "
+                          "(xlme-export --with-generator)")
+    weights_path = os.path.join(folder, "model.safetensors")
+    weights, _ = read_safetensors(weights_path)
     model = Encoder(config, weights, encoder)
     model.config = config
+    model.weights_path = weights_path
     return model
 
 
@@ -262,6 +408,45 @@ def inputs_from_ids(rows, pad):
     return ids, padding
 
 
+def run(args):
+    model = load_model(args.model, args.encoder)
+    if args.inputs:
+        inputs, _ = read_safetensors(args.inputs)
+        if "input_ids" not in inputs:
+            raise ExportError(f"safetensors file '{args.inputs}' has no tensor 'input_ids'")
+        ids = inputs["input_ids"].long()
+        positions = inputs["positions"].long() if "positions" in inputs else None
+        padding = inputs["padding"].bool() if "padding" in inputs else None
+    elif args.ids:
+        ids, padding = inputs_from_ids(args.ids, model.config["special_ids"]["pad"])
+        positions = None
+    else:
+        raise ExportError("give --ids or --inputs")
+    try:
+        states = model.hidden_states(ids, positions, padding)
+    except KeyError as e:  # Encoder reads the weights by name as it goes
+        raise ExportError(f"safetensors file '{model.weights_path}' has no tensor {e}, which the "
+                          "model of its config.json needs") from None
+
+    if args.out:
+        write_safetensors(args.out, {f"hidden.{i}": s for i, s in enumerate(states)})
+    if args.compare:
+        expected, _ = read_safetensors(args.compare)
+        missing = [f"hidden.{i}" for i in range(len(states)) if f"hidden.{i}" not in expected]
+        if missing:
+            raise ExportError(f"safetensors file '{args.compare}' has no tensor {missing[0]}")
+        real = ~padding if padding is not None else torch.ones(ids.shape, dtype=torch.bool)
+        diffs = [float((s - expected[f"hidden.{i}"].float()).abs()[real].max())
+                 for i, s in enumerate(states)]
+        print(json.dumps({"max_abs_diff": diffs, "max": max(diffs), "layers": len(diffs) - 1}))
+        return 0 if max(diffs) <= args.tolerance else 1
+    if not args.out and not args.compare:
+        for i, s in enumerate(states):
+            print(f"hidden.{i}: shape {list(s.shape)}, first values "
+                  f"{[round(v, 4) for v in s[0, 0, :4].tolist()]}")
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="xlme-export folder")
@@ -273,33 +458,10 @@ def main():
     parser.add_argument("--compare", help="safetensors with the expected hidden.<i>")
     parser.add_argument("--tolerance", type=float, default=1e-4)
     args = parser.parse_args()
-
-    model = load_model(args.model, args.encoder)
-    if args.inputs:
-        inputs, _ = read_safetensors(args.inputs)
-        ids = inputs["input_ids"].long()
-        positions = inputs["positions"].long() if "positions" in inputs else None
-        padding = inputs["padding"].bool() if "padding" in inputs else None
-    elif args.ids:
-        ids, padding = inputs_from_ids(args.ids, model.config["special_ids"]["pad"])
-        positions = None
-    else:
-        sys.exit("give --ids or --inputs")
-    states = model.hidden_states(ids, positions, padding)
-
-    if args.out:
-        write_safetensors(args.out, {f"hidden.{i}": s for i, s in enumerate(states)})
-    if args.compare:
-        expected, _ = read_safetensors(args.compare)
-        real = ~padding if padding is not None else torch.ones(ids.shape, dtype=torch.bool)
-        diffs = [float((s - expected[f"hidden.{i}"].float()).abs()[real].max())
-                 for i, s in enumerate(states)]
-        print(json.dumps({"max_abs_diff": diffs, "max": max(diffs), "layers": len(diffs) - 1}))
-        sys.exit(0 if max(diffs) <= args.tolerance else 1)
-    if not args.out and not args.compare:
-        for i, s in enumerate(states):
-            print(f"hidden.{i}: shape {list(s.shape)}, first values "
-                  f"{[round(v, 4) for v in s[0, 0, :4].tolist()]}")
+    try:
+        sys.exit(run(args))
+    except (ExportError, OSError) as e:  # one line naming the file, no traceback
+        sys.exit(f"xlme_reference.py: error: {e}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 namespace xlme::config {
@@ -140,6 +141,73 @@ void validate_language_codes(const FinetuneConfig& f, const Origins& o) {
   for (const auto& pair : f.pairs) check("finetune.pairs", pair);
 }
 
+// Where the value of a dotted key was set, for messages: "from configs/x.yaml:3", "default".
+using OriginOf = std::function<std::string(const std::string& key)>;
+
+// The constraints between the model's fields, for every reader of a model config; keys are named
+// `prefix` + the field ("model.heads" in YAML configs, "heads" in an export's config.json).
+void check_model_constraints(const ModelConfig& m, const std::string& prefix,
+                             const OriginOf& origin) {
+  const std::string& p = prefix;
+  XLME_CHECK(m.hidden_size % m.heads == 0,
+             "{}hidden_size ({}, {}) must be a multiple of {}heads ({}, {})", p, m.hidden_size,
+             origin(p + "hidden_size"), p, m.heads, origin(p + "heads"));
+  const int64_t gen_hidden = m.generator.hidden_size ? m.generator.hidden_size : m.hidden_size;
+  const int64_t gen_heads = m.generator.heads ? m.generator.heads : m.heads;
+  XLME_CHECK(gen_hidden % gen_heads == 0,
+             "the generator's hidden size ({}) must be a multiple of its number of heads ({}); "
+             "set {}generator.hidden_size ({}) and {}generator.heads ({})",
+             gen_hidden, gen_heads, p, origin(p + "generator.hidden_size"), p,
+             origin(p + "generator.heads"));
+  XLME_CHECK(m.embedding_size <= m.hidden_size,
+             "{}embedding_size ({}, {}) must not exceed {}hidden_size ({}, {}); 0 means equal to "
+             "hidden_size",
+             p, m.embedding_size, origin(p + "embedding_size"), p, m.hidden_size,
+             origin(p + "hidden_size"));
+  const auto& rp = m.relative_position;
+  XLME_CHECK(rp.num_buckets % 2 == 0,
+             "{}relative_position.num_buckets ({}, {}) must be even: half the buckets are for "
+             "each direction",
+             p, rp.num_buckets, origin(p + "relative_position.num_buckets"));
+  XLME_CHECK(rp.max_distance > rp.num_buckets / 4,
+             "{}relative_position.max_distance ({}, {}) must exceed num_buckets / 4 ({}), the "
+             "exact buckets per direction",
+             p, rp.max_distance, origin(p + "relative_position.max_distance"), rp.num_buckets / 4);
+}
+
+// Checks each field against the limits its struct's `visit` lists, for values that the YAML
+// reader (which checks them as it reads) did not read. Covers the field kinds ModelConfig has.
+class LimitChecker {
+ public:
+  LimitChecker(const std::string& source, std::string prefix)
+      : source_(source), prefix_(std::move(prefix)) {}
+
+  void field(const char* /*name*/, bool& /*value*/, const char* /*doc*/) {}
+  void field(const char* name, int64_t& value, const IntRange& range, const char* /*doc*/) {
+    check(range.contains(value), name, std::to_string(value), range.describe());
+  }
+  void field(const char* name, double& value, const RealRange& range, const char* /*doc*/) {
+    check(range.contains(value), name, detail::format_scalar(value), range.describe());
+  }
+  void field(const char* name, std::string& value, const Choices& choices, const char* /*doc*/) {
+    check(choices.contains(value), name, "'" + value + "'", choices.describe());
+  }
+  template <class T>
+  void section(const char* name, T& value, const char* /*doc*/) {
+    LimitChecker inner(source_, prefix_ + name + ".");
+    value.visit(inner);
+  }
+
+ private:
+  void check(bool ok, const char* name, const std::string& value,
+             const std::string& allowed) const {
+    XLME_CHECK(ok, "{}: {}{} is {}; it must be {}", source_, prefix_, name, value, allowed);
+  }
+
+  const std::string& source_;
+  std::string prefix_;
+};
+
 // Constraints that involve more than one key; the message names each key and where it was set.
 void validate(const Config& c, const Origins& o) {
   validate_language_codes(c.finetune, o);
@@ -148,31 +216,7 @@ void validate(const Config& c, const Origins& o) {
              "to a folder, e.g. --set run.out_dir=runs/demo",
              origin_of(o, "run.out_dir"));
   const auto& m = c.model;
-  XLME_CHECK(m.hidden_size % m.heads == 0,
-             "model.hidden_size ({}, {}) must be a multiple of model.heads ({}, {})", m.hidden_size,
-             origin_of(o, "model.hidden_size"), m.heads, origin_of(o, "model.heads"));
-  const int64_t gen_hidden = m.generator.hidden_size ? m.generator.hidden_size : m.hidden_size;
-  const int64_t gen_heads = m.generator.heads ? m.generator.heads : m.heads;
-  XLME_CHECK(gen_hidden % gen_heads == 0,
-             "the generator's hidden size ({}) must be a multiple of its number of heads ({}); "
-             "set model.generator.hidden_size ({}) and model.generator.heads ({})",
-             gen_hidden, gen_heads, origin_of(o, "model.generator.hidden_size"),
-             origin_of(o, "model.generator.heads"));
-  XLME_CHECK(m.embedding_size <= m.hidden_size,
-             "model.embedding_size ({}, {}) must not exceed model.hidden_size ({}, {}); 0 means "
-             "equal to hidden_size",
-             m.embedding_size, origin_of(o, "model.embedding_size"), m.hidden_size,
-             origin_of(o, "model.hidden_size"));
-  const auto& rp = m.relative_position;
-  XLME_CHECK(rp.num_buckets % 2 == 0,
-             "model.relative_position.num_buckets ({}, {}) must be even: half the buckets are "
-             "for each direction",
-             rp.num_buckets, origin_of(o, "model.relative_position.num_buckets"));
-  XLME_CHECK(rp.max_distance > rp.num_buckets / 4,
-             "model.relative_position.max_distance ({}, {}) must exceed num_buckets / 4 ({}), the "
-             "exact buckets per direction",
-             rp.max_distance, origin_of(o, "model.relative_position.max_distance"),
-             rp.num_buckets / 4);
+  check_model_constraints(m, "model.", [&](const std::string& key) { return origin_of(o, key); });
   for (const auto* task : {"mono", "para"}) {
     const TaskDataConfig& d = std::string(task) == "mono" ? c.data.mono : c.data.para;
     const std::string key = fmt::format("data.{}.max_len", task);
@@ -214,6 +258,13 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   for (const auto& text : overrides) apply_override(text, config, origins);
   validate(config, origins);
   return config;
+}
+
+void validate_model(const ModelConfig& model, const std::string& source) {
+  ModelConfig copy = model;  // visit() is shared with the reader, which needs mutable access
+  LimitChecker limits(source, "");
+  copy.visit(limits);
+  check_model_constraints(model, "", [&](const std::string&) { return "in " + source; });
 }
 
 std::string to_yaml(const Config& config, bool docs) {

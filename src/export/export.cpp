@@ -2,6 +2,7 @@
 
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
+#include "xlme/common/json.h"
 #include "xlme/export/folder.h"
 #include "xlme/export/pretrained.h"
 #include "xlme/export/safetensors.h"
@@ -42,15 +43,15 @@ std::map<std::string, torch::Tensor> exported_weights(Pretrained& p, bool with_g
 }
 
 // The last record of each kind ("train", "validation", ...) at or before `step` in the run's
-// metrics.jsonl; an unreadable line (a crash mid-write) is skipped.
+// metrics.jsonl; an unreadable line (a crash mid-write, or nested too deeply) is skipped.
 std::map<std::string, nlohmann::ordered_json> last_metrics(const std::string& path, int64_t step) {
   std::map<std::string, nlohmann::ordered_json> last;
   std::ifstream in(path);
   for (std::string line; std::getline(in, line);) {
     nlohmann::ordered_json record;
     try {
-      record = nlohmann::ordered_json::parse(line);
-    } catch (const nlohmann::json::exception&) {
+      record = parse_json<nlohmann::ordered_json>(line, path);
+    } catch (const Error&) {
       continue;
     }
     if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer() ||
@@ -65,10 +66,13 @@ std::map<std::string, nlohmann::ordered_json> last_metrics(const std::string& pa
   return last;
 }
 
+// A value of a metrics record for the model card (bounded: the run's file is not trusted).
 std::string metric_value(const nlohmann::ordered_json& value) {
   if (value.is_number_float()) return fmt::format("{:.4g}", value.get<double>());
-  if (value.is_string()) return value.get<std::string>();
-  return value.dump();
+  if (value.is_string() && value.get_ref<const std::string&>().size() <= kJsonExcerpt) {
+    return value.get<std::string>();
+  }
+  return json_excerpt(value);
 }
 
 std::string list_or(const std::vector<std::string>& items, const std::string& empty) {

@@ -5,6 +5,7 @@
 #include "xlme/data/tokenizer.h"
 #include "xlme/export/folder.h"
 #include "xlme/export/safetensors.h"
+#include "xlme/model/parameter_count.h"
 #include "xlme/train/checkpoint.h"
 
 #include <fmt/ranges.h>
@@ -36,7 +37,20 @@ std::string list_weight_names(const std::vector<std::string>& names) {
   return out;
 }
 
-std::string read_text_file(const std::string& path) {
+// The longest config.json read: an export's is a few kilobytes.
+constexpr uintmax_t kMaxExportConfigBytes = 1u << 20;
+
+std::string read_export_config(const std::string& path) {
+  std::error_code ec;
+  XLME_CHECK(fs::is_regular_file(path, ec),
+             "export config '{}' is missing or not a regular file: the folder is incomplete; "
+             "export the checkpoint again",
+             path);
+  const uintmax_t size = fs::file_size(path, ec);
+  XLME_CHECK(!ec && size <= kMaxExportConfigBytes,
+             "export config '{}' is {} bytes long; an export's config.json is a few kilobytes "
+             "(at most {} accepted): it is not an xlme export's",
+             path, size, kMaxExportConfigBytes);
   std::ifstream in(path, std::ios::binary);
   XLME_CHECK(in.good(), "cannot read '{}'", path);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -90,6 +104,23 @@ void check_no_unexpected_weights(torch::nn::Module& module,
              "'{}' has {} weight(s) that the model of its config does not have: {}; the weights "
              "and the config do not belong together",
              source, unexpected.size(), list_weight_names(unexpected));
+}
+
+// Loading is strict, so the weights hold every parameter of the model that the config describes.
+// A config that describes a larger model than the file holds is refused before anything is built:
+// a few edited sizes must not allocate gigabytes.
+void check_model_fits_weights(const Pretrained& p, model::Architecture architecture,
+                              const std::map<std::string, torch::Tensor>& weights,
+                              const std::string& weights_file, const std::string& config_file) {
+  const auto counts = model::analytic_parameter_counts(p.model, architecture);
+  const int64_t needed =
+      model::count_of(counts, "embeddings") + model::count_of(counts, "discriminator");
+  int64_t stored = 0;
+  for (const auto& [name, tensor] : weights) stored += tensor.numel();
+  XLME_CHECK(needed <= stored,
+             "'{}' describes a model with {} parameters in its embeddings and encoder, but '{}' "
+             "holds only {} values; the weights and the config do not belong together",
+             config_file, needed, weights_file, stored);
 }
 
 // The vocabulary size and special ids of the weights, the config and the tokenizer agree.
@@ -155,7 +186,8 @@ std::map<std::string, torch::Tensor> read_export(const std::string& path,
                                                  const PretrainedOptions& options, Pretrained& p,
                                                  std::string& config_file, bool& has_generator) {
   config_file = (fs::path(path) / kExportConfigFile).string();
-  const ExportedConfig exported = parse_exported_config(read_text_file(config_file), config_file);
+  const ExportedConfig exported =
+      parse_exported_config(read_export_config(config_file), config_file);
   p.model = exported.model;
   p.objective_set = exported.objective_set;
   p.vocab_layout = exported.vocab_layout;
@@ -221,6 +253,7 @@ Pretrained load_pretrained(const std::string& path, const PretrainedOptions& opt
   check_vocabulary(p, weights, weights_file, config_file);
 
   const auto architecture = model::architecture_for(p.objective_set);
+  check_model_fits_weights(p, architecture, weights, weights_file, config_file);
   p.discriminator =
       model::DiscriminatorModel(p.model, architecture == model::Architecture::kElectra);
   check_no_unexpected_weights(*p.discriminator, weights, has_generator, weights_file);

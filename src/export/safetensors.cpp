@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <vector>
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -27,6 +29,12 @@ namespace fs = std::filesystem;
 
 // The format's own cap on the header (safetensors refuses larger ones).
 constexpr uint64_t kMaxSafetensorsHeader = 100u * 1024 * 1024;
+
+// The largest size, element count or byte count of a tensor: LibTorch's are int64.
+constexpr int64_t kSafetensorsMaxSize = std::numeric_limits<int64_t>::max();
+
+// The most dimensions a tensor may have (a hostile shape could list millions).
+constexpr size_t kSafetensorsMaxDims = 64;
 
 struct SafetensorsDtype {
   const char* name;
@@ -104,13 +112,18 @@ struct SafetensorsEntry {
   uint64_t begin = 0, end = 0;
 };
 
+// "[2, 3]" for a shape whose sizes are checked integers.
+std::string safetensors_shape_text(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
 SafetensorsEntry safetensors_entry(const std::string& file, const std::string& name,
                                    const nlohmann::json& spec) {
   XLME_CHECK(spec.is_object() && spec.contains("dtype") && spec.contains("shape") &&
                  spec.contains("data_offsets"),
              "safetensors file '{}': tensor '{}' needs an object with dtype, shape and "
              "data_offsets, got {}",
-             file, name, spec.dump());
+             file, name, describe_json(spec));
   SafetensorsEntry e;
   e.name = name;
   const auto& dtype = spec["dtype"];
@@ -119,32 +132,48 @@ SafetensorsEntry safetensors_entry(const std::string& file, const std::string& n
                    [&](const SafetensorsDtype& d) { return dtype.is_string() && dtype == d.name; });
   XLME_CHECK(found != std::end(kSafetensorsDtypes),
              "safetensors file '{}': tensor '{}' has the unknown dtype {}; known: {}", file, name,
-             dtype.dump(), safetensors_dtype_list());
+             dtype.is_string() ? json_excerpt(dtype) : describe_json(dtype),
+             safetensors_dtype_list());
   e.type = found->type;
   const auto& shape = spec["shape"];
   XLME_CHECK(shape.is_array(), "safetensors file '{}': the shape of tensor '{}' is not a list: {}",
-             file, name, shape.dump());
-  uint64_t elements = 1;
+             file, name, describe_json(shape));
+  XLME_CHECK(shape.size() <= kSafetensorsMaxDims,
+             "safetensors file '{}': tensor '{}' has {} dimensions; at most {} are read", file,
+             name, shape.size(), kSafetensorsMaxDims);
+  // Bytes of the tensor, computed without overflow. Every size, and the product of the sizes
+  // (0 counted as 1, which bounds LibTorch's strides) times the element size, must fit in int64.
+  uint64_t bound = static_cast<uint64_t>(c10::elementSize(e.type));
+  bool overflow = false, empty = false;
   for (const auto& size : shape) {
-    XLME_CHECK(size.is_number_unsigned(),
+    XLME_CHECK(size.is_number_unsigned() &&
+                   size.get<uint64_t>() <= static_cast<uint64_t>(kSafetensorsMaxSize),
                "safetensors file '{}': the shape of tensor '{}' holds {}, not a size", file, name,
-               size.dump());
+               describe_json(size));
     e.shape.push_back(size.get<int64_t>());
-    elements *= size.get<uint64_t>();
+    empty = empty || size.get<uint64_t>() == 0;
+    overflow = overflow ||
+               __builtin_mul_overflow(bound, std::max<uint64_t>(size.get<uint64_t>(), 1), &bound) ||
+               bound > static_cast<uint64_t>(kSafetensorsMaxSize);
   }
+  XLME_CHECK(!overflow,
+             "safetensors file '{}': tensor '{}' ({} of shape {}) would need more than 2^63 bytes "
+             "(its size overflows); the header is damaged or was made to break readers",
+             file, name, found->name, safetensors_shape_text(e.shape));
   const auto& offsets = spec["data_offsets"];
   XLME_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
                  offsets[1].is_number_unsigned() && offsets[0] <= offsets[1],
              "safetensors file '{}': data_offsets of tensor '{}' must be [begin, end] with 0 <= "
              "begin <= end, got {}",
-             file, name, offsets.dump());
+             file, name, describe_json(offsets));
   e.begin = offsets[0].get<uint64_t>();
   e.end = offsets[1].get<uint64_t>();
-  const uint64_t expected = elements * static_cast<uint64_t>(c10::elementSize(e.type));
-  XLME_CHECK(e.end - e.begin == expected,
+  const uint64_t bytes = empty ? 0 : bound;
+  XLME_CHECK(e.end - e.begin == bytes,
              "safetensors file '{}': tensor '{}' ({} of shape {}) needs {} bytes but its "
              "data_offsets [{}, {}] span {}",
-             file, name, found->name, shape.dump(), expected, e.begin, e.end, e.end - e.begin);
+             file, name, found->name, safetensors_shape_text(e.shape), bytes, e.begin, e.end,
+             e.end - e.begin);
   return e;
 }
 
@@ -164,12 +193,8 @@ SafetensorsContent parse_safetensors_from(const SafetensorsReader& read, uint64_
              file, header_size, file_size - 8);
   std::string text(header_size, '\0');
   read(8, header_size, text.data());
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    XLME_FAIL("safetensors file '{}': the header is not valid JSON: {}", file, e.what());
-  }
+  const auto header =
+      parse_json<nlohmann::json>(text, fmt::format("safetensors file '{}': the header", file));
   XLME_CHECK(header.is_object(), "safetensors file '{}': the header is not a JSON object", file);
 
   SafetensorsContent content;
@@ -181,7 +206,7 @@ SafetensorsContent parse_safetensors_from(const SafetensorsReader& read, uint64_
       for (const auto& [key, value] : spec.items()) {
         XLME_CHECK(value.is_string(),
                    "safetensors file '{}': __metadata__ value of '{}' is {}, not a string", file,
-                   key, value.dump());
+                   key, describe_json(value));
         content.metadata[key] = value.get<std::string>();
       }
       continue;

@@ -364,7 +364,7 @@ TEST(ExportedConfig, ReadsBackWhatItWrites) {
   e.model.layer_norm_eps = 1e-12;
   e.model.relative_position.shared_across_layers = true;
   e.model.relative_position.gated = false;
-  e.model.generator.hidden_size = 256;
+  e.model.generator.hidden_size = 384;  // a multiple of the 12 heads, as a config must have
   e.special_ids = data::SpecialIds::for_vocab(1000);
   e.vocab_layout = "xlmr";
   e.objective_set = "mlm";
@@ -378,7 +378,7 @@ TEST(ExportedConfig, ReadsBackWhatItWrites) {
   EXPECT_EQ(back.model.layer_norm_eps, 1e-12);
   EXPECT_TRUE(back.model.relative_position.shared_across_layers);
   EXPECT_FALSE(back.model.relative_position.gated);
-  EXPECT_EQ(back.model.generator.hidden_size, 256);
+  EXPECT_EQ(back.model.generator.hidden_size, 384);
   EXPECT_EQ(back.model.generator.heads, 12);  // resolved from the discriminator's
   EXPECT_EQ(back.special_ids.mask, 999);
   EXPECT_EQ(back.vocab_layout, "xlmr");

@@ -2,15 +2,26 @@
 // specification, and every malformed file refused with a message naming the file and the fault.
 #include "xlme/export/safetensors.h"
 
+#include "xlme/common/json.h"
+
+#include "hostile_fixtures.h"
 #include "test_util.h"
 
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 namespace xlme::export_ {
 namespace {
 
+using xlme::describe_json;
+using xlme::json_excerpt;
+using xlme::kJsonExcerpt;
+using xlme::kMaxJsonDepth;
+using xlme::parse_json;
+
 using xlme::testing::contains_all;
 using xlme::testing::error_message;
+using xlme::testing::nested_json_array;
 using xlme::testing::read_file;
 using xlme::testing::TempDir;
 using xlme::testing::write_file;
@@ -96,14 +107,14 @@ TEST(Safetensors, RefusesMalformedFilesSayingWhatIsWrong) {
       parse_error(
           raw_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", "xxxx")),
       {"tensor 'a' (F32 of shape [2]) needs 8 bytes but its data_offsets [0, 4] span 4"}));
-  EXPECT_TRUE(contains_all(
-      parse_error(
-          raw_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", f32x2)),
-      {"data_offsets of tensor 'a' must be [begin, end] with 0 <= begin <= end, got [8,0]"}));
+  EXPECT_TRUE(contains_all(parse_error(raw_safetensors(
+                               R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", f32x2)),
+                           {"data_offsets of tensor 'a' must be [begin, end] with 0 <= begin <= "
+                            "end, got a list [8, 0]"}));
   EXPECT_TRUE(
       contains_all(parse_error(raw_safetensors(
                        R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", f32x2)),
-                   {"the shape of tensor 'a' holds -2, not a size"}));
+                   {"the shape of tensor 'a' holds an integer -2, not a size"}));
   EXPECT_TRUE(contains_all(
       parse_error(raw_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                                   R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
@@ -120,7 +131,7 @@ TEST(Safetensors, RefusesMalformedFilesSayingWhatIsWrong) {
       {"the data region has 12 bytes but the tensors cover only 4; 8 bytes at the end belong to "
        "no tensor"}));
   EXPECT_TRUE(contains_all(parse_error(raw_safetensors(R"({"__metadata__":{"k":1}})", "")),
-                           {"__metadata__ value of 'k' is 1, not a string"}));
+                           {"__metadata__ value of 'k' is an integer 1, not a string"}));
   EXPECT_TRUE(contains_all(parse_error(raw_safetensors(R"([1, 2])", "")),
                            {"the header is not a JSON object"}));
 
@@ -148,6 +159,119 @@ TEST(Safetensors, RefusesUnsupportedDtypesAndNames) {
   content.tensors["__metadata__"] = torch::zeros({2});
   EXPECT_TRUE(contains_all(error_message([&] { safetensors_bytes(content); }),
                            {"cannot be named '__metadata__'"}));
+}
+
+TEST(Safetensors, RefusesShapesWhoseSizeOverflowsNamingTheTensor) {
+  // 2^40 x 2^40 F32 elements: 2^82 bytes, which wraps to 0 in 64-bit arithmetic, so that the
+  // empty span [0, 0] matched it and LibTorch failed on the allocation.
+  EXPECT_TRUE(contains_all(
+      parse_error(raw_safetensors(
+          R"({"w":{"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,0]}})",
+          "")),
+      {"safetensors file 'm.safetensors': tensor 'w' (F32 of shape [1099511627776, "
+       "1099511627776]) would need more than 2^63 bytes (its size overflows)"}));
+  // A zero size makes the tensor empty, but the other sizes must still fit LibTorch's strides.
+  EXPECT_TRUE(contains_all(
+      parse_error(raw_safetensors(
+          R"({"w":{"dtype":"U8","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})", "")),
+      {"tensor 'w' (U8 of shape [0, 4294967296, 4294967296]) would need more than 2^63 bytes"}));
+  // A size beyond int64 is not a size; the largest product that fits is only truncated data.
+  EXPECT_TRUE(contains_all(
+      parse_error(raw_safetensors(
+          R"({"w":{"dtype":"U8","shape":[9223372036854775808],"data_offsets":[0,0]}})", "")),
+      {"the shape of tensor 'w' holds an integer 9223372036854775808, not a size"}));
+  EXPECT_TRUE(contains_all(
+      parse_error(raw_safetensors(
+          R"({"w":{"dtype":"U8","shape":[9223372036854775807],"data_offsets":[0,9223372036854775807]}})",
+          "")),
+      {"is truncated: its tensors need 9223372036854775807 bytes of data but the file holds 0"}));
+  std::string many_dims = "1";
+  for (int i = 0; i < 64; ++i) many_dims += ",1";
+  EXPECT_TRUE(contains_all(
+      parse_error(raw_safetensors(
+          R"({"w":{"dtype":"U8","shape":[)" + many_dims + R"(],"data_offsets":[0,1]}})", "x")),
+      {"tensor 'w' has 65 dimensions; at most 64 are read"}));
+  // Empty tensors of sane shapes stay readable.
+  const auto content = parse_safetensors(
+      raw_safetensors(R"({"w":{"dtype":"F32","shape":[0,1048576],"data_offsets":[0,0]}})", ""),
+      "m.safetensors");
+  EXPECT_EQ(content.tensors.at("w").sizes(), (std::vector<int64_t>{0, 1048576}));
+}
+
+TEST(Safetensors, RefusesDeepJsonAndNeverPrintsAWholeValue) {
+  // 100000 levels: the old reader parsed them, then dump()ed the dtype into its message and
+  // overflowed the stack.
+  const std::string deep = nested_json_array(100000);
+  EXPECT_TRUE(contains_all(
+      parse_error(raw_safetensors(
+          R"({"w":{"dtype":)" + deep + R"(,"shape":[1],"data_offsets":[0,4]}})", "xxxx")),
+      {"safetensors file 'm.safetensors': the header is nested too deeply: more than 64 levels"}));
+  EXPECT_TRUE(
+      contains_all(parse_error(raw_safetensors(R"({"__metadata__":{"k":)" + deep + "}}", "")),
+                   {"safetensors file 'm.safetensors': the header is nested too deeply"}));
+  // A huge value within the depth limit is described by its start.
+  const std::string huge(1000000, 'x');
+  const std::string message = parse_error(raw_safetensors(
+      R"({"w":{"dtype":")" + huge + R"(","shape":[1],"data_offsets":[0,4]}})", "xxxx"));
+  EXPECT_TRUE(
+      contains_all(message, {"tensor 'w' has the unknown dtype \"xxxx", "...; known: F64"}));
+  EXPECT_LT(message.size(), 300u);
+}
+
+TEST(Json, ParsesAtMostTheDepthLimitAndSaysWhatIsWrong) {
+  EXPECT_EQ(parse_json<nlohmann::json>(nested_json_array(kMaxJsonDepth), "x.json").dump(),
+            nested_json_array(kMaxJsonDepth));
+  const std::string deepest =
+      std::string(kMaxJsonDepth - 1, '[') + R"({"a": 1})" + std::string(kMaxJsonDepth - 1, ']');
+  // The value inside the deepest object is read too.
+  EXPECT_EQ(
+      parse_json<nlohmann::json>(deepest, "x.json").dump(),
+      std::string(kMaxJsonDepth - 1, '[') + R"({"a":1})" + std::string(kMaxJsonDepth - 1, ']'));
+  EXPECT_TRUE(contains_all(error_message([] {
+                             parse_json<nlohmann::json>(nested_json_array(kMaxJsonDepth + 1),
+                                                        "file 'x.json'");
+                           }),
+                           {"file 'x.json' is nested too deeply: more than 64 levels"}));
+  EXPECT_TRUE(contains_all(error_message([] {
+                             parse_json<nlohmann::ordered_json>(
+                                 R"({"a": [{"b": )" + nested_json_array(70) + "}]}",
+                                 "file 'x.json'");
+                           }),
+                           {"file 'x.json' is nested too deeply"}));
+  // The parser's message repeats the offending token; it is cut.
+  const std::string message = error_message(
+      [] { parse_json<nlohmann::json>("\"" + std::string(1000000, 'x'), "file 'x.json'"); });
+  EXPECT_TRUE(
+      contains_all(message, {"file 'x.json' is not valid JSON: [json.exception.parse_error"}));
+  EXPECT_LT(message.size(), 400u);
+}
+
+TEST(Json, DescribesValuesByKindAndABoundedStart) {
+  EXPECT_EQ(describe_json(nlohmann::json(4)), "an integer 4");
+  EXPECT_EQ(describe_json(nlohmann::json(-2.5)), "a number -2.5");
+  EXPECT_EQ(describe_json(nlohmann::json("F8")), "a string \"F8\"");
+  EXPECT_EQ(describe_json(nlohmann::json(true)), "a boolean true");
+  EXPECT_EQ(describe_json(nlohmann::json(nullptr)), "null");
+  EXPECT_EQ(describe_json(nlohmann::json::parse(R"([1, [2, 3], {"a": "b"}])")),
+            R"(a list [1, [2, 3], {"a": "b"}])");
+  // Cut at kJsonExcerpt characters, with the count of what the value holds.
+  nlohmann::json long_list = nlohmann::json::array();
+  for (int i = 0; i < 100000; ++i) long_list.push_back(i);
+  const std::string list = describe_json(long_list);
+  EXPECT_EQ(list.rfind("a list [0, 1, 2, 3, ", 0), 0u) << list;
+  EXPECT_TRUE(contains_all(list, {"... (100000 items)"}));
+  EXPECT_LT(list.size(), kJsonExcerpt + 40);
+  const std::string text = describe_json(nlohmann::json(std::string(1000000, 'y')));
+  EXPECT_EQ(text, "a string \"" + std::string(kJsonExcerpt - 1, 'y') + "...");
+  // A value deeper than the limit (built in memory, not parsed) is walked to the limit only.
+  nlohmann::json deep = nlohmann::json::array();
+  for (int i = 0; i < 1000; ++i) deep = nlohmann::json::array({deep});
+  const std::string nested = describe_json(deep);
+  EXPECT_EQ(nested.rfind("a list " + std::string(kMaxJsonDepth, '[') + "...]]]", 0), 0u) << nested;
+  EXPECT_TRUE(contains_all(nested, {"... (1 item)"}));
+  // A cut never splits a UTF-8 character: the 2-byte "é" that would straddle it goes whole.
+  EXPECT_EQ(json_excerpt(nlohmann::json(std::string(78, 'a') + "\xc3\xa9" + std::string(100, 'b'))),
+            "\"" + std::string(78, 'a') + "...");
 }
 
 }  // namespace

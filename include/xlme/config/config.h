@@ -530,6 +530,12 @@ struct Config {
 // unknown key, wrong type, out-of-range value, missing file or malformed YAML.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
+// Checks a model config that load_config did not read (an export's config.json) against the same
+// limits: each field's range as ModelConfig::visit lists it, then the constraints between fields
+// that load_config checks. Errors start with `source` ("export config 'm/config.json'") and name
+// the key as that file spells it, without "model.".
+void validate_model(const ModelConfig& model, const std::string& source);
+
 // The resolved config as YAML that load_config reads back identically; with `docs`, each key is
 // preceded by a comment with its meaning and allowed values.
 std::string to_yaml(const Config& config, bool docs = false);

@@ -1,0 +1,387 @@
+// Hostile exports (issue 19 items 1, 2, 4 and 9): a real export of a tiny model, then its
+// config.json or model.safetensors crafted to break readers (deep JSON, sizes out of range,
+// overflowing shapes, tensors sharing bytes), and --out folders that hold the input or are
+// symbolic links. Every case runs the release binaries or scripts/xlme_reference.py and asserts
+// the exit code (never a signal), the file and the key or tensor named, and that nothing the user
+// had was lost or touched.
+#include "xlme/export/export.h"
+#include "xlme/export/folder.h"
+
+#include "export_fixtures.h"
+#include "fault_fixtures.h"
+#include "hostile_fixtures.h"
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+
+namespace xlme::export_ {
+namespace {
+
+namespace fs = std::filesystem;
+using xlme::testing::contains_all;
+using xlme::testing::fails_cleanly;
+using xlme::testing::HostileRun;
+using xlme::testing::nested_json_array;
+using xlme::testing::quote;
+using xlme::testing::read_file;
+using xlme::testing::run_hostile;
+using xlme::testing::Sentinel;
+using xlme::testing::shell;
+using xlme::testing::TempDir;
+using xlme::testing::write_file;
+using xlme::testing::write_raw_safetensors;
+
+// Address space for each binary (ulimit -v): a tiny model's run fits well inside, an allocation
+// sized by a hostile config does not, and fails inside the test instead of taking the machine.
+constexpr int64_t kHostileExportLimitKiB = 6 * 1024 * 1024;
+
+constexpr const char* kHostileReferencePython = "/usr/bin/python3";
+
+class HostileExport : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    setup_.run([] {
+      dir_ = new TempDir();
+      const auto tokenizer = xlme::testing::train_tiny_tokenizer(*dir_ / "tok");
+      const auto config = xlme::testing::tiny_export_config(tokenizer, {});
+      const auto checkpoint = xlme::testing::make_tiny_checkpoint(config, *dir_ / "run");
+      step_ = "checkpoints/" + fs::path(checkpoint.path).filename().string();
+      ExportOptions options;
+      options.checkpoint = checkpoint.path;
+      options.out_dir = *dir_ / "export";
+      export_model(options);
+    });
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  inline static xlme::testing::SuiteSetUp setup_;
+  inline static TempDir* dir_ = nullptr;
+  inline static std::string step_;  // the checkpoint in the run folder: checkpoints/step_<N>
+
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(setup_.check()); }
+
+  // A copy of the suite's run folder (its checkpoint step_, metrics) at `to`.
+  static void copy_run(const std::string& to) {
+    fs::copy(*dir_ / "run", to, fs::copy_options::recursive);
+  }
+
+  // A copy of the suite's export at `to`, with the JSON text `value` put in config.json under the
+  // dotted `key` ("heads", "generator.heads"); no edit when `key` is empty.
+  static std::string export_copy(const std::string& to, const std::string& key = "",
+                                 const std::string& value = "") {
+    fs::copy(*dir_ / "export", to, fs::copy_options::recursive);
+    if (key.empty()) return to;
+    const std::string path = to + "/" + kExportConfigFile;
+    auto config = nlohmann::ordered_json::parse(read_file(path));
+    nlohmann::ordered_json* at = &config;
+    for (size_t start = 0;;) {
+      const size_t dot = key.find('.', start);
+      at = &(*at)[key.substr(start, dot - start)];
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    *at = "@VALUE@";
+    std::string text = config.dump(2);
+    text.replace(text.find("\"@VALUE@\""), 9, value);
+    write_file(path, text);
+    return to;
+  }
+
+  // xlme-export reading the export `folder` (the loader xlme-finetune uses too), writing beside it.
+  static HostileRun export_from(const std::string& folder) {
+    return run_hostile("xlme-export", {"--checkpoint", folder, "--out", folder + "-again"}, "",
+                       kHostileExportLimitKiB);
+  }
+
+  // xlme-finetune initialized from `folder`.
+  static HostileRun finetune_from(const std::string& folder, const std::string& run_dir) {
+    return run_hostile(
+        "xlme-finetune",
+        {"--config", "configs/finetune/xnli.yaml", "--set", "finetune.init=" + folder, "--set",
+         "run.out_dir=" + run_dir, "--set", "run.device=cpu"},
+        "", kHostileExportLimitKiB);
+  }
+
+  // scripts/xlme_reference.py on the export `folder`, with `args` after --model.
+  static HostileRun reference(const std::string& folder, const std::vector<std::string>& args) {
+    const TempDir scratch;
+    std::string command = "cd " + quote(XLME_SOURCE_DIR) + " && " + kHostileReferencePython +
+                          " scripts/xlme_reference.py --model " + quote(folder);
+    for (const auto& a : args) command += " " + quote(a);
+    command += " >" + quote(scratch / "out") + " 2>" + quote(scratch / "err");
+    const int status = std::system(command.c_str());
+    HostileRun r;
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    r.out = read_file(scratch / "out");
+    r.err = read_file(scratch / "err");
+    return r;
+  }
+};
+
+TEST_F(HostileExport, TheUneditedExportLoadsWithinTheMemoryLimit) {
+  // The control for every case below: the same folder, not edited, exports again.
+  TempDir dir;
+  const auto run = export_from(export_copy(dir / "e"));
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_EQ(run.signal, 0);
+}
+
+TEST_F(HostileExport, DeepJsonInConfigJsonIsRefusedNamingTheFile) {
+  // 100000 levels under "heads": the old reader dump()ed the value into "wrong type" (SIGSEGV).
+  TempDir dir;
+  const auto folder = export_copy(dir / "e", "heads", nested_json_array(100000));
+  const auto run = finetune_from(folder, dir / "run");
+  EXPECT_TRUE(fails_cleanly(
+      run, 1,
+      {"export config '" + folder + "/config.json' is nested too deeply", "more than 64 levels"}));
+}
+
+TEST_F(HostileExport, DeepJsonInTheSafetensorsHeaderIsRefusedNamingTheFile) {
+  TempDir dir;
+  const auto folder = export_copy(dir / "e");
+  write_raw_safetensors(
+      folder + "/model.safetensors",
+      R"({"w":{"dtype":)" + nested_json_array(100000) + R"(,"shape":[1],"data_offsets":[0,4]}})",
+      "xxxx");
+  const auto run = finetune_from(folder, dir / "run");
+  EXPECT_TRUE(fails_cleanly(run, 1,
+                            {"safetensors file '" + folder +
+                             "/model.safetensors': the header is nested "
+                             "too deeply"}));
+}
+
+TEST_F(HostileExport, ConfigValuesOutOfRangeAreRefusedNamingFileAndKey) {
+  struct Case {
+    std::string key, value, message;
+  };
+  // The old reader: heads 0 -> SIGFPE; negative sizes -> "internal error: negative dimension";
+  // layer_norm_eps -1 and dropout 1.5 -> loaded (NaN or garbage downstream); 4.5 -> 4.
+  const std::vector<Case> cases = {
+      {"heads", "0", "heads is 0; it must be an integer in [1, 1024]"},
+      {"heads", "3", "hidden_size (32, in export config"},
+      {"heads", "4.5", "'heads' must be a 64-bit integer, got a number 4.5"},
+      {"heads", "\"4\"", "'heads' must be a 64-bit integer, got a string \"4\""},
+      {"hidden_size", "-32", "hidden_size is -32; it must be an integer in [1, 65536]"},
+      {"ffn_size", "-1", "ffn_size is -1; it must be an integer in [1, 1048576]"},
+      {"max_positions", "-5", "max_positions is -5; it must be an integer in [1, 1048576]"},
+      {"embedding_size", "64", "embedding_size (64, in export config"},
+      {"layer_norm_eps", "-1", "layer_norm_eps is -1.0; it must be a number in (0.0, 1.0)"},
+      {"dropout", "1.5", "dropout is 1.5; it must be a number in [0.0, 1.0)"},
+      {"relative_position.num_buckets", "33", "relative_position.num_buckets (33, in export"},
+      {"generator.heads", "-4", "generator.heads is -4; it must be an integer in [0, 1024]"},
+      {"norm", "\"sideways\"", "norm is 'sideways'; it must be one of: post, pre"},
+      {"vocab_size", "0", "vocab_size is 0; it must be at least 1"},
+      {"special_ids.mask", "100000", "special_ids.mask is 100000; it must be an id of the"},
+      {"layers", "18446744073709551615",
+       "'layers' must be a 64-bit integer, got an integer 18446744073709551615"},
+  };
+  TempDir dir;
+  int n = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.key + ": " + c.value);
+    const auto folder = export_copy(dir / ("e" + std::to_string(n++)), c.key, c.value);
+    const auto run = export_from(folder);
+    EXPECT_TRUE(fails_cleanly(run, 1, {folder + "/config.json", c.message}));
+    EXPECT_FALSE(fs::exists(folder + "-again"));
+  }
+}
+
+TEST_F(HostileExport, ABillionLayersFailWithinTheMemoryLimit) {
+  // The old reader built 1e9 layers: 7.2 GB and rising before bad_alloc.
+  TempDir dir;
+  const auto folder = export_copy(dir / "e", "layers", "1e9");
+  const auto run = export_from(folder);
+  EXPECT_TRUE(fails_cleanly(run, 1,
+                            {folder + "/config.json",
+                             "layers is 1000000000; it must be an integer "
+                             "in [1, 1024]"}));
+}
+
+TEST_F(HostileExport, AnInRangeConfigLargerThanTheWeightsIsRefusedBeforeBuildingIt) {
+  // Every size at its limit: a model of about 10^14 parameters, refused before any allocation.
+  TempDir dir;
+  auto folder = export_copy(dir / "e", "layers", "1024");
+  auto config = nlohmann::ordered_json::parse(read_file(folder + "/config.json"));
+  config["hidden_size"] = 65536;
+  config["heads"] = 1024;
+  config["ffn_size"] = 1048576;
+  write_file(folder + "/config.json", config.dump(2));
+  const auto run = export_from(folder);
+  EXPECT_TRUE(
+      fails_cleanly(run, 1,
+                    {"'" + folder + "/config.json' describes a model with",
+                     "'" + folder + "/model.safetensors' holds only", "do not belong together"}));
+}
+
+TEST_F(HostileExport, ShapesWhoseSizeOverflowsAreRefusedNamingFileAndTensor) {
+  // 2^40 x 2^40 floats: the byte count wrapped to 0, matched data_offsets [0, 0], and LibTorch
+  // failed with "Storage size calculation overflowed" and a backtrace.
+  TempDir dir;
+  const auto folder = export_copy(dir / "e");
+  write_raw_safetensors(
+      folder + "/model.safetensors",
+      R"({"embeddings.token.weight":{"dtype":"F32","shape":[1099511627776,1099511627776],)"
+      R"("data_offsets":[0,0]}})",
+      "");
+  const auto run = export_from(folder);
+  EXPECT_TRUE(fails_cleanly(run, 1,
+                            {"safetensors file '" + folder + "/model.safetensors'",
+                             "tensor 'embeddings.token.weight'", "(its size overflows)"}));
+  EXPECT_EQ(run.err.find("Storage size"), std::string::npos) << run.err;
+}
+
+TEST_F(HostileExport, ForceNeverRemovesTheRunOrAFolderHoldingIt) {
+  TempDir dir;
+  copy_run(dir / "run");
+  const std::string checkpoint = dir / ("run/" + step_);
+  const auto before = xlme::testing::snapshot(dir.path().string());
+  for (const std::string& out : {dir / "run", dir / "run/checkpoints", dir.path().string(),
+                                 dir / ("run/" + step_), dir / "run/../run/"}) {
+    SCOPED_TRACE(out);
+    const auto run =
+        run_hostile("xlme-export", {"--checkpoint", checkpoint, "--out", out, "--force"});
+    EXPECT_TRUE(fails_cleanly(run, 1,
+                              {"--out '" + out +
+                                   "' is the folder being exported or "
+                                   "holds it",
+                               checkpoint}));
+    EXPECT_TRUE(xlme::testing::nothing_lost(before));
+  }
+  // The same through a symbolic link to the run's parent.
+  fs::create_directory_symlink(dir.path(), dir / "link");
+  const auto run = run_hostile("xlme-export", {"--checkpoint", dir / ("link/run/" + step_), "--out",
+                                               dir / "link/run", "--force"});
+  EXPECT_TRUE(fails_cleanly(run, 1, {"is the folder being exported or holds it"}));
+  EXPECT_TRUE(xlme::testing::nothing_lost(before));
+}
+
+TEST_F(HostileExport, ForceNeverReplacesASymbolicLinkOrWhatItPointsTo) {
+  // The rule: --out must be the real folder; a link there is refused whatever it points to (a
+  // user's folder, or even an export xlme wrote), and neither the link nor its target changes.
+  TempDir dir;
+  copy_run(dir / "run");
+  write_file(dir / "mine/notes.txt", "the user's notes\n");
+  fs::create_directory_symlink(dir / "mine", dir / "link");
+  export_copy(dir / "exported");
+  fs::create_directory_symlink(dir / "exported", dir / "link-to-export");
+  const auto before = xlme::testing::snapshot(dir.path().string());
+  const Sentinel sentinel(dir / "mine/keep.txt");  // after the snapshot, which reads every file
+  for (const std::string& link : {dir / "link", dir / "link-to-export", dir / "link-to-export/"}) {
+    SCOPED_TRACE(link);
+    const auto run = run_hostile(
+        "xlme-export", {"--checkpoint", dir / ("run/" + step_), "--out", link, "--force"});
+    EXPECT_TRUE(fails_cleanly(run, 1,
+                              {"export folder '" + link + "' is a symbolic link",
+                               "never writes or replaces through one"}));
+    EXPECT_TRUE(fs::is_symlink(dir / "link"));
+    EXPECT_TRUE(fs::is_symlink(dir / "link-to-export"));
+  }
+  EXPECT_TRUE(xlme::testing::nothing_lost(before));
+  EXPECT_TRUE(sentinel.untouched());
+}
+
+TEST_F(HostileExport, ForceRemovesAnExportButNotWhatItsLinksPointTo) {
+  // An export folder xlme wrote, with a link among its own names (__pycache__) to a user's
+  // folder: --force replaces the export and removes the link, never the files behind it.
+  TempDir dir;
+  copy_run(dir / "run");
+  const auto folder = export_copy(dir / "exported");
+  write_file(dir / "mine/notes.txt", "the user's notes\n");
+  fs::create_directory_symlink(dir / "mine", folder + "/__pycache__");
+  const auto before = xlme::testing::snapshot(dir / "mine");
+  const Sentinel sentinel(dir / "mine/keep.txt");  // after the snapshot, which reads every file
+  const auto run = run_hostile(
+      "xlme-export", {"--checkpoint", dir / ("run/" + step_), "--out", folder, "--force"});
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_FALSE(fs::exists(folder + "/__pycache__"));
+  EXPECT_TRUE(fs::is_regular_file(folder + "/.xlme-export"));
+  EXPECT_TRUE(xlme::testing::nothing_lost(before));
+  EXPECT_TRUE(sentinel.untouched());
+}
+
+TEST_F(HostileExport, TheReferenceLoaderChecksHeadersLikeTheCppReader) {
+  const auto [code, out] = shell(std::string(kHostileReferencePython) + " -c 'import torch'");
+  ASSERT_EQ(code, 0) << kHostileReferencePython
+                     << " cannot import torch; run scripts/setup.sh (python3-torch):\n"
+                     << out;
+  TempDir dir;
+  const auto folder = export_copy(dir / "e");
+  // The control: the unedited export and a well-formed input file run.
+  const std::string ids = R"("input_ids":{"dtype":"I64","shape":[1,2],"data_offsets":[0,16]})";
+  const std::string two_ids = std::string("\0\0\0\0\0\0\0\0\2\0\0\0\0\0\0\0", 16);
+  write_raw_safetensors(dir / "good.safetensors", "{" + ids + "}", two_ids);
+  auto run = reference(folder, {"--inputs", dir / "good.safetensors"});
+  ASSERT_EQ(run.code, 0) << run.err;
+
+  struct Case {
+    std::string name, header, data, message;
+  };
+  // The old loader: negative offsets and shared regions loaded with exit 0 (wrong values); the
+  // others ended in KeyError, UnicodeDecodeError, RecursionError or numpy tracebacks.
+  const std::vector<Case> cases = {
+      {"negative offset", R"({"input_ids":{"dtype":"I64","shape":[1,2],"data_offsets":[-8,8]}})",
+       two_ids,
+       "tensor 'input_ids': data_offsets must be [begin, end] with 0 <= begin <= end, got list "
+       "[-8, 8]"},
+      {"shared region",
+       "{" + ids + R"(,"positions":{"dtype":"I64","shape":[1,2],"data_offsets":[0,16]}})", two_ids,
+       "tensors 'input_ids' and 'positions' overlap"},
+      {"gap", R"({"input_ids":{"dtype":"I64","shape":[1,2],"data_offsets":[8,24]}})",
+       two_ids + two_ids, "bytes [0, 8) of the data belong to no tensor (before 'input_ids')"},
+      {"unknown dtype", R"({"input_ids":{"dtype":"Q7","shape":[1,2],"data_offsets":[0,16]}})",
+       two_ids, "tensor 'input_ids' has the unknown dtype str 'Q7'"},
+      {"span", R"({"input_ids":{"dtype":"I64","shape":[1,3],"data_offsets":[0,16]}})", two_ids,
+       "tensor 'input_ids' (I64 of shape [1, 3]) needs 24 bytes but its data_offsets [0, 16] "
+       "span 16"},
+      {"overflow",
+       R"({"input_ids":{"dtype":"F32","shape":[1099511627776,1099511627776],)"
+       R"("data_offsets":[0,0]}})",
+       "",
+       "tensor 'input_ids' (F32 of shape [1099511627776, 1099511627776]) would need more "
+       "than 2^63 bytes"},
+      {"no dtype", R"({"input_ids":{"shape":[1,2],"data_offsets":[0,16]}})", two_ids,
+       "tensor 'input_ids' needs an object with dtype, shape and data_offsets"},
+      {"deep", R"({"input_ids":)" + nested_json_array(100000) + "}", "",
+       "the header is nested too deeply: more than 64 levels"},
+      {"not UTF-8", "{\"input_ids\xff\":1}", "", "the header is not UTF-8 text (byte 11 is 0xff)"},
+      {"left over", "{" + ids + "}", two_ids + "xxxx",
+       "its tensors cover 16 bytes of data but the file holds 20"},
+      {"no input_ids", "{}", "", "has no tensor 'input_ids'"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string file = dir / "in.safetensors";
+    write_raw_safetensors(file, c.header, c.data);
+    run = reference(folder, {"--inputs", file});
+    EXPECT_TRUE(fails_cleanly(
+        run, 1, {"xlme_reference.py: error: safetensors file '" + file + "'", c.message}));
+    EXPECT_EQ(run.err.find("Traceback"), std::string::npos) << run.err;
+    EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
+  }
+
+  // The export's own files: a deep config.json, heads 0, and weights that lack a tensor.
+  const auto deep = export_copy(dir / "deep", "heads", nested_json_array(100000));
+  run = reference(deep, {"--ids", "0 2"});
+  EXPECT_TRUE(fails_cleanly(run, 1,
+                            {"export config '" + deep +
+                             "/config.json' is nested too "
+                             "deeply"}));
+  const auto zero = export_copy(dir / "zero", "heads", "0");
+  run = reference(zero, {"--ids", "0 2"});
+  EXPECT_TRUE(fails_cleanly(run, 1,
+                            {"export config '" + zero +
+                             "/config.json': 'heads' must be "
+                             "an integer in [1, 1024]"}));
+  const auto lacking = export_copy(dir / "lacking");
+  write_raw_safetensors(lacking + "/model.safetensors", "{}", "");
+  run = reference(lacking, {"--ids", "0 2"});
+  EXPECT_TRUE(fails_cleanly(run, 1,
+                            {"safetensors file '" + lacking +
+                             "/model.safetensors' has "
+                             "no tensor 'embeddings."}));
+  EXPECT_EQ(run.err.find("Traceback"), std::string::npos) << run.err;
+}
+
+}  // namespace
+}  // namespace xlme::export_
