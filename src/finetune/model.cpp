@@ -66,11 +66,18 @@ torch::Tensor FinetuneModelImpl::forward(const torch::Tensor& input_ids,
   return sequence_head ? sequence_head->forward(hidden) : token_head->forward(hidden);
 }
 
-int64_t parameter_depth(const std::string& name, int64_t layers) {
+int64_t parameter_depth(const std::string& name, int64_t layers, model::LayerSharing sharing) {
   if (name.rfind("embeddings.", 0) == 0) return 0;
   const std::string layer_prefix = "discriminator.layers.";
   if (name.rfind(layer_prefix, 0) == 0) {
     const auto rest = name.substr(layer_prefix.size());
+    const auto sub_layer = rest.substr(rest.find('.') + 1);  // e.g. "attention.query.weight"
+    const bool attention = sub_layer.rfind("attention", 0) == 0;
+    if (sharing == model::LayerSharing::kAll ||
+        (sharing == model::LayerSharing::kAttention && attention) ||
+        (sharing == model::LayerSharing::kFfn && !attention)) {
+      return layers + 1;
+    }
     return std::stoll(rest.substr(0, rest.find('.'))) + 1;
   }
   for (const char* early : {"discriminator.embedding_norm.", "discriminator.embedding_projection.",
@@ -81,14 +88,15 @@ int64_t parameter_depth(const std::string& name, int64_t layers) {
 }
 
 std::unique_ptr<torch::optim::AdamW> make_finetune_adamw(const torch::nn::Module& model,
-                                                         int64_t layers, double lr,
+                                                         int64_t layers,
+                                                         model::LayerSharing sharing, double lr,
                                                          double layer_decay, double weight_decay,
                                                          std::vector<double>& scales) {
   // (depth, decays) -> parameters, in a deterministic order.
   std::map<std::pair<int64_t, bool>, std::vector<torch::Tensor>> grouped;
   for (const auto& item : model.named_parameters()) {
     if (!item.value().requires_grad()) continue;
-    grouped[{parameter_depth(item.key(), layers), train::takes_weight_decay(item.value())}]
+    grouped[{parameter_depth(item.key(), layers, sharing), train::takes_weight_decay(item.value())}]
         .push_back(item.value());
   }
   XLME_CHECK(!grouped.empty(), "the fine-tuning optimizer got no trainable parameters");

@@ -91,8 +91,9 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
   train::enable_tf32(device);
   result.precision = bf16 ? "bf16" : "fp32";
   std::vector<double> scales;
-  auto optimizer = make_finetune_adamw(*model, model->layers(), settings.lr,
-                                       settings.layer_lr_decay, settings.weight_decay, scales);
+  auto optimizer =
+      make_finetune_adamw(*model, model->layers(), model->encoder->options().sharing, settings.lr,
+                          settings.layer_lr_decay, settings.weight_decay, scales);
 
   const int64_t examples = task.train_size();
   XLME_CHECK(examples > 0, "finetune.task {}: no training features for {}", settings.task,

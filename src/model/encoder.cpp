@@ -6,6 +6,15 @@
 
 namespace xlme::model {
 
+LayerSharing parse_layer_sharing(const std::string& name) {
+  if (name == "none") return LayerSharing::kNone;
+  if (name == "all") return LayerSharing::kAll;
+  if (name == "attention") return LayerSharing::kAttention;
+  XLME_CHECK(name == "ffn", "model.share_layers must be none, all, attention or ffn, not '{}'",
+             name);
+  return LayerSharing::kFfn;
+}
+
 EncoderOptions EncoderOptions::discriminator(const config::ModelConfig& model) {
   EncoderOptions o;
   o.vocab_size = model.vocab_size;
@@ -28,6 +37,7 @@ EncoderOptions EncoderOptions::discriminator(const config::ModelConfig& model) {
   o.max_distance = model.relative_position.max_distance;
   o.embedding_delta = model.embedding_sharing == "gdes";
   o.attention = model.attention;
+  o.sharing = parse_layer_sharing(model.share_layers);
   return o;
 }
 
@@ -82,24 +92,34 @@ torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
   return output(torch::gelu(intermediate(x)));
 }
 
-EncoderLayerImpl::EncoderLayerImpl(const EncoderOptions& options)
+EncoderLayerImpl::EncoderLayerImpl(const EncoderOptions& options, const EncoderLayerImpl* first)
     : dropout_(options.dropout), pre_norm_(options.pre_norm) {
-  SelfAttentionOptions a;
-  a.hidden_size = options.hidden_size;
-  a.heads = options.heads;
-  a.attention_dropout = options.attention_dropout;
-  a.relative_bias = options.relative_bias;
-  a.own_table = !options.shared_table;
-  a.gated = options.gated;
-  a.num_buckets = options.num_buckets;
-  a.init_std = options.init_std;
-  a.kernel = options.attention;
-  attention = register_module("attention", SelfAttention(a));
-  attention_norm =
-      register_module("attention_norm", layer_norm(options.hidden_size, options.layer_norm_eps));
-  ffn =
-      register_module("ffn", FeedForward(options.hidden_size, options.ffn_size, options.init_std));
-  ffn_norm = register_module("ffn_norm", layer_norm(options.hidden_size, options.layer_norm_eps));
+  if (first != nullptr && options.shares_attention()) {
+    attention = first->attention;
+    attention_norm = first->attention_norm;
+  } else {
+    SelfAttentionOptions a;
+    a.hidden_size = options.hidden_size;
+    a.heads = options.heads;
+    a.attention_dropout = options.attention_dropout;
+    a.relative_bias = options.relative_bias;
+    a.own_table = !options.shared_table;
+    a.gated = options.gated;
+    a.num_buckets = options.num_buckets;
+    a.init_std = options.init_std;
+    a.kernel = options.attention;
+    attention = register_module("attention", SelfAttention(a));
+    attention_norm =
+        register_module("attention_norm", layer_norm(options.hidden_size, options.layer_norm_eps));
+  }
+  if (first != nullptr && options.shares_ffn()) {
+    ffn = first->ffn;
+    ffn_norm = first->ffn_norm;
+  } else {
+    ffn = register_module("ffn",
+                          FeedForward(options.hidden_size, options.ffn_size, options.init_std));
+    ffn_norm = register_module("ffn_norm", layer_norm(options.hidden_size, options.layer_norm_eps));
+  }
 }
 
 torch::Tensor EncoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& padding,
@@ -139,11 +159,20 @@ EncoderImpl::EncoderImpl(const EncoderOptions& options, SharedEmbeddings embeddi
         torch::empty({options.heads, options.num_buckets}).normal_(0.0, options.init_std));
   }
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < options.layers; ++i) layers->push_back(EncoderLayer(options));
+  // share_layers=all: one layer serves every depth.
+  const int64_t distinct = options.sharing == LayerSharing::kAll ? 1 : options.layers;
+  for (int64_t i = 0; i < distinct; ++i) {
+    layers->push_back(EncoderLayer(options, i == 0 ? nullptr : &layer(0)));
+  }
   if (options.pre_norm) {
     final_norm =
         register_module("final_norm", layer_norm(options.hidden_size, options.layer_norm_eps));
   }
+}
+
+EncoderLayerImpl& EncoderImpl::layer(int64_t index) {
+  const auto distinct = static_cast<int64_t>(layers->size());
+  return *layers->ptr<EncoderLayerImpl>(static_cast<size_t>(std::min(index, distinct - 1)));
 }
 
 torch::Tensor EncoderImpl::embed(const torch::Tensor& input_ids, const torch::Tensor& positions) {
@@ -197,13 +226,15 @@ torch::Tensor EncoderImpl::run(const torch::Tensor& input_ids, const torch::Tens
     buckets = buckets_->get(length, input_ids.device());
     if (options_.shared_table) shared_table = toeplitz_bias(relative_bias, buckets);
   }
+  torch::Tensor table = shared_table;  // [H, T, T]
   for (int64_t i = 0; i < up_to_layer; ++i) {
-    auto layer = layers->ptr<EncoderLayerImpl>(static_cast<size_t>(i));
-    torch::Tensor table = shared_table;
-    if (options_.relative_bias && !options_.shared_table) {
-      table = toeplitz_bias(layer->attention->relative_bias, buckets);
+    auto& current = layer(i);
+    // Each layer slices its own table; a shared attention's table is sliced once for every depth.
+    if (options_.relative_bias && !options_.shared_table &&
+        (i == 0 || !options_.shares_attention())) {
+      table = toeplitz_bias(current.attention->relative_bias, buckets);
     }
-    x = layer->forward(x, padding, table);
+    x = current.forward(x, padding, table);
     if (states) states->push_back(x);
   }
   // The final LayerNorm of pre-LN belongs to the last layer's output only.

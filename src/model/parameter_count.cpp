@@ -24,12 +24,13 @@ int64_t linear_count(int64_t in, int64_t out) {
 
 int64_t encoder_count(const EncoderOptions& o) {
   const int64_t h = o.hidden_size, head_dim = o.hidden_size / o.heads;
-  int64_t layer = 4 * linear_count(h, h)                                       // q, k, v, output
-                  + linear_count(h, o.ffn_size) + linear_count(o.ffn_size, h)  // FFN
-                  + 2 * 2 * h;                                                 // two LayerNorms
-  if (o.relative_bias && !o.shared_table) layer += o.heads * o.num_buckets;    // d
-  if (o.relative_bias && o.gated) layer += 2 * o.heads * head_dim + o.heads;   // u, v, w
-  int64_t n = 2 * o.embedding_size + o.layers * layer;                         // embedding_norm
+  int64_t attention = 4 * linear_count(h, h) + 2 * h;  // q, k, v, output; attention_norm
+  if (o.relative_bias && !o.shared_table) attention += o.heads * o.num_buckets;   // d
+  if (o.relative_bias && o.gated) attention += 2 * o.heads * head_dim + o.heads;  // u, v, w
+  const int64_t ffn = linear_count(h, o.ffn_size) + linear_count(o.ffn_size, h) + 2 * h;
+  // Shared sub-layers (model.share_layers) are counted once.
+  int64_t n = (o.shares_attention() ? 1 : o.layers) * attention +
+              (o.shares_ffn() ? 1 : o.layers) * ffn + 2 * o.embedding_size;  // embedding_norm
   if (o.embedding_size != h) n += linear_count(o.embedding_size, h);
   if (o.embedding_delta) {
     n += o.vocab_size * o.embedding_size;

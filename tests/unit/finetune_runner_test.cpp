@@ -54,7 +54,8 @@ TEST(FinetuneModel, ParameterDepthFollowsTheLayers) {
 TEST(FinetuneModel, LayerwiseDecayScalesEachGroupsLearningRate) {
   auto model = tiny_model(HeadKind::kSequence, 3);
   std::vector<double> scales;
-  auto optimizer = make_finetune_adamw(*model, 2, 1e-3, 0.5, 0.01, scales);
+  auto optimizer =
+      make_finetune_adamw(*model, 2, model::LayerSharing::kNone, 1e-3, 0.5, 0.01, scales);
   set_group_learning_rates(*optimizer, 1e-3, scales);
   // Each parameter's learning rate is 1e-3 * 0.5^(3 - depth); decay only on matrices.
   std::map<const void*, std::pair<double, double>> by_tensor;  // lr, weight decay

@@ -100,6 +100,7 @@ struct ModelConfig {
   double init_std = 0.02;
   std::string embedding_sharing = "full";
   std::string attention = "auto";
+  std::string share_layers = "none";
   RelativePositionConfig relative_position;
   GeneratorConfig generator;
 
@@ -131,6 +132,9 @@ struct ModelConfig {
     v.field("attention", attention, Choices{"auto", "math", "sdpa"},
             "attention kernel: math = explicit softmax (any LibTorch); sdpa = "
             "scaled_dot_product_attention (LibTorch >= 2.0)");
+    v.field("share_layers", share_layers, Choices{"none", "all", "attention", "ffn"},
+            "ALBERT's cross-layer parameter sharing in each encoder: all = one layer's weights at "
+            "every depth; attention / ffn = only that sub-layer (with its LayerNorm) shared");
     v.section("relative_position", relative_position,
               "gated relative position bias (DESIGN section 5)");
     v.section("generator", generator,

@@ -68,13 +68,16 @@ TORCH_MODULE(FinetuneModel);
 
 // Depth of a parameter for layer-wise learning-rate decay (as ELECTRA): 0 for the embeddings and
 // everything before the first layer, i for discriminator.layers.<i-1>.*, layers + 1 for the rest
-// (final LayerNorm, a table shared by all layers, the head).
-int64_t parameter_depth(const std::string& name, int64_t layers);
+// (final LayerNorm, a table shared by all layers, sub-layers shared by all layers under
+// model.share_layers, the head).
+int64_t parameter_depth(const std::string& name, int64_t layers,
+                        model::LayerSharing sharing = model::LayerSharing::kNone);
 
 // AdamW over `model`'s parameters in groups of equal (depth, weight decay); `scales` receives
 // each group's learning-rate factor decay^(layers + 1 - depth), for set_group_learning_rates.
 std::unique_ptr<torch::optim::AdamW> make_finetune_adamw(const torch::nn::Module& model,
-                                                         int64_t layers, double lr,
+                                                         int64_t layers,
+                                                         model::LayerSharing sharing, double lr,
                                                          double layer_decay, double weight_decay,
                                                          std::vector<double>& scales);
 

@@ -23,6 +23,12 @@
 
 namespace xlme::model {
 
+// ALBERT's cross-layer parameter sharing (model.share_layers): which sub-layers are one set of
+// weights used at every depth.
+enum class LayerSharing { kNone, kAll, kAttention, kFfn };
+
+LayerSharing parse_layer_sharing(const std::string& name);
+
 // The shape of one encoder, resolved from config::ModelConfig.
 struct EncoderOptions {
   int64_t vocab_size = 0;
@@ -45,6 +51,14 @@ struct EncoderOptions {
   int64_t max_distance = 128;
   bool embedding_delta = false;  // gdes: own zero-initialized delta on the shared tables
   std::string attention = "auto";
+  LayerSharing sharing = LayerSharing::kNone;
+
+  // Whether the attention (with attention_norm) / the FFN (with ffn_norm) is one module for
+  // every depth.
+  bool shares_attention() const {
+    return sharing == LayerSharing::kAll || sharing == LayerSharing::kAttention;
+  }
+  bool shares_ffn() const { return sharing == LayerSharing::kAll || sharing == LayerSharing::kFfn; }
 
   static EncoderOptions discriminator(const config::ModelConfig& model);
   // The generator: the discriminator's values where model.generator's size fields are 0.
@@ -72,10 +86,12 @@ class FeedForwardImpl : public torch::nn::Module {
 };
 TORCH_MODULE(FeedForward);
 
-// One layer: attention, attention_norm, ffn, ffn_norm.
+// One layer: attention, attention_norm, ffn, ffn_norm. With `first` (the encoder's layer at
+// depth 1) and sharing, the shared sub-layers are first's modules, used but not registered here,
+// so that every parameter is registered (saved, exported, optimized) once.
 class EncoderLayerImpl : public torch::nn::Module {
  public:
-  explicit EncoderLayerImpl(const EncoderOptions& options);
+  explicit EncoderLayerImpl(const EncoderOptions& options, const EncoderLayerImpl* first = nullptr);
 
   // x: [B, T, hidden]; padding: [B, T] bool; table: [H, T, T] or undefined -> [B, T, hidden].
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& padding,
@@ -94,7 +110,9 @@ TORCH_MODULE(EncoderLayer);
 
 // Parameter names (export keys) below the encoder's own prefix: embedding_norm,
 // embedding_projection (factorized embeddings), token_delta / position_delta (gdes),
-// relative_bias (table shared across layers), layers.<i>.*, final_norm (pre-LN).
+// relative_bias (table shared across layers), layers.<i>.*, final_norm (pre-LN). With
+// model.share_layers=all only layers.0 exists; with attention / ffn sharing the shared sub-layer
+// exists only under layers.0 (e.g. layers.0.attention.*, layers.<i>.ffn.* for every i).
 class EncoderImpl : public torch::nn::Module {
  public:
   // `embeddings` is owned (and registered) by the caller; `buckets` is shared with the other
@@ -118,6 +136,9 @@ class EncoderImpl : public torch::nn::Module {
   torch::Tensor embed(const torch::Tensor& input_ids, const torch::Tensor& positions);
 
   const EncoderOptions& options() const { return options_; }
+
+  // The layer at depth `index` + 1 (with share_layers=all, the one layer for every depth).
+  EncoderLayerImpl& layer(int64_t index);
 
   torch::nn::LayerNorm embedding_norm{nullptr};
   torch::nn::Linear embedding_projection{nullptr};  // null when embedding_size == hidden_size
