@@ -238,6 +238,9 @@ class Encoder:
         self.eps = config["layer_norm_eps"]
         shape = config if name == "discriminator" else config["generator"]
         self.layers, self.heads = shape["layers"], shape["heads"]
+        # ALBERT's layer sharing: a shared sub-layer's weights are layers.0's at every depth.
+        share = config.get("share_layers", "none")
+        self.shared_attention, self.shared_ffn = share in ("all", "attention"), share in ("all", "ffn")
         self.hidden = shape["hidden_size"]
         self.dropout, self.attention_dropout = config["dropout"], config["attention_dropout"]
         self.training = False
@@ -313,15 +316,16 @@ class Encoder:
             return F.dropout(y, self.dropout, self.training)
 
         for i in range(self.layers):
-            layer = f"layers.{i}"
+            a = f"layers.{0 if self.shared_attention else i}"  # the attention's weights
+            f = f"layers.{0 if self.shared_ffn else i}"  # the FFN's
             if self.pre_norm:
-                x = x + drop(self.attention(self._norm(x, f"{layer}.attention_norm"), padding,
-                                            f"{layer}.attention", buckets))
-                x = x + drop(self.ffn(self._norm(x, f"{layer}.ffn_norm"), layer))
+                x = x + drop(self.attention(self._norm(x, f"{a}.attention_norm"), padding,
+                                            f"{a}.attention", buckets))
+                x = x + drop(self.ffn(self._norm(x, f"{f}.ffn_norm"), f))
             else:
-                x = self._norm(x + drop(self.attention(x, padding, f"{layer}.attention", buckets)),
-                               f"{layer}.attention_norm")
-                x = self._norm(x + drop(self.ffn(x, layer)), f"{layer}.ffn_norm")
+                x = self._norm(x + drop(self.attention(x, padding, f"{a}.attention", buckets)),
+                               f"{a}.attention_norm")
+                x = self._norm(x + drop(self.ffn(x, f)), f"{f}.ffn_norm")
             states.append(x)
         if self.pre_norm:
             states[-1] = self._norm(x, "final_norm")
@@ -359,6 +363,9 @@ def _check_config(config, path):
         "an even integer in [4, 1024]")
     get(rp, "max_distance", int, lambda v: 2 <= v <= 1048576, "an integer in [2, 1048576]")
     get(config, "absolute_positions", *flag)
+    if "share_layers" in config:
+        get(config, "share_layers", str, lambda v: v in ("none", "all", "attention", "ffn"),
+            "none, all, attention or ffn")
     get(config, "norm", str, lambda v: v in ("post", "pre"), "post or pre")
     get(config, "layer_norm_eps", (int, float), lambda v: 0 < v <= 1, "a number in (0, 1]")
     for key in ("dropout", "attention_dropout"):

@@ -21,12 +21,16 @@ class XlmeConfig(PretrainedConfig):
     }
 
     def __init__(self, vocab_size=250002, hidden_size=768, layers=12, heads=12, ffn_size=3072,
-                 embedding_size=None, embedding_sharing="full", max_positions=512,
+                 embedding_size=None, embedding_sharing="full", share_layers="none",
+                 max_positions=512,
                  absolute_positions=True, norm="post", layer_norm_eps=1e-5,
                  relative_position=None, dropout=0.1, attention_dropout=0.1, init_std=0.02,
                  special_ids=None, vocab_layout="xlmr", classifier_dropout=None, **kwargs):
         if norm not in ("post", "pre"):
             raise ValueError(f"XlmeConfig: norm is '{norm}', not post or pre")
+        if share_layers not in ("none", "all", "attention", "ffn"):
+            raise ValueError(f"XlmeConfig: share_layers is '{share_layers}', not none, all, "
+                             "attention or ffn")
         if hidden_size % heads != 0:
             raise ValueError(f"XlmeConfig: hidden_size {hidden_size} is not a multiple of "
                              f"heads {heads}")
@@ -37,6 +41,7 @@ class XlmeConfig(PretrainedConfig):
         self.ffn_size = ffn_size
         self.embedding_size = embedding_size or hidden_size
         self.embedding_sharing = embedding_sharing
+        self.share_layers = share_layers
         self.max_positions = max_positions
         self.absolute_positions = absolute_positions
         self.norm = norm

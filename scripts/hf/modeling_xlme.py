@@ -61,12 +61,18 @@ class XlmeAttention(nn.Module):
 
 
 class XlmeLayer(nn.Module):
-    def __init__(self, config):
+    """discriminator.layers.<i>.*; with ALBERT's layer sharing (share_layers), layers above the
+    first hold no weights of a shared sub-layer: layers.0's serve every depth."""
+
+    def __init__(self, config, first=True):
         super().__init__()
-        self.attention = XlmeAttention(config)
-        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.ffn = XlmeFeedForward(config)
-        self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        share = getattr(config, "share_layers", "none")
+        if first or share not in ("all", "attention"):
+            self.attention = XlmeAttention(config)
+            self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        if first or share not in ("all", "ffn"):
+            self.ffn = XlmeFeedForward(config)
+            self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 
 class XlmeEncoderWeights(nn.Module):
@@ -84,7 +90,8 @@ class XlmeEncoderWeights(nn.Module):
                 self.position_delta = nn.Parameter(torch.empty(config.max_positions, e))
         if rp["enabled"] and rp["shared_across_layers"]:
             self.relative_bias = nn.Parameter(torch.empty(config.heads, rp["num_buckets"]))
-        self.layers = nn.ModuleList(XlmeLayer(config) for _ in range(config.layers))
+        distinct = 1 if getattr(config, "share_layers", "none") == "all" else config.layers
+        self.layers = nn.ModuleList(XlmeLayer(config, i == 0) for i in range(distinct))
         if config.norm == "pre":
             self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 

@@ -42,6 +42,9 @@ class ExportedConfigReader {
     }
   }
 
+  // Whether a top-level key is there (for keys that exports older than the key lack).
+  bool has(const std::string& key) const { return root_.is_object() && root_.contains(key); }
+
   std::string text(const std::string& dotted) const {
     const auto& value = node(dotted);
     check(value.is_string() && value.get_ref<const std::string&>().size() <= kMaxExportedString,
@@ -142,6 +145,7 @@ std::string to_json(const ExportedConfig& e) {
   j["embedding_size"] = embedding_size;
   j["factorized_embeddings"] = embedding_size != m.hidden_size;
   j["embedding_sharing"] = m.embedding_sharing;
+  j["share_layers"] = m.share_layers;
   j["max_positions"] = m.max_positions;
   j["absolute_positions"] = m.absolute_positions;
   j["norm"] = m.norm;
@@ -195,6 +199,8 @@ ExportedConfig parse_exported_config(const std::string& text, const std::string&
   m.ffn_size = r.integer("ffn_size");
   m.embedding_size = r.integer("embedding_size");
   m.embedding_sharing = r.text("embedding_sharing");
+  // Exports made before ALBERT's layer sharing existed have no key: their layers are unshared.
+  m.share_layers = r.has("share_layers") ? r.text("share_layers") : "none";
   m.max_positions = r.integer("max_positions");
   m.absolute_positions = r.flag("absolute_positions");
   m.norm = r.text("norm");

@@ -149,6 +149,13 @@ TEST_F(ExportParity, FactorizedEmbeddingsWithGdes) {
   parity("factorized + gdes", {"model.embedding_size=16", "model.embedding_sharing=gdes"});
 }
 
+TEST_F(ExportParity, AlbertSharedLayers) {
+  // ALBERT's sharing: the weights of layers.0 serve every depth, stored once.
+  parity("all layers shared", {"model.share_layers=all", "model.embedding_size=16"});
+  parity("attention shared", {"model.share_layers=attention"});
+  parity("ffn shared, pre-LN", {"model.share_layers=ffn", "model.norm=pre"});
+}
+
 TEST_F(ExportParity, MaskedLmBaseline) {
   parity("mlm baseline", {"objectives.set=mlm"});
 }

@@ -210,6 +210,13 @@ TEST_F(TransformersExport, FactorizedEmbeddingsWithGdes) {
   check("factorized + gdes", {"model.embedding_size=16", "model.embedding_sharing=gdes"});
 }
 
+TEST_F(TransformersExport, AlbertSharedLayers) {
+  // ALBERT's sharing: the weights of layers.0 serve every depth, stored once.
+  check("all layers shared", {"model.share_layers=all", "model.embedding_size=16"});
+  check("attention shared", {"model.share_layers=attention"});
+  check("ffn shared, pre-LN", {"model.share_layers=ffn", "model.norm=pre"});
+}
+
 TEST_F(TransformersExport, MaskedLmBaseline) {
   check("mlm baseline", {"objectives.set=mlm"});
 }
