@@ -159,24 +159,20 @@ void check_vocabulary(Pretrained& p, const std::map<std::string, torch::Tensor>&
 std::map<std::string, torch::Tensor> read_checkpoint(const std::string& path,
                                                      const PretrainedOptions& options,
                                                      Pretrained& p, std::string& config_file) {
-  train::CheckpointManager::verify(path);
-  config_file = (fs::path(path) / kCheckpointConfigFile).string();
+  // Every file below is read through the verified manifest: an unlisted file is never read.
+  const train::VerifiedFiles files = train::CheckpointManager::verify(path);
+  config_file = files.path(kCheckpointConfigFile);
   const config::Config run = config::load_config(config_file);
   p.run_config = run;
   p.model = run.model;
   p.objective_set = run.objectives.set;
   p.vocab_layout = run.data.vocab_layout;
-  const std::string trainer_file = (fs::path(path) / kCheckpointTrainerFile).string();
-  try {
-    const YAML::Node state = config::load_yaml_file(trainer_file);
-    p.step = state["step"].as<int64_t>();
-    p.tokens_seen = state["tokens_seen"].as<int64_t>();
-  } catch (const YAML::Exception& e) {
-    XLME_FAIL("checkpoint '{}': {} is unreadable: {}", path, kCheckpointTrainerFile, e.what());
-  }
-  const std::string tokenizer = (fs::path(path) / kCheckpointTokenizerFile).string();
-  p.tokenizer_path = fs::is_regular_file(tokenizer) ? tokenizer : options.fallback_tokenizer;
-  auto weights = train::read_module_archive((fs::path(path) / kCheckpointModelFile).string());
+  const train::TrainerState state = train::read_trainer_state(files.path(kCheckpointTrainerFile));
+  p.step = state.step;
+  p.tokens_seen = state.tokens_seen;
+  p.tokenizer_path = files.lists(kCheckpointTokenizerFile) ? files.path(kCheckpointTokenizerFile)
+                                                           : options.fallback_tokenizer;
+  auto weights = train::read_module_archive(files.path(kCheckpointModelFile));
   // The trainer's vocabulary: <mask> last, the others fixed (data::SpecialIds).
   p.special_ids = data::SpecialIds::for_vocab(p.model.vocab_size);
   return weights;

@@ -406,33 +406,6 @@ std::string Trainer::save_checkpoint(const CheckpointManager& manager) {
 
 namespace {
 
-// A field of a checkpoint's trainer.yaml within [min, max], with errors that name the file and
-// the field.
-template <class T>
-T trainer_field(const YAML::Node& state, const std::string& field, const std::string& file, T min,
-                T max) {
-  XLME_CHECK(state[field].IsDefined(), "checkpoint file '{}' is damaged: field '{}' is missing",
-             file, field);
-  T value{};
-  try {
-    value = state[field].as<T>();
-  } catch (const YAML::Exception&) {
-    XLME_FAIL("checkpoint file '{}' is damaged: field '{}' has the malformed value '{}'", file,
-              field, state[field].IsScalar() ? state[field].Scalar() : "(not a value)");
-  }
-  XLME_CHECK(value >= min && value <= max,
-             "checkpoint file '{}' is damaged: field '{}' is {}, outside {}..{}; restore the "
-             "checkpoint from a copy, or resume from another checkpoint",
-             file, field, value, min, max);
-  return value;
-}
-
-// The largest step and token count a checkpoint may record: far beyond any run, and far enough
-// from INT64_MAX that the run's step and token arithmetic cannot overflow.
-constexpr int64_t kMaxCheckpointStep = 1'000'000'000'000'000;
-constexpr int64_t kMaxCheckpointTokens = 1'000'000'000'000'000'000;
-constexpr int kMaxCheckpointRanks = 1 << 16;
-
 // "a.b.c" -> value of every scalar or list under `node`.
 void flatten_yaml(const YAML::Node& node, const std::string& prefix,
                   std::map<std::string, std::string>& out) {
@@ -477,21 +450,7 @@ std::vector<std::string> model_differences(const config::Config& config,
 void Trainer::load_checkpoint(const std::string& path) {
   // Every file below is read through the verified manifest: an unlisted file is never read.
   const VerifiedFiles files = CheckpointManager::verify(path);
-  const std::string state_file = files.path("trainer.yaml");
-  YAML::Node state;
-  try {
-    state = config::load_yaml_file(state_file);
-  } catch (const YAML::Exception& e) {
-    XLME_FAIL("checkpoint file '{}' is damaged: {}", state_file, e.what());
-  }
-  XLME_CHECK(state.IsMap(), "checkpoint file '{}' is damaged: it is not a YAML map", state_file);
-  const auto saved_step = trainer_field<int64_t>(state, "step", state_file, 0, kMaxCheckpointStep);
-  const auto saved_tokens =
-      trainer_field<int64_t>(state, "tokens_seen", state_file, 0, kMaxCheckpointTokens);
-  const auto saved_skipped =
-      trainer_field<int64_t>(state, "skipped_steps", state_file, 0, saved_step);
-  const int saved_world =
-      trainer_field<int>(state, "world_size", state_file, 1, kMaxCheckpointRanks);
+  const TrainerState saved = read_trainer_state(files.path("trainer.yaml"));
   // Checked before loading: a tensor of another shape would be loaded as it is.
   const auto differences = model_differences(config_, files.path("config.yaml"));
   XLME_CHECK(differences.empty(),
@@ -502,7 +461,7 @@ void Trainer::load_checkpoint(const std::string& path) {
   const std::string model_file = files.path("model.pt");
   const std::string optimizer_file = files.path("optimizer.pt");
   std::vector<std::string> rank_files;
-  for (int r = 0; r < saved_world; ++r) {
+  for (int r = 0; r < saved.world_size; ++r) {
     rank_files.push_back(files.path(fs::path(rank_file(path, r)).filename().string()));
   }
   torch::serialize::InputArchive model_archive, optimizer_archive;
@@ -520,13 +479,13 @@ void Trainer::load_checkpoint(const std::string& path) {
     XLME_FAIL("cannot load the optimizer state of checkpoint '{}' from '{}': {}", path,
               optimizer_file, e.what_without_backtrace());
   }
-  step_ = saved_step;
-  tokens_seen_ = saved_tokens;
-  skipped_steps_ = saved_skipped;
+  step_ = saved.step;
+  tokens_seen_ = saved.tokens_seen;
+  skipped_steps_ = saved.skipped_steps;
   bad_in_a_row_ = 0;
   std::vector<std::string> readers;
   GeneratorStates my_rng;
-  for (int r = 0; r < saved_world; ++r) {
+  for (int r = 0; r < saved.world_size; ++r) {
     torch::serialize::InputArchive archive;
     load_archive(archive, rank_files[r], torch::kCPU);
     try {
@@ -549,7 +508,7 @@ void Trainer::load_checkpoint(const std::string& path) {
     }
   }
   source_.restore(readers);
-  if (saved_world == comm_->world_size() && (my_rng.device.defined() || !device_.is_cuda())) {
+  if (saved.world_size == comm_->world_size() && (my_rng.device.defined() || !device_.is_cuda())) {
     try {
       set_generator_states(my_rng, device_);
     } catch (const c10::Error& e) {
@@ -566,7 +525,7 @@ void Trainer::load_checkpoint(const std::string& path) {
         device_);
   }
   spdlog::info("resumed from {} at step {} ({} tokens seen, saved by {} rank(s))", path, step_,
-               tokens_seen_, saved_world);
+               tokens_seen_, saved.world_size);
 }
 
 }  // namespace xlme::train

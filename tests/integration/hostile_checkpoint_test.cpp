@@ -64,6 +64,12 @@ class HostileCheckpoint : public ::testing::Test {
     return logged(run_hostile("xlme-pretrain",
                               tiny_pretrain_args(dir_ / "run", 1, {"--init-from", checkpoint_})));
   }
+  // xlme-export of the altered checkpoint into a fresh folder.
+  HostileRun export_it() const {
+    fs::remove_all(dir_ / "export");
+    return logged(
+        run_hostile("xlme-export", {"--checkpoint", checkpoint_, "--out", dir_ / "export"}));
+  }
   // Prints the case's exit code and error line (the table of cases).
   static HostileRun logged(const HostileRun& r) {
     std::smatch line;
@@ -112,6 +118,9 @@ TEST_F(HostileCheckpoint, ManifestThatOmitsAFileTheLoaderReadsIsRefused) {
     EXPECT_TRUE(fails_cleanly(resume(), 1, {manifest_, "does not list " + name}));
     if (name == "model.pt") {
       EXPECT_TRUE(fails_cleanly(init_from(), 1, {manifest_, "does not list model.pt"}));
+    }
+    if (name == "model.pt" || name == "trainer.yaml" || name == "config.yaml") {
+      EXPECT_TRUE(fails_cleanly(export_it(), 1, {manifest_, "does not list " + name}));
     }
   }
 }
@@ -166,6 +175,7 @@ TEST_F(HostileCheckpoint, TrainerStateOutOfRangeIsRefusedNamingFileAndKey) {
     ASSERT_NE(read_file(file), saved);
     resign_manifest(checkpoint_, checkpoint_entries(checkpoint_));
     EXPECT_TRUE(fails_cleanly(resume(), 1, {file, "field '" + key + "'"}));
+    EXPECT_TRUE(fails_cleanly(export_it(), 1, {file, "field '" + key + "'"}));
   }
 }
 

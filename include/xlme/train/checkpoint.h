@@ -46,11 +46,26 @@ class VerifiedFiles {
   // the manifest does not list it (an unlisted file is unchecked and is never read).
   std::string path(const std::string& name) const;
 
+  // Whether the manifest lists `name` (for files a checkpoint may lack, e.g. tokenizer.model).
+  bool lists(const std::string& name) const { return names_.count(name) > 0; }
+
  private:
   std::string folder_;
   std::string manifest_;
   std::set<std::string> names_;
 };
+
+// What a checkpoint's trainer.yaml records, every value within its range.
+struct TrainerState {
+  int64_t step = 0;
+  int64_t tokens_seen = 0;
+  int64_t skipped_steps = 0;
+  int world_size = 1;
+};
+
+// Reads trainer.yaml at `file` (a path from VerifiedFiles); a missing, malformed or out-of-range
+// value is an error naming the file and the field.
+TrainerState read_trainer_state(const std::string& file);
 
 class CheckpointManager {
  public:
