@@ -81,7 +81,15 @@ int SentencePiece::size() const {
 std::vector<int> SentencePiece::encode(const std::string& text) const {
   std::vector<int> ids;
   const std::string error = api_->encode(processor_.get(), text, &ids);
-  XLME_CHECK(error.empty(), "SentencePiece ({}) cannot encode '{}': {}", path_, text, error);
+  if (!error.empty()) {
+    // The text may be anything a user's file holds: its start only, with its length.
+    constexpr size_t kShown = 80;
+    const std::string shown =
+        text.size() <= kShown
+            ? "'" + text + "'"
+            : fmt::format("'{}...' ({} bytes)", text.substr(0, kShown), text.size());
+    XLME_FAIL("SentencePiece ({}) cannot encode {}: {}", path_, shown, error);
+  }
   return ids;
 }
 
