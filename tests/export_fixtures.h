@@ -131,4 +131,36 @@ inline TinyCheckpoint make_tiny_checkpoint(const config::Config& c, const std::s
   return out;
 }
 
+// A test suite that shares one tiny trained checkpoint of tiny_export_config (a tokenizer and a
+// few training steps take a moment): `class MySuite : public TinyCheckpointSuite<MySuite>`, with
+// `checkpoint()` its folder; an own SetUp() calls TinyCheckpointSuite::SetUp() first. Each Suite
+// has its own statics.
+template <class Suite>
+class TinyCheckpointSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    setup_.run([] {
+      dir_ = new TempDir();
+      const auto tokenizer = train_tiny_tokenizer((dir_->path() / "tok").string());
+      const auto c = tiny_export_config(tokenizer, {});
+      checkpoint_ =
+          new std::string(make_tiny_checkpoint(c, (dir_->path() / "run").string(), 0.02).path);
+    });
+  }
+  static void TearDownTestSuite() {
+    delete checkpoint_;
+    checkpoint_ = nullptr;
+    delete dir_;
+    dir_ = nullptr;
+  }
+  void SetUp() override { setup_.check(); }
+
+  static const std::string& checkpoint() { return *checkpoint_; }
+
+ private:
+  inline static SuiteSetUp setup_;
+  inline static TempDir* dir_ = nullptr;
+  inline static std::string* checkpoint_ = nullptr;
+};
+
 }  // namespace xlme::testing

@@ -43,24 +43,10 @@ struct GridRun {
   std::string output;
 };
 
-class FinetuneGrid : public ::testing::Test {
+class FinetuneGrid : public xlme::testing::TinyCheckpointSuite<FinetuneGrid> {
  protected:
-  static void SetUpTestSuite() {
-    setup_.run([] {
-      dir_ = new TempDir();
-      const auto tokenizer = xlme::testing::train_tiny_tokenizer((dir_->path() / "tok").string());
-      const auto c = xlme::testing::tiny_export_config(tokenizer, {});
-      checkpoint_ = new std::string(
-          xlme::testing::make_tiny_checkpoint(c, (dir_->path() / "run").string(), 0.02).path);
-    });
-  }
-  static void TearDownTestSuite() {
-    delete checkpoint_;
-    delete dir_;
-  }
-  inline static xlme::testing::SuiteSetUp setup_;
   void SetUp() override {
-    setup_.check();
+    TinyCheckpointSuite::SetUp();
     write_file((data_.path() / "download/xnli/train-en.tsv").string(), grid_xnli_rows(60, 1));
     write_file((data_.path() / "download/xnli/dev-en.tsv").string(), grid_xnli_rows(30, 2));
     write_file((data_.path() / "download/xnli/test-en.tsv").string(), grid_xnli_rows(30, 3));
@@ -69,7 +55,7 @@ class FinetuneGrid : public ::testing::Test {
   // A config with `grid_lines` above an XNLI recipe on the fixtures.
   std::string config_with(const std::string& grid_lines) {
     const auto path = (data_.path() / "grid.yaml").string();
-    write_file(path, grid_lines + "finetune:\n  task: xnli\n  init: " + *checkpoint_ +
+    write_file(path, grid_lines + "finetune:\n  task: xnli\n  init: " + checkpoint() +
                          "\n  data_dir: " + (data_.path() / "download").string() +
                          "\n  languages: [en]\n  max_len: 64\n  dropout: 0\n  epochs: 25\n"
                          "  batch_size: 8\n  eval_every: 30\nrun:\n  device: cpu\n");
@@ -86,12 +72,8 @@ class FinetuneGrid : public ::testing::Test {
     return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_file(log)};
   }
 
-  static TempDir* dir_;
-  static std::string* checkpoint_;
   TempDir data_;
 };
-TempDir* FinetuneGrid::dir_ = nullptr;
-std::string* FinetuneGrid::checkpoint_ = nullptr;
 
 TEST_F(FinetuneGrid, RunsEveryPointInItsFolderAndKeepsTheBestDev) {
   // A learning rate that learns nothing, then one that learns the rule (two seeds: the score is

@@ -30,28 +30,12 @@ using xlme::testing::TempDir;
 using xlme::testing::write_file;
 
 // One tiny checkpoint for the whole suite (training a tokenizer takes a moment).
-class FinetuneTasks : public ::testing::Test {
+class FinetuneTasks : public xlme::testing::TinyCheckpointSuite<FinetuneTasks> {
  protected:
-  static void SetUpTestSuite() {
-    setup_.run([] {
-      dir_ = new TempDir();
-      const auto tokenizer = xlme::testing::train_tiny_tokenizer((dir_->path() / "tok").string());
-      const auto c = xlme::testing::tiny_export_config(tokenizer, {});
-      checkpoint_ = new std::string(
-          xlme::testing::make_tiny_checkpoint(c, (dir_->path() / "run").string(), 0.02).path);
-    });
-  }
-  static void TearDownTestSuite() {
-    delete checkpoint_;
-    delete dir_;
-  }
-  inline static xlme::testing::SuiteSetUp setup_;
-  void SetUp() override { setup_.check(); }
-
   // A config for `task` reading fixtures under the test's folder.
   config::Config config_for(const std::string& task, std::vector<std::string> sets) {
     sets.insert(sets.begin(),
-                {"finetune.task=" + task, "finetune.init=" + *checkpoint_,
+                {"finetune.task=" + task, "finetune.init=" + checkpoint(),
                  "finetune.data_dir=" + (data_.path() / "download").string(),
                  "finetune.gold_dir=" + (data_.path() / "gold").string(),
                  "run.out_dir=" + (data_.path() / "out").string(), "run.device=cpu",
@@ -76,12 +60,8 @@ class FinetuneTasks : public ::testing::Test {
     return {error, log.str()};
   }
 
-  static TempDir* dir_;
-  static std::string* checkpoint_;
   TempDir data_;
 };
-TempDir* FinetuneTasks::dir_ = nullptr;
-std::string* FinetuneTasks::checkpoint_ = nullptr;
 
 // Sentences of random lowercase words, reproducible.
 std::vector<std::string> random_words(size_t count, unsigned seed) {

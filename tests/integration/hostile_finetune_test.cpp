@@ -41,24 +41,10 @@ std::string hostile_pawsx_rows(int count, bool labels) {
 }
 
 // One tiny checkpoint for the suite; each test has its own data and run folders under `root_`.
-class HostileFinetune : public ::testing::Test {
+class HostileFinetune : public xlme::testing::TinyCheckpointSuite<HostileFinetune> {
  protected:
-  static void SetUpTestSuite() {
-    setup_.run([] {
-      dir_ = new TempDir();
-      const auto tokenizer = xlme::testing::train_tiny_tokenizer((dir_->path() / "tok").string());
-      const auto c = xlme::testing::tiny_export_config(tokenizer, {});
-      checkpoint_ = new std::string(
-          xlme::testing::make_tiny_checkpoint(c, (dir_->path() / "run").string(), 0.02).path);
-    });
-  }
-  static void TearDownTestSuite() {
-    delete checkpoint_;
-    delete dir_;
-  }
-  inline static xlme::testing::SuiteSetUp setup_;
   void SetUp() override {
-    setup_.check();
+    TinyCheckpointSuite::SetUp();
     write_file(data_dir() + "/pawsx/train-en.tsv", hostile_pawsx_rows(16, true));
     write_file(data_dir() + "/pawsx/dev-en.tsv", hostile_pawsx_rows(8, true));
     write_file(data_dir() + "/pawsx/test-en.tsv", hostile_pawsx_rows(8, false));
@@ -71,7 +57,7 @@ class HostileFinetune : public ::testing::Test {
   // xlme-finetune's arguments for pawsx on data_dir(), then `extra` --set values.
   std::vector<std::string> args(const std::vector<std::string>& extra) const {
     std::vector<std::string> sets = {"finetune.task=pawsx",
-                                     "finetune.init=" + *checkpoint_,
+                                     "finetune.init=" + checkpoint(),
                                      "finetune.data_dir=" + data_dir(),
                                      "run.out_dir=" + out_dir(),
                                      "run.device=cpu",
@@ -86,12 +72,8 @@ class HostileFinetune : public ::testing::Test {
     return out;
   }
 
-  static TempDir* dir_;
-  static std::string* checkpoint_;
   TempDir root_;
 };
-TempDir* HostileFinetune::dir_ = nullptr;
-std::string* HostileFinetune::checkpoint_ = nullptr;
 
 // Item 3(b): `finetune.languages: [en, ../../x]` read root/a/x-test.tsv (XTREME's original
 // `{lang}-{split}.tsv` naming) and would write predictions beside it.
