@@ -37,7 +37,7 @@ stage() {
   echo "    ($name: $((SECONDS - start)) s)"
 }
 
-stage "1/8 install and build" "$logs/1-setup.log" scripts/setup.sh
+stage "1/8 install and build" "$logs/1-setup.log" scripts/setup.sh --binaries
 
 if [ -f "$data/counts.tsv" ]; then
   echo "==> 2/8 demo corpus: $data exists, reused"

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages xlme needs (skipped when all are present), then configures and
-# builds xlme. Safe to run again: it only does what is missing or out of date.
-# --print-packages prints the Debian packages and exits (scripts/check_torch2.sh uses it).
+# builds xlme. Safe to run again: it only does what is missing or out of date. quickstart.sh and
+# test.sh configure the same build (warnings as errors, tests on), so the second reuses the first.
+# --binaries builds only the four binaries (quickstart.sh); --print-packages prints the Debian
+# packages and exits (scripts/check_torch2.sh uses it).
 #
-#   scripts/setup.sh [--no-build] [--print-packages] [-- EXTRA CMAKE ARGS]
+#   scripts/setup.sh [--no-build] [--binaries] [--print-packages] [-- EXTRA CMAKE ARGS]
 #
 # Environment:
 #   XLME_BUILD_DIR     build folder (default: build)
@@ -15,14 +17,16 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${XLME_BUILD_DIR:-build}
 case "$build_dir" in /*) ;; *) build_dir="$root/$build_dir" ;; esac
 build=1
+binaries_only=0
 print_packages=0
 cmake_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-build) build=0 ;;
+    --binaries) binaries_only=1 ;;
     --print-packages) print_packages=1 ;;
     --) shift; cmake_args=("$@"); break ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -57,8 +61,13 @@ fi
 
 [ "$build" -eq 1 ] || exit 0
 
+cmake_args=(-DXLME_WERROR=ON -DXLME_BUILD_TESTS=ON "${cmake_args[@]}")
 if [ -n "${XLME_TORCH_PREFIX:-}" ]; then
   cmake_args+=("-DCMAKE_PREFIX_PATH=$XLME_TORCH_PREFIX")
+fi
+targets=()
+if [ "$binaries_only" -eq 1 ]; then
+  targets=(--target xlme-data xlme-pretrain xlme-finetune xlme-export)
 fi
 echo "==> configuring $build_dir"
 cmake -S "$root" -B "$build_dir" -G Ninja "${cmake_args[@]}" >"$build_dir.configure.log" 2>&1 || {
@@ -68,5 +77,5 @@ cmake -S "$root" -B "$build_dir" -G Ninja "${cmake_args[@]}" >"$build_dir.config
 }
 echo "==> building (this takes a few minutes on 2 cores the first time)"
 start=$(date +%s)
-cmake --build "$build_dir"
+cmake --build "$build_dir" "${targets[@]}"
 echo "==> built in $(( $(date +%s) - start )) s: $build_dir/xlme-{data,pretrain,finetune,export}"

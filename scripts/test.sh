@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: installs and builds what is missing (scripts/setup.sh, with warnings as
-# errors), then the whole suite through CTest. Exits non-zero on any failure.
+# errors; after scripts/quickstart.sh only the tests remain to build), then the whole suite
+# through CTest. Exits non-zero on any failure.
 #
 #   scripts/test.sh [CTEST ARGS...]      e.g. scripts/test.sh -R Config
 set -euo pipefail
@@ -10,7 +11,7 @@ build_dir=${XLME_BUILD_DIR:-build}
 case "$build_dir" in /*) ;; *) build_dir="$root/$build_dir" ;; esac
 export XLME_BUILD_DIR="$build_dir"
 
-"$root/scripts/setup.sh" -- -DXLME_WERROR=ON -DXLME_BUILD_TESTS=ON
+"$root/scripts/setup.sh"
 echo "==> running the tests"
 start=$(date +%s)
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" "$@"
