@@ -1,5 +1,5 @@
 // xlme-data: build corpora into training data: demo corpus, SentencePiece, memory-mapped shards
-#include "xlme/common/app.h"
+#include "xlme/cli/app.h"
 #include "xlme/common/error.h"
 #include "xlme/data/batch_bench.h"
 #include "xlme/data/binarize.h"

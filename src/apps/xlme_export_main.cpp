@@ -1,5 +1,5 @@
 // xlme-export: export a checkpoint as a portable model folder (safetensors, config.json, tokenizer)
-#include "xlme/common/app.h"
+#include "xlme/cli/app.h"
 #include "xlme/export/export.h"
 
 #include <string>

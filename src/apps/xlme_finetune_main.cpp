@@ -1,5 +1,5 @@
 // xlme-finetune: fine-tune and evaluate on XTREME tasks (zero-shot cross-lingual transfer)
-#include "xlme/common/app.h"
+#include "xlme/cli/app.h"
 #include "xlme/finetune/finetune.h"
 
 int main(int argc, char** argv) {

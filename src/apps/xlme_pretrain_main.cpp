@@ -1,5 +1,5 @@
 // xlme-pretrain: pre-train XLM-E: generator + discriminator, MLM + TLM + MRTD + TRTD, DDP over c10d
-#include "xlme/common/app.h"
+#include "xlme/cli/app.h"
 #include "xlme/common/error.h"
 #include "xlme/model/electra.h"
 #include "xlme/model/parameter_count.h"

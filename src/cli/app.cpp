@@ -1,4 +1,4 @@
-#include "xlme/common/app.h"
+#include "xlme/cli/app.h"
 
 #include "xlme/common/error.h"
 #include "xlme/common/logging.h"
@@ -58,8 +58,9 @@ int run_app(int argc, char** argv, const AppSpec& spec,
   cli.footer(
       "Environment: OMP_WAIT_POLICY (default PASSIVE); XLME_ALLOCATOR=tcmalloc (default, when "
       "libtcmalloc-minimal4 is installed) or system (glibc malloc).\n"
-      "Exit codes: 0 success, 1 error (the message says what to fix), 2 bad command line, 3 not "
-      "implemented yet.");
+      "Exit codes: 0 success, 1 error (the message says what to fix), 2 bad command line, 75 "
+      "stopped by a signal after saving a checkpoint (xlme-pretrain: rerun the same command to "
+      "resume).");
   if (add_options) add_options(cli);
   try {
     cli.parse(argc, argv);

@@ -1,6 +1,6 @@
 #include "xlme/train/pretrain.h"
 
-#include "xlme/common/app.h"
+#include "xlme/common/exit_codes.h"
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
 #include "xlme/common/runtime.h"

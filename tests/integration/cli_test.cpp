@@ -37,6 +37,9 @@ TEST(Cli, EveryBinaryAnswersHelp) {
     EXPECT_TRUE(contains_all(
         r.out, {tool, "--config FILE", "--set KEY=VALUE", "--print-config", "--log-level",
                 "--threads", "--version", "XLME_ALLOCATOR", "Exit codes"}));
+    // Every exit code a binary can return, and no retired one (3 meant "not implemented yet").
+    EXPECT_TRUE(contains_all(r.out, {"0 success", "1 error", "2 bad command line", "75 stopped"}));
+    EXPECT_EQ(r.out.find("not implemented"), std::string::npos);
   }
 }
 

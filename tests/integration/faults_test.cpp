@@ -2,7 +2,7 @@
 // checkpoint, a used folder, a held lock, a full disk, a taken port, a signal), runs the command,
 // and checks the exit code or error, that the message names the file or field, and that nothing
 // the user had before is gone.
-#include "xlme/common/app.h"
+#include "xlme/common/exit_codes.h"
 #include "xlme/common/io.h"
 #include "xlme/dist/communicator.h"
 #include "xlme/train/metrics.h"
@@ -303,8 +303,8 @@ TEST(Faults, StopSignalDuringStartUpSavesAndExits75) {
   const int code0 = testing::wait_exit_code(rank0);
   const int code1 = testing::wait_exit_code(rank1);
   const std::string err = read_file(dir / "err0");
-  EXPECT_EQ(code0, train::kExitPreempted) << err;
-  EXPECT_EQ(code1, train::kExitPreempted) << read_file(dir / "err1");
+  EXPECT_EQ(code0, kExitPreempted) << err;
+  EXPECT_EQ(code1, kExitPreempted) << read_file(dir / "err1");
   EXPECT_TRUE(contains_all(err, {"stopping at step 0"})) << err;
   EXPECT_TRUE(verifies(step_folder(run, 0)));
 }

@@ -4,7 +4,7 @@
 // every language's micro-batches trained on, over both runs, are exactly the first ones of its
 // global sequence (none twice, none skipped), and the abandoned step's micro-batches are trained
 // on after the resume.
-#include "xlme/common/app.h"
+#include "xlme/common/exit_codes.h"
 #include "xlme/data/batches.h"
 #include "xlme/data/binarize.h"
 #include "xlme/train/pretrain.h"

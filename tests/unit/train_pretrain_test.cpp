@@ -2,7 +2,7 @@
 // also when its newest checkpoint is damaged; metrics lines are written.
 #include "xlme/train/pretrain.h"
 
-#include "xlme/common/app.h"
+#include "xlme/common/exit_codes.h"
 #include "xlme/train/signals.h"
 #include "xlme/train/trainer.h"
 

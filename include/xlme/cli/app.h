@@ -3,6 +3,7 @@
 // documented exit code.
 #pragma once
 
+#include "xlme/common/exit_codes.h"
 #include "xlme/config/config.h"
 
 #include <CLI/CLI.hpp>
@@ -11,11 +12,6 @@
 #include <string>
 
 namespace xlme {
-
-// Exit codes of every binary (README.md, "Exit codes").
-constexpr int kExitOk = 0;
-constexpr int kExitError = 1;  // bad input, bad config, a failed run: see the message
-constexpr int kExitUsage = 2;  // bad command line
 
 struct AppSpec {
   std::string name;       // "xlme-pretrain"

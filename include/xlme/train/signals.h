@@ -3,11 +3,9 @@
 // written and the process exits with kExitPreempted.
 #pragma once
 
-namespace xlme::train {
+#include "xlme/common/exit_codes.h"
 
-// The exit code of a run stopped by a signal after saving: 75 (EX_TEMPFAIL, "try again"), which
-// requeue scripts can test for.
-constexpr int kExitPreempted = 75;
+namespace xlme::train {
 
 // Installs the handlers (idempotent).
 void install_stop_signal_handlers();
