@@ -2,6 +2,7 @@
 
 #include "xlme/common/error.h"
 #include "xlme/common/torch_compat.h"
+#include "xlme/model/relative_position.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -333,6 +334,12 @@ SelfAttentionImpl::SelfAttentionImpl(const SelfAttentionOptions& options) : opti
         "gate_v", torch::empty({options.heads, head_dim}).normal_(0.0, options.init_std));
     gate_w = register_parameter("gate_w", torch::ones({options.heads}));
   }
+}
+
+torch::Tensor SelfAttentionImpl::bias_table(const torch::Tensor& buckets) const {
+  XLME_CHECK(relative_bias.defined(),
+             "this attention layer has no bias table of its own (model.relative_position)");
+  return toeplitz_bias(relative_bias, buckets);
 }
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& padding,

@@ -133,6 +133,10 @@ torch::Tensor EncoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
   return ffn_norm(h + torch::dropout(ffn(h), dropout_, train));
 }
 
+torch::Tensor EncoderLayerImpl::bias_table(const torch::Tensor& buckets) const {
+  return attention->bias_table(buckets);
+}
+
 EncoderImpl::EncoderImpl(const EncoderOptions& options, SharedEmbeddings embeddings,
                          std::shared_ptr<BucketCache> buckets)
     : options_(options), embeddings_(std::move(embeddings)), buckets_(std::move(buckets)) {
@@ -232,7 +236,7 @@ torch::Tensor EncoderImpl::run(const torch::Tensor& input_ids, const torch::Tens
     // Each layer slices its own table; a shared attention's table is sliced once for every depth.
     if (options_.relative_bias && !options_.shared_table &&
         (i == 0 || !options_.shares_attention())) {
-      table = toeplitz_bias(current.attention->relative_bias, buckets);
+      table = current.bias_table(buckets);
     }
     x = current.forward(x, padding, table);
     if (states) states->push_back(x);

@@ -86,6 +86,9 @@ class SelfAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& padding,
                         const torch::Tensor& table);
 
+  // buckets: [T, T] bucket ids -> [H, T, T] d_{h, b(i-j)} from this layer's own table (own_table).
+  torch::Tensor bias_table(const torch::Tensor& buckets) const;
+
   const SelfAttentionOptions& options() const { return options_; }
 
   torch::nn::Linear query{nullptr}, key{nullptr}, value{nullptr}, output{nullptr};

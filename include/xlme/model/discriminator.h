@@ -40,7 +40,6 @@ class DiscriminatorModelImpl : public torch::nn::Module {
 
   const config::ModelConfig& config() const { return config_; }
   int64_t hidden_size() const { return discriminator->options().hidden_size; }
-  int64_t num_layers() const { return discriminator->options().layers; }
 
   SharedEmbeddings embeddings{nullptr};
   Encoder discriminator{nullptr};

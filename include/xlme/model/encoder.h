@@ -97,6 +97,9 @@ class EncoderLayerImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& padding,
                         const torch::Tensor& table);
 
+  // buckets: [T, T] -> [H, T, T]: the bias table of this layer's attention, when it has its own.
+  torch::Tensor bias_table(const torch::Tensor& buckets) const;
+
   SelfAttention attention{nullptr};
   torch::nn::LayerNorm attention_norm{nullptr};
   FeedForward ffn{nullptr};
