@@ -44,14 +44,6 @@ double peak_memory_mib(const torch::Device& device) {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux: KiB
 }
 
-void reset_peak_memory(const torch::Device& device) {
-#ifdef XLME_WITH_CUDA
-  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
-#else
-  (void)device;
-#endif
-}
-
 double training_flops_per_token(const config::Config& config, int64_t length) {
   const auto disc = model::EncoderOptions::discriminator(config.model);
   const double r = config.objectives.mask_ratio;

@@ -11,11 +11,10 @@
 
 namespace xlme::train {
 
-// Peak memory in MiB since the process started (CPU: peak resident set size from getrusage) or
-// since reset_peak_memory (CUDA: the caching allocator's peak of allocated bytes on `device`;
-// a CPU-only build reports -1 for a CUDA device).
+// Peak memory in MiB since the process started (CPU: peak resident set size from getrusage;
+// CUDA: the caching allocator's peak of allocated bytes on `device`; a CPU-only build reports -1
+// for a CUDA device).
 double peak_memory_mib(const torch::Device& device);
-void reset_peak_memory(const torch::Device& device);
 
 // Model FLOPs of training on one real token of a sequence of `length` tokens: 3 x the forward
 // pass (the backward pass costs about twice the forward), counting multiply-adds as 2 FLOPs:
