@@ -5,7 +5,8 @@
 #include "xlme/data/binarize.h"
 #include "xlme/data/demo_corpus.h"
 #include "xlme/data/spm_trainer.h"
-#include "xlme/finetune/xtreme_io.h"
+#include "xlme/finetune/tagging_io.h"
+#include "xlme/finetune/task_registry.h"
 
 #include <spdlog/spdlog.h>
 
@@ -177,11 +178,10 @@ struct XtremeArgs {
   std::vector<std::string> languages;
 };
 
-// XTREME's processed tagging layout from the downloads (finetune/xtreme_io.h).
+// XTREME's processed tagging layout from the downloads (finetune/tagging_io.h).
 int xtreme(const XtremeArgs& args) {
-  const auto files = args.task == "udpos"
-                         ? xlme::finetune::prepare_udpos(args.input, args.out, args.languages)
-                         : xlme::finetune::prepare_panx(args.input, args.out, args.languages);
+  const auto files =
+      xlme::finetune::prepare_tagging(args.task, args.input, args.out, args.languages);
   for (const auto& f : files) spdlog::info("{:>8} sentences -> {}", f.sentences, f.path);
   spdlog::info("{}: wrote {} files; fine-tune with --set finetune.data_dir={}", args.task,
                files.size(), args.out);
@@ -270,7 +270,7 @@ int main(int argc, char** argv) {
         "from a UD release folder of .conllu files or the unpacked PAN-X (WikiAnn) folders");
     xtreme_cmd->add_option("--task", xtreme_args.task, "udpos or panx")
         ->required()
-        ->check(CLI::IsMember({"udpos", "panx"}));
+        ->check(CLI::IsMember(xlme::finetune::task_names(xlme::finetune::TaskFamily::kTagging)));
     xtreme_cmd
         ->add_option("--input", xtreme_args.input,
                      "udpos: a UD release folder (ud-treebanks-v2.5); panx: a folder of "

@@ -2,38 +2,43 @@
 
 namespace xlme::data {
 
-bool valid_utf8(std::string_view text) {
+Utf8Char utf8_char_at(std::string_view text, size_t i) {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = s[i];
-    if (c < 0x80) {
+  const unsigned char c = s[i];
+  if (c < 0x80) return {c, 1, true};
+  size_t len;
+  uint32_t cp;
+  if ((c & 0xe0) == 0xc0) {
+    len = 2;
+    cp = c & 0x1f;
+  } else if ((c & 0xf0) == 0xe0) {
+    len = 3;
+    cp = c & 0x0f;
+  } else if ((c & 0xf8) == 0xf0) {
+    len = 4;
+    cp = c & 0x07;
+  } else {
+    return {};
+  }
+  if (i + len > text.size()) return {};
+  for (size_t k = 1; k < len; ++k) {
+    if ((s[i + k] & 0xc0) != 0x80) return {};
+    cp = (cp << 6) | (s[i + k] & 0x3f);
+  }
+  constexpr uint32_t kMinForLength[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < kMinForLength[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return {};
+  return {cp, len, true};
+}
+
+bool valid_utf8(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    if (static_cast<unsigned char>(text[i]) < 0x80) {  // the common case, without the call
       ++i;
       continue;
     }
-    size_t len;
-    uint32_t cp;
-    if ((c & 0xe0) == 0xc0) {
-      len = 2;
-      cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-      len = 3;
-      cp = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + len > n) return false;
-    for (size_t k = 1; k < len; ++k) {
-      if ((s[i + k] & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (s[i + k] & 0x3f);
-    }
-    constexpr uint32_t kMinForLength[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMinForLength[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += len;
+    const Utf8Char c = utf8_char_at(text, i);
+    if (!c.valid) return false;
+    i += c.length;
   }
   return true;
 }

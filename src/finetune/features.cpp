@@ -1,7 +1,8 @@
 #include "xlme/finetune/features.h"
 
-#include "unicode_tables.h"
 #include "xlme/common/error.h"
+#include "xlme/data/text.h"
+#include "xlme/finetune/text.h"
 
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -21,113 +22,13 @@ std::string feat_where(const Source& source) {
   return source.line > 0 ? fmt::format("{}:{}", source.file, source.line) : source.file;
 }
 
-// Byte length of the UTF-8 sequence starting with `lead`; 1 for a stray byte.
-size_t feat_utf8_length(unsigned char lead) {
-  if (lead < 0x80) return 1;
-  if ((lead & 0xe0) == 0xc0) return 2;
-  if ((lead & 0xf0) == 0xe0) return 3;
-  if ((lead & 0xf8) == 0xf0) return 4;
-  return 1;
-}
-
-// The code point at text[i] (`length` bytes); malformed sequences read as U+FFFD.
-char32_t feat_code_point(std::string_view text, size_t i, size_t length) {
-  const auto lead = static_cast<unsigned char>(text[i]);
-  if (length == 1) return lead < 0x80 ? lead : 0xfffd;
-  char32_t cp = lead & (0x7f >> length);
-  for (size_t k = 1; k < length; ++k) {
-    const auto c = static_cast<unsigned char>(text[i + k]);
-    if ((c & 0xc0) != 0x80) return 0xfffd;
-    cp = (cp << 6) | (c & 0x3f);
-  }
-  return cp;
-}
-
-std::u32string feat_to_u32(std::string_view text) {
-  std::u32string out;
-  for (size_t i = 0; i < text.size();) {
-    const size_t length =
-        std::min(feat_utf8_length(static_cast<unsigned char>(text[i])), text.size() - i);
-    out.push_back(feat_code_point(text, i, length));
-    i += length;
-  }
-  return out;
-}
-
-std::string feat_to_utf8(std::u32string_view text) {
-  std::string out;
-  for (const char32_t cp : text) {
-    if (cp < 0x80) {
-      out.push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      out.push_back(static_cast<char>(0xc0 | (cp >> 6)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-    } else if (cp < 0x10000) {
-      out.push_back(static_cast<char>(0xe0 | (cp >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-    } else {
-      out.push_back(static_cast<char>(0xf0 | (cp >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3f)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-    }
-  }
-  return out;
-}
-
-// Python's str.isspace(), which str.split() and str.strip() use.
-bool feat_is_py_space(char32_t cp) {
-  return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 ||
-         cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
-         cp == 0x202f || cp == 0x205f || cp == 0x3000;
-}
-
-// Python's str.split() without arguments.
-std::vector<std::u32string> feat_py_split(std::u32string_view text) {
-  std::vector<std::u32string> out;
-  bool in_token = false;
-  for (const char32_t cp : text) {
-    if (feat_is_py_space(cp)) {
-      in_token = false;
-    } else {
-      if (!in_token) out.emplace_back();
-      out.back().push_back(cp);
-      in_token = true;
-    }
-  }
-  return out;
-}
-
-std::u32string feat_join(const std::vector<std::u32string>& parts) {
-  std::u32string out;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (i > 0) out.push_back(U' ');
-    out += parts[i];
-  }
-  return out;
-}
-
-// " ".join(text.split()): also strips, as Python's str.strip() would.
-std::u32string feat_collapse(std::u32string_view text) {
-  return feat_join(feat_py_split(text));
-}
-
-// Python's str.strip().
-std::u32string feat_py_strip(std::u32string_view text) {
-  size_t first = 0, last = text.size();
-  while (first < last && feat_is_py_space(text[first])) ++first;
-  while (last > first && feat_is_py_space(text[last - 1])) --last;
-  return std::u32string(text.substr(first, last - first));
-}
-
 // BERT's _is_punctuation: every non-alphanumeric ASCII character, and Unicode category P*.
 bool feat_is_bert_punctuation(char32_t cp) {
   if ((cp >= 33 && cp <= 47) || (cp >= 58 && cp <= 64) || (cp >= 91 && cp <= 96) ||
       (cp >= 123 && cp <= 126)) {
     return true;
   }
-  return unicode::in_ranges(unicode::kPunctuation, unicode::kPunctuation_size, cp);
+  return text::is_punctuation(cp);
 }
 
 // BERT's _is_chinese_char: the CJK Unified Ideographs blocks (not Hiragana, Katakana, Hangul).
@@ -138,18 +39,16 @@ bool feat_is_cjk(char32_t cp) {
          (cp >= 0xf900 && cp <= 0xfaff) || (cp >= 0x2f800 && cp <= 0x2fa1f);
 }
 
-std::vector<std::u32string> feat_basic_tokenize(std::u32string_view text) {
+std::vector<std::u32string> feat_basic_tokenize(std::u32string_view input) {
   // _clean_text: drop NUL, U+FFFD and category C* but \t \n \r; whitespace (those three and
   // category Zs) becomes a space. _tokenize_chinese_chars: spaces around each ideograph.
   std::u32string cleaned;
-  for (const char32_t cp : text) {
+  for (const char32_t cp : input) {
     const bool whitespace =
-        cp == U' ' || cp == U'\t' || cp == U'\n' || cp == U'\r' ||
-        unicode::in_ranges(unicode::kSpaceSeparator, unicode::kSpaceSeparator_size, cp);
+        cp == U' ' || cp == U'\t' || cp == U'\n' || cp == U'\r' || text::is_space_separator(cp);
     if (whitespace) {
       cleaned.push_back(U' ');
-    } else if (cp == 0 || cp == 0xfffd ||
-               unicode::in_ranges(unicode::kOther, unicode::kOther_size, cp)) {
+    } else if (cp == 0 || cp == 0xfffd || text::is_other(cp)) {
       continue;
     } else if (feat_is_cjk(cp)) {
       cleaned += {U' ', cp, U' '};
@@ -159,7 +58,7 @@ std::vector<std::u32string> feat_basic_tokenize(std::u32string_view text) {
   }
   // _run_split_on_punc on every whitespace token: each punctuation character stands alone.
   std::vector<std::u32string> out;
-  for (const auto& token : feat_py_split(cleaned)) {
+  for (const auto& token : text::split(cleaned)) {
     bool start_new = true;
     for (const char32_t cp : token) {
       if (feat_is_bert_punctuation(cp)) {
@@ -251,16 +150,17 @@ std::string feat_pieces_text(const data::Tokenizer& tokenizer, const std::vector
     const int spm_id = tokenizer.to_spm(static_cast<int32_t>(ids[static_cast<size_t>(t)]));
     if (spm_id >= 0) joined += tokenizer.sentencepiece().id_to_piece(spm_id);
   }
-  std::u32string text;
-  for (const char32_t cp : feat_to_u32(joined)) text.push_back(cp == U'\u2581' ? U' ' : cp);
-  text = feat_py_strip(text);
+  std::u32string spaced;
+  for (const char32_t cp : text::decode_utf8(joined)) spaced.push_back(cp == U'\u2581' ? U' ' : cp);
+  std::u32string detok = text::strip(spaced);
   for (const std::u32string_view pattern :
        {std::u32string_view(U" ##"), std::u32string_view(U"##")}) {
-    for (size_t at = text.find(pattern); at != std::u32string::npos; at = text.find(pattern, at)) {
-      text.erase(at, pattern.size());
+    for (size_t at = detok.find(pattern); at != std::u32string::npos;
+         at = detok.find(pattern, at)) {
+      detok.erase(at, pattern.size());
     }
   }
-  return feat_to_utf8(feat_collapse(text));
+  return text::encode_utf8(text::collapse(detok));
 }
 
 // _get_best_indexes: the `n` indices of the highest values among the first `size`, ties in index
@@ -474,9 +374,8 @@ std::vector<std::string> split_context_words(const std::string& context,
   if (byte_to_word != nullptr) byte_to_word->clear();
   bool after_separator = true;
   for (size_t i = 0; i < context.size();) {
-    const size_t length =
-        std::min(feat_utf8_length(static_cast<unsigned char>(context[i])), context.size() - i);
-    const char32_t cp = feat_code_point(context, i, length);
+    const auto [code_point, length, valid] = data::utf8_char_at(context, i);
+    const char32_t cp = valid ? code_point : U'\ufffd';
     if (cp == U' ' || cp == U'\t' || cp == U'\r' || cp == U'\n' || cp == 0x202f) {
       after_separator = true;
     } else {
@@ -538,10 +437,11 @@ QaFeatures featurize_qa(const std::vector<QaExample>& examples, const data::Toke
             answer->start + static_cast<int64_t>(answer->text.size()) - 1, context_size - 1))];
       }
       // run_squad: skip when the span's words do not contain the whitespace-normalized answer.
-      const bool found = start_word >= 0 &&
-                         feat_join_words(words, start_word, end_word)
-                                 .find(feat_to_utf8(feat_collapse(feat_to_u32(answer->text)))) !=
-                             std::string::npos;
+      const bool found =
+          start_word >= 0 &&
+          feat_join_words(words, start_word, end_word)
+                  .find(text::encode_utf8(text::collapse(text::decode_utf8(answer->text)))) !=
+              std::string::npos;
       if (!found) {
         out.skipped.push_back(static_cast<int64_t>(e));
         continue;
@@ -638,16 +538,16 @@ QaFeatures featurize_qa(const std::vector<QaExample>& examples, const data::Toke
   return out;
 }
 
-std::vector<std::string> bert_basic_tokenize(const std::string& text) {
+std::vector<std::string> bert_basic_tokenize(const std::string& input) {
   std::vector<std::string> out;
-  for (const auto& token : feat_basic_tokenize(feat_to_u32(text)))
-    out.push_back(feat_to_utf8(token));
+  for (const auto& token : feat_basic_tokenize(text::decode_utf8(input)))
+    out.push_back(text::encode_utf8(token));
   return out;
 }
 
 std::string get_final_text(const std::string& pred_text, const std::string& orig_text) {
-  const std::u32string pred = feat_to_u32(pred_text), orig = feat_to_u32(orig_text);
-  const std::u32string tok = feat_join(feat_basic_tokenize(orig));
+  const std::u32string pred = text::decode_utf8(pred_text), orig = text::decode_utf8(orig_text);
+  const std::u32string tok = text::join(feat_basic_tokenize(orig));
   const size_t start = tok.find(pred);
   if (start == std::u32string::npos || pred.empty()) return orig_text;
   const size_t end = start + pred.size() - 1;
@@ -664,7 +564,7 @@ std::string get_final_text(const std::string& pred_text, const std::string& orig
   if (ns_start < 0 || ns_end < 0) return orig_text;
   const size_t orig_start = orig_ns_to_s[static_cast<size_t>(ns_start)];
   const size_t orig_end = orig_ns_to_s[static_cast<size_t>(ns_end)];
-  return feat_to_utf8(std::u32string_view(orig).substr(orig_start, orig_end - orig_start + 1));
+  return text::encode_utf8(std::u32string_view(orig).substr(orig_start, orig_end - orig_start + 1));
 }
 
 QaPredictions decode_qa(const std::vector<QaExample>& examples, const QaFeatures& features,

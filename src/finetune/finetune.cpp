@@ -7,6 +7,7 @@
 #include "xlme/export/pretrained.h"
 #include "xlme/finetune/probes.h"
 #include "xlme/finetune/runner.h"
+#include "xlme/finetune/task_registry.h"
 #include "xlme/finetune/tasks.h"
 #include "xlme/model/discriminator.h"
 #include "xlme/train/checkpoint.h"
@@ -82,7 +83,7 @@ int run_finetune(const config::Config& config) {
   nlohmann::ordered_json results;
   std::string table;
 
-  if (is_probe_task(settings.task)) {
+  if (!task_info(settings.task).trains) {
     torch::manual_seed(static_cast<uint64_t>(config.run.seed));
     auto model = fresh_discriminator(pretrained, 0.0, settings.untrained);
     model->to(device);

@@ -1,7 +1,7 @@
 #include "xlme/finetune/metrics.h"
 
-#include "unicode_tables.h"
 #include "xlme/common/error.h"
+#include "xlme/finetune/text.h"
 
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -17,156 +17,21 @@ namespace xlme::finetune {
 namespace {
 namespace xmetric {
 
-// ---- Unicode, as the Python scripts see text ----
-
-bool in_table(const unicode::CodeRange* table, size_t size, char32_t cp) {
-  return unicode::in_ranges(table, size, cp);
-}
-
-bool is_space(char32_t c) {
-  return in_table(unicode::kSpace, unicode::kSpace_size, c);
-}
-bool is_word(char32_t c) {
-  return in_table(unicode::kWord, unicode::kWord_size, c);
-}
-bool is_unicode_punct(char32_t c) {
-  return in_table(unicode::kPunctuation, unicode::kPunctuation_size, c);
-}
-bool is_ascii_punct(char32_t c) {  // Python's string.punctuation
-  return c < 0x80 &&
-         std::string_view("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~").find(static_cast<char>(c)) !=
-             std::string_view::npos;
-}
-
-// UTF-8 to code points; a malformed byte becomes U+FFFD.
-std::u32string decode(const std::string& s) {
-  std::u32string out;
-  out.reserve(s.size());
-  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = b[i];
-    size_t len = c < 0x80             ? 1
-                 : (c & 0xE0) == 0xC0 ? 2
-                 : (c & 0xF0) == 0xE0 ? 3
-                 : (c & 0xF8) == 0xF0 ? 4
-                                      : 0;
-    char32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
-    bool ok = len > 0 && i + len <= s.size();
-    for (size_t k = 1; ok && k < len; ++k) {
-      ok = (b[i + k] & 0xC0) == 0x80;
-      cp = (cp << 6) | (b[i + k] & 0x3F);
-    }
-    if (!ok) {
-      out.push_back(0xFFFD);
-      ++i;
-      continue;
-    }
-    out.push_back(cp);
-    i += len;
-  }
-  return out;
-}
-
-std::string encode(const std::u32string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (const char32_t c : s) {
-    if (c < 0x80) {
-      out.push_back(static_cast<char>(c));
-    } else if (c < 0x800) {
-      out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    } else if (c < 0x10000) {
-      out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    } else {
-      out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    }
-  }
-  return out;
-}
-
-// Python's str.lower(), including the Final_Sigma rule for U+03A3.
-std::u32string py_lower(const std::u32string& s) {
-  auto cased = [](char32_t c) { return in_table(unicode::kCased, unicode::kCased_size, c); };
-  auto ignorable = [](char32_t c) {
-    return in_table(unicode::kCaseIgnorable, unicode::kCaseIgnorable_size, c);
-  };
-  std::u32string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char32_t c = s[i];
-    if (c == 0x3A3) {
-      size_t j = i;
-      while (j > 0 && ignorable(s[j - 1])) --j;
-      bool final_sigma = j > 0 && cased(s[j - 1]);
-      if (final_sigma) {
-        size_t k = i + 1;
-        while (k < s.size() && ignorable(s[k])) ++k;
-        final_sigma = k == s.size() || !cased(s[k]);
-      }
-      out.push_back(final_sigma ? 0x3C2 : 0x3C3);
-      continue;
-    }
-    const auto* end = unicode::kLower + unicode::kLower_size;
-    const auto* it =
-        std::lower_bound(unicode::kLower, end, static_cast<uint32_t>(c),
-                         [](const unicode::LowerEntry& e, uint32_t v) { return e.code < v; });
-    if (it != end && it->code == c) {
-      out.push_back(it->lower1);
-      if (it->lower2) out.push_back(it->lower2);
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out;
-}
-
-// Python's str.split() without arguments.
-std::vector<std::u32string> py_split(const std::u32string& s) {
-  std::vector<std::u32string> out;
-  std::u32string cur;
-  for (const char32_t c : s) {
-    if (is_space(c)) {
-      if (!cur.empty()) out.push_back(std::move(cur));
-      cur.clear();
-    } else {
-      cur.push_back(c);
-    }
-  }
-  if (!cur.empty()) out.push_back(std::move(cur));
-  return out;
-}
-
-std::u32string join_spaces(const std::vector<std::u32string>& tokens) {
-  std::u32string out;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (i) out.push_back(U' ');
-    out += tokens[i];
-  }
-  return out;
-}
-
 // re.sub(r'\b(w1|w2|...)\b', ' ', text) with Python's Unicode \w: at each position, the first
 // alternative that fits between two word boundaries is replaced by a space.
-std::u32string remove_words(const std::u32string& text, const std::vector<std::u32string>& words) {
+std::u32string remove_words(const std::u32string& in, const std::vector<std::u32string>& words) {
   auto boundary = [&](size_t i) {
-    const bool before = i > 0 && is_word(text[i - 1]);
-    const bool after = i < text.size() && is_word(text[i]);
+    const bool before = i > 0 && text::is_word(in[i - 1]);
+    const bool after = i < in.size() && text::is_word(in[i]);
     return before != after;
   };
   std::u32string out;
   size_t i = 0;
-  while (i < text.size()) {
+  while (i < in.size()) {
     size_t matched = 0;
     if (boundary(i)) {
       for (const auto& w : words) {
-        if (text.compare(i, w.size(), w) == 0 && boundary(i + w.size())) {
+        if (in.compare(i, w.size(), w) == 0 && boundary(i + w.size())) {
           matched = w.size();
           break;
         }
@@ -176,7 +41,7 @@ std::u32string remove_words(const std::u32string& text, const std::vector<std::u
       out.push_back(U' ');
       i += matched;
     } else {
-      out.push_back(text[i++]);
+      out.push_back(in[i++]);
     }
   }
   return out;
@@ -184,7 +49,7 @@ std::u32string remove_words(const std::u32string& text, const std::vector<std::u
 
 std::vector<std::u32string> words_of(std::initializer_list<const char*> words) {
   std::vector<std::u32string> out;
-  for (const char* w : words) out.push_back(decode(w));
+  for (const char* w : words) out.push_back(text::decode_utf8(w));
   return out;
 }
 
@@ -195,15 +60,15 @@ const std::vector<std::string>& mlqa_languages() {
 
 // mlqa_evaluation_v1.py's mixed_segmentation: every U+4E00–U+9FA5 or punctuation character is a
 // token of its own, the rest is split on whitespace.
-std::vector<std::u32string> mixed_segmentation(const std::u32string& text) {
+std::vector<std::u32string> mixed_segmentation(const std::u32string& in) {
   std::vector<std::u32string> out;
   std::u32string run;
   auto flush = [&] {
-    for (auto& t : py_split(run)) out.push_back(std::move(t));
+    for (auto& t : text::split(run)) out.push_back(std::move(t));
     run.clear();
   };
-  for (const char32_t c : text) {
-    if ((c >= 0x4E00 && c <= 0x9FA5) || is_unicode_punct(c) || is_ascii_punct(c)) {
+  for (const char32_t c : in) {
+    if ((c >= 0x4E00 && c <= 0x9FA5) || text::is_punctuation(c) || text::is_ascii_punctuation(c)) {
       flush();
       out.push_back(std::u32string(1, c));
     } else {
@@ -214,7 +79,7 @@ std::vector<std::u32string> mixed_segmentation(const std::u32string& text) {
   return out;
 }
 
-std::u32string normalize(const std::string& text, const std::string& lang) {
+std::u32string normalize(const std::string& answer, const std::string& lang) {
   if (!lang.empty()) {
     const auto& langs = mlqa_languages();
     XLME_CHECK(std::find(langs.begin(), langs.end(), lang) != langs.end(),
@@ -222,10 +87,10 @@ std::u32string normalize(const std::string& text, const std::string& lang) {
                "vi zh",
                lang);
   }
-  std::u32string s = py_lower(decode(text));
+  std::u32string s = text::lower(text::decode_utf8(answer));
   std::u32string kept;
   for (const char32_t c : s) {
-    const bool punct = is_ascii_punct(c) || (!lang.empty() && is_unicode_punct(c));
+    const bool punct = text::is_ascii_punctuation(c) || (!lang.empty() && text::is_punctuation(c));
     if (!punct) kept.push_back(c);
   }
   if (lang.empty() || lang == "en") {
@@ -255,7 +120,7 @@ std::u32string normalize(const std::string& text, const std::string& lang) {
     }
     kept = std::move(out);
   }
-  return join_spaces(lang == "zh" ? mixed_segmentation(kept) : py_split(kept));
+  return text::join(lang == "zh" ? mixed_segmentation(kept) : text::split(kept));
 }
 
 double f1_tokens(const std::vector<std::u32string>& pred, const std::vector<std::u32string>& gold) {
@@ -318,13 +183,6 @@ std::pair<torch::Tensor, torch::Tensor> top_k(const torch::Tensor& x, const torc
   return {torch::cat(values), torch::cat(indices)};
 }
 
-std::string strip(const std::string& s) {
-  const char* ws = " \t\r\n\v\f";
-  const size_t b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(ws) - b + 1);
-}
-
 // Deduplicated sentences (first-occurrence order) and, for each, the last row that holds it (as
 // LASER's unique_embeddings picks).
 void unify(const std::vector<std::pair<std::string, std::string>>& side,
@@ -347,7 +205,7 @@ std::unordered_map<std::string, std::string> sentence_to_id(
   std::unordered_map<std::string, std::string> map;
   std::unordered_set<std::string> repeated;
   for (const auto& [id, sentence] : side) {
-    const std::string s = strip(sentence);
+    const std::string s = text::strip_ascii(sentence);
     if (!map.emplace(s, id).second) repeated.insert(s);
   }
   for (const auto& s : repeated) map.erase(s);
@@ -430,13 +288,13 @@ TaggingScores seqeval_scores(const std::vector<std::vector<std::string>>& gold,
 
 // ---- QA ----------------------------------------------------------------------------------------
 
-std::string squad_normalize(const std::string& text) {
-  return xmetric::encode(xmetric::normalize(text, ""));
+std::string squad_normalize(const std::string& answer) {
+  return text::encode_utf8(xmetric::normalize(answer, ""));
 }
 
-std::string mlqa_normalize(const std::string& text, const std::string& lang) {
+std::string mlqa_normalize(const std::string& answer, const std::string& lang) {
   XLME_CHECK(!lang.empty(), "MLQA normalization needs the answer language (en es de ar hi vi zh)");
-  return xmetric::encode(xmetric::normalize(text, lang));
+  return text::encode_utf8(xmetric::normalize(answer, lang));
 }
 
 double qa_exact_match(const std::string& prediction, const std::string& gold,
@@ -445,8 +303,8 @@ double qa_exact_match(const std::string& prediction, const std::string& gold,
 }
 
 double qa_f1(const std::string& prediction, const std::string& gold, const std::string& lang) {
-  return xmetric::f1_tokens(xmetric::py_split(xmetric::normalize(prediction, lang)),
-                            xmetric::py_split(xmetric::normalize(gold, lang)));
+  return xmetric::f1_tokens(text::split(xmetric::normalize(prediction, lang)),
+                            text::split(xmetric::normalize(gold, lang)));
 }
 
 QaScores qa_scores(const std::vector<QaExample>& gold,
@@ -563,8 +421,8 @@ std::vector<BuccCandidate> bucc_candidates(const BuccCorpus& corpus,
   std::vector<BuccCandidate> out;
   std::map<std::pair<std::string, std::string>, size_t> position;
   for (const auto& p : mined) {
-    const auto s = src_ids.find(xmetric::strip(src_sents[p.source]));
-    const auto e = en_ids.find(xmetric::strip(en_sents[p.target]));
+    const auto s = src_ids.find(text::strip_ascii(src_sents[p.source]));
+    const auto e = en_ids.find(text::strip_ascii(en_sents[p.target]));
     if (s == src_ids.end() || e == en_ids.end()) continue;
     const auto [it, fresh] = position.emplace(std::make_pair(s->second, e->second), out.size());
     if (fresh) {

@@ -4,10 +4,13 @@
 #include "xlme/common/io.h"
 #include "xlme/eval/retrieval.h"
 #include "xlme/finetune/metrics.h"
+#include "xlme/finetune/retrieval_io.h"
+#include "xlme/finetune/task_registry.h"
 #include "xlme/finetune/tasks.h"
 #include "xlme/finetune/xtreme_io.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -181,7 +184,7 @@ ProbeReport run_tatoeba(const config::FinetuneConfig& settings, model::Encoder& 
       indices.push_back(retrieved[line]);
     }
     if (!predictions_dir.empty()) {
-      write_index_predictions(prediction_path(predictions_dir, "tatoeba", language), indices);
+      write_index_predictions(prediction_path(predictions_dir, settings.task, language), indices);
     }
   }
   ProbeReport report;
@@ -221,7 +224,7 @@ ProbeReport run_bucc(const config::FinetuneConfig& settings, model::Encoder& enc
       const auto mined =
           bucc_extract(bucc_candidates(test, test_source[l], test_english[l]), threshold);
       if (layers[l] == settings.layer && !predictions_dir.empty()) {
-        write_pair_predictions(prediction_path(predictions_dir, "bucc", language), mined);
+        write_pair_predictions(prediction_path(predictions_dir, settings.task, language), mined);
       }
       if (test.gold.empty()) continue;
       const auto scores = pair_scores(mined, test.gold);
@@ -283,10 +286,6 @@ ProbeReport run_alignment(const config::FinetuneConfig& settings, model::Encoder
 }
 
 }  // namespace
-
-bool is_probe_task(const std::string& task) {
-  return task == "tatoeba" || task == "bucc" || task == "retrieval" || task == "alignment";
-}
 
 std::vector<std::string> find_language_pairs(const std::string& dir,
                                              const std::vector<std::string>& pairs) {
@@ -357,14 +356,27 @@ torch::Tensor word_vectors(model::Encoder& encoder, const data::Tokenizer& token
 ProbeReport run_probe(const config::FinetuneConfig& settings, model::Encoder& encoder,
                       const data::Tokenizer& tokenizer, const torch::Device& device,
                       const std::string& predictions_dir) {
-  if (settings.task == "retrieval") return run_retrieval(settings, encoder, tokenizer, device);
-  if (settings.task == "tatoeba") {
-    return run_tatoeba(settings, encoder, tokenizer, device, predictions_dir);
+  // A probe is what it scores (task_registry.h).
+  switch (task_info(settings.task).metric) {
+    case TaskMetric::kPairAccuracy:
+      return run_retrieval(settings, encoder, tokenizer, device);
+    case TaskMetric::kTatoebaAccuracy:
+      return run_tatoeba(settings, encoder, tokenizer, device, predictions_dir);
+    case TaskMetric::kBuccF1:
+      return run_bucc(settings, encoder, tokenizer, device, predictions_dir);
+    case TaskMetric::kAlignmentErrorRate:
+      return run_alignment(settings, encoder, tokenizer, device);
+    case TaskMetric::kAccuracy:
+    case TaskMetric::kSeqevalF1:
+    case TaskMetric::kSquadF1:
+    case TaskMetric::kMlqaF1:
+      break;
   }
-  if (settings.task == "bucc")
-    return run_bucc(settings, encoder, tokenizer, device, predictions_dir);
-  if (settings.task == "alignment") return run_alignment(settings, encoder, tokenizer, device);
-  XLME_FAIL("finetune.task {} is not a probe (tatoeba, bucc, retrieval, alignment)", settings.task);
+  std::vector<std::string> probes;
+  for (const auto& task : task_table()) {
+    if (!task.trains) probes.push_back(task.name);
+  }
+  XLME_FAIL("finetune.task {} is not a probe ({})", settings.task, fmt::join(probes, ", "));
 }
 
 }  // namespace xlme::finetune

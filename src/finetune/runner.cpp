@@ -1,7 +1,6 @@
 #include "xlme/finetune/runner.h"
 
 #include "xlme/common/error.h"
-#include "xlme/common/io.h"
 #include "xlme/finetune/xtreme_io.h"
 #include "xlme/train/optimizer.h"
 #include "xlme/train/precision.h"
@@ -44,11 +43,11 @@ void restore_weights(torch::nn::Module& model, const std::map<std::string, torch
 
 Scores evaluate_without_grad(TrainableTask& task, FinetuneModel& model, const std::string& language,
                              Split split, const torch::Device& device, bool bf16,
-                             std::string* predictions) {
+                             const std::string& predictions_path) {
   torch::NoGradGuard no_grad;
   model->eval();
   train::AutocastScope autocast(device, bf16);
-  auto scores = task.evaluate(model, language, split, device, predictions);
+  auto scores = task.evaluate(model, language, split, device, predictions_path);
   model->train();
   return scores;
 }
@@ -169,7 +168,7 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
       }
       if (can_select && (step % eval_every == 0 || step == total)) {
         const auto dev = evaluate_without_grad(task, model, settings.train_language, Split::kDev,
-                                               device, bf16, nullptr);
+                                               device, bf16, "");
         XLME_CHECK(!dev.values.empty(), "the {} dev set of {} has no labels to select with",
                    settings.train_language, settings.task);
         spdlog::info("seed {} step {}: {} dev {} {:.2f}", seed, step, settings.train_language,
@@ -194,13 +193,11 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
 
   for (Split split : {Split::kDev, Split::kTest}) {
     for (const auto& language : task.languages(split)) {
-      std::string predictions;
-      auto scores = evaluate_without_grad(task, model, language, split, device, bf16,
-                                          predictions_dir.empty() ? nullptr : &predictions);
-      if (!predictions_dir.empty()) {
-        write_file_atomic(path_under(predictions_dir, task.prediction_file(language, split)),
-                          predictions);
-      }
+      const std::string predictions =
+          predictions_dir.empty()
+              ? std::string()
+              : path_under(predictions_dir, task.prediction_file(language, split));
+      auto scores = evaluate_without_grad(task, model, language, split, device, bf16, predictions);
       if (scores.values.empty()) continue;  // predicted, but the set has no gold to score
       if (split == Split::kDev && language == settings.train_language && !select_best) {
         result.best_dev = scores.main_value();

@@ -3,6 +3,10 @@
 #include "xlme/common/error.h"
 #include "xlme/finetune/features.h"
 #include "xlme/finetune/metrics.h"
+#include "xlme/finetune/pair_io.h"
+#include "xlme/finetune/qa_io.h"
+#include "xlme/finetune/tagging_io.h"
+#include "xlme/finetune/task_registry.h"
 #include "xlme/finetune/xtreme_io.h"
 
 #include <fmt/format.h>
@@ -20,10 +24,6 @@ namespace xlme::finetune {
 namespace fs = std::filesystem;
 
 namespace {
-
-bool is_qa_task(const std::string& task) {
-  return task == "xquad" || task == "mlqa" || task == "tydiqa";
-}
 
 template <class T>
 void keep_first(std::vector<T>& items, int64_t limit) {
@@ -132,7 +132,7 @@ class PairTask : public TrainableTask {
     train_ = featurize_pairs(examples, labels_, tokenizer_, settings.max_len);
   }
 
-  HeadKind head_kind() const override { return HeadKind::kSequence; }
+  HeadKind head_kind() const override { return task_info(settings_.task).head; }
   int64_t classes() const override { return static_cast<int64_t>(labels_.size()); }
   int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
 
@@ -144,7 +144,7 @@ class PairTask : public TrainableTask {
   }
 
   Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
-                  const torch::Device& device, std::string* predictions) override {
+                  const torch::Device& device, const std::string& predictions_path) override {
     const auto& [examples, features] = load(language, split);
     std::vector<std::string> predicted, gold;
     for (const auto& indices :
@@ -156,9 +156,7 @@ class PairTask : public TrainableTask {
         predicted.push_back(labels_.at(static_cast<size_t>(ids[i])));
       }
     }
-    if (predictions) {
-      for (const auto& label : predicted) *predictions += label + "\n";
-    }
+    if (!predictions_path.empty()) write_label_predictions(predictions_path, predicted);
     for (const auto& e : examples) gold.push_back(e.label);
     if (!has_gold(examples)) return {};
     return {{{"accuracy", accuracy(gold, predicted)}}, "accuracy"};
@@ -170,7 +168,7 @@ class PairTask : public TrainableTask {
     return EvalSets(settings_).available(
         split, [&](const std::string& language, std::string& missing) {
           if (split == Split::kTest && !settings_.gold_dir.empty()) {
-            missing = gold_path(language);
+            missing = pair_gold_file(settings_.gold_dir, settings_.task, language);
             return file_exists(missing);
           }
           missing = pair_file(settings_.data_dir, settings_.task, split_name(split), language);
@@ -188,19 +186,12 @@ class PairTask : public TrainableTask {
                                             [](const PairExample& e) { return !e.label.empty(); });
   }
 
-  std::string gold_path(const std::string& language) const {
-    return settings_.task == "xnli"
-               ? path_under(settings_.gold_dir, "XNLI-1.0/xnli.test.tsv")
-               : path_under(settings_.gold_dir, "x-final/" + language + "/test_2k.tsv");
-  }
-
   using Cache = EvalCache<PairExample, std::vector<ClassificationFeature>>;
 
   const Cache::Set& load(const std::string& language, Split split) {
     auto read = [&] {
       if (split == Split::kTest && !settings_.gold_dir.empty()) {
-        return settings_.task == "xnli" ? read_xnli_gold(gold_path(language), language)
-                                        : read_pawsx_gold(gold_path(language));
+        return read_pair_gold(settings_.gold_dir, settings_.task, language);
       }
       return read_pair_split(settings_.data_dir, settings_.task, split_name(split), language,
                              quoting_);
@@ -232,7 +223,7 @@ class TaggingTask : public TrainableTask {
     train_ = featurize_tagging(sentences, labels_, tokenizer_, options_);
   }
 
-  HeadKind head_kind() const override { return HeadKind::kToken; }
+  HeadKind head_kind() const override { return task_info(settings_.task).head; }
   int64_t classes() const override { return static_cast<int64_t>(labels_.size()); }
   int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
 
@@ -246,7 +237,7 @@ class TaggingTask : public TrainableTask {
   }
 
   Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
-                  const torch::Device& device, std::string* predictions) override {
+                  const torch::Device& device, const std::string& predictions_path) override {
     const auto& [sentences, features] = load(language, split);
     std::vector<std::vector<int64_t>> per_token(features.size());
     for (const auto& indices :
@@ -265,14 +256,11 @@ class TaggingTask : public TrainableTask {
     for (size_t s = 0; s < sentences.size(); ++s) {
       std::vector<std::string> tags;
       for (int64_t id : ids[s]) tags.push_back(labels_.at(static_cast<size_t>(id)));
-      if (predictions) {
-        for (const auto& tag : tags) *predictions += tag + "\n";
-        if (s + 1 < sentences.size()) *predictions += "\n";
-      }
       predicted.push_back(std::move(tags));
       gold.push_back(sentences[s].tags);
       tagged = tagged && !sentences[s].tags.empty();
     }
+    if (!predictions_path.empty()) write_tag_predictions(predictions_path, predicted);
     if (!tagged) return {};
     const auto scores = seqeval_scores(gold, predicted);
     return {{{"f1", scores.f1},
@@ -288,12 +276,8 @@ class TaggingTask : public TrainableTask {
     return EvalSets(settings_).available(
         split, [&](const std::string& language, std::string& missing) {
           if (split == Split::kTest && !settings_.gold_dir.empty()) {
-            if (settings_.task == "panx") {
-              missing = path_under(settings_.gold_dir, language + "/test");
-              return file_exists(missing);
-            }
             missing = settings_.gold_dir;
-            return !ud_conllu_files(settings_.gold_dir, language, "test").empty();
+            return !tagging_gold_files(settings_.gold_dir, settings_.task, language).empty();
           }
           missing = tagging_file(settings_.data_dir, settings_.task, split_name(split), language);
           return true;
@@ -314,15 +298,7 @@ class TaggingTask : public TrainableTask {
             tagging_file(settings_.data_dir, settings_.task, split_name(split), language),
             settings_.task);
       }
-      if (settings_.task == "panx") {
-        return read_panx_raw(path_under(settings_.gold_dir, language + "/test"));
-      }
-      std::vector<TaggedSentence> sentences;
-      for (const auto& file : ud_conllu_files(settings_.gold_dir, language, "test")) {
-        auto part = read_conllu(file, language);
-        sentences.insert(sentences.end(), part.begin(), part.end());
-      }
-      return sentences;
+      return read_tagging_gold(settings_.gold_dir, settings_.task, language);
     };
     return cache_.get(language, split, settings_.max_eval_examples, read, [&](const auto& e) {
       return featurize_tagging(e, labels_, tokenizer_, options_);
@@ -348,7 +324,7 @@ class QaTask : public TrainableTask {
     options_.max_query_len = settings.max_query_len;
     // XQuAD and MLQA are predicted by a model trained on SQuAD v1.1; TyDiQA by one trained on
     // its English GoldP train set (XTREME.md §5).
-    const std::string train_task = settings.task == "tydiqa" ? "tydiqa" : "squad";
+    const std::string& train_task = task_info(settings.task).train_data;
     auto data =
         read_squad_json(qa_file(settings.data_dir, train_task, "train", settings.train_language),
                         /*skip_mismatched=*/true);
@@ -361,7 +337,7 @@ class QaTask : public TrainableTask {
     train_ = std::move(features.features);
   }
 
-  HeadKind head_kind() const override { return HeadKind::kToken; }
+  HeadKind head_kind() const override { return task_info(settings_.task).head; }
   int64_t classes() const override { return 2; }
   int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
 
@@ -377,7 +353,7 @@ class QaTask : public TrainableTask {
   }
 
   Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
-                  const torch::Device& device, std::string* predictions) override {
+                  const torch::Device& device, const std::string& predictions_path) override {
     const auto& [gold, features] = load(language, split);
     std::vector<QaLogits> logits(features.features.size());
     for (const auto& indices :
@@ -396,14 +372,15 @@ class QaTask : public TrainableTask {
     decode.n_best = settings_.n_best;
     decode.max_answer_len = settings_.max_answer_len;
     auto decoded = decode_qa(gold, features, logits, tokenizer_, decode);
-    if (predictions) *predictions = nlohmann::ordered_json(decoded.text).dump(2) + "\n";
+    if (!predictions_path.empty()) write_qa_predictions(predictions_path, decoded.text);
     const bool answered = std::any_of(gold.begin(), gold.end(), [](const QaExample& e) {
       return std::any_of(e.answers.begin(), e.answers.end(),
                          [](const QaAnswer& a) { return !a.text.empty(); });
     });
     if (!answered) return {};
-    const auto scores =
-        qa_scores(gold, decoded.text, settings_.task == "mlqa" ? language : std::string());
+    // MLQA normalizes answers by their language; SQuAD's English rules serve the others.
+    const bool by_language = task_info(settings_.task).metric == TaskMetric::kMlqaF1;
+    const auto scores = qa_scores(gold, decoded.text, by_language ? language : std::string());
     return {{{"f1", scores.f1}, {"exact_match", scores.exact_match}}, "f1"};
   }
 
@@ -424,7 +401,7 @@ class QaTask : public TrainableTask {
  private:
   std::string path(const std::string& language, Split split) const {
     // XQuAD and TyDiQA have no dev set in XTREME (their models are not selected on one).
-    if (split == Split::kDev && settings_.task != "mlqa") {
+    if (split == Split::kDev && !task_info(settings_.task).has_dev) {
       XLME_FAIL("{} has no dev set in XTREME", settings_.task);
     }
     // With a gold folder the answer-stripped copy under data_dir is not needed.
@@ -454,23 +431,23 @@ class QaTask : public TrainableTask {
 
 }  // namespace
 
-bool is_trainable_task(const std::string& task) {
-  return task == "xnli" || task == "pawsx" || task == "udpos" || task == "panx" || is_qa_task(task);
-}
-
 std::vector<std::string> evaluated_languages(const config::FinetuneConfig& settings) {
   return settings.languages.empty() ? task_languages(settings.task) : settings.languages;
 }
 
 std::unique_ptr<TrainableTask> make_task(const config::FinetuneConfig& settings,
                                          const data::Tokenizer& tokenizer) {
-  if (settings.task == "xnli" || settings.task == "pawsx") {
-    return std::make_unique<PairTask>(settings, tokenizer);
+  switch (task_info(settings.task).family) {
+    case TaskFamily::kSentencePair:
+      return std::make_unique<PairTask>(settings, tokenizer);
+    case TaskFamily::kTagging:
+      return std::make_unique<TaggingTask>(settings, tokenizer);
+    case TaskFamily::kQa:
+      return std::make_unique<QaTask>(settings, tokenizer);
+    case TaskFamily::kRetrieval:
+    case TaskFamily::kAlignment:
+      break;
   }
-  if (settings.task == "udpos" || settings.task == "panx") {
-    return std::make_unique<TaggingTask>(settings, tokenizer);
-  }
-  if (is_qa_task(settings.task)) return std::make_unique<QaTask>(settings, tokenizer);
   XLME_FAIL("finetune.task {} trains no head; it is evaluated by the retrieval/alignment runner",
             settings.task);
 }

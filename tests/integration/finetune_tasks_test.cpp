@@ -2,7 +2,7 @@
 // and the upstream gold files), from a tiny pre-training checkpoint: every task trains or
 // probes, scores with its official metric and writes its submission files.
 #include "xlme/finetune/finetune.h"
-#include "xlme/finetune/xtreme_io.h"
+#include "xlme/finetune/retrieval_io.h"
 
 #include "export_fixtures.h"
 #include "test_util.h"
@@ -240,10 +240,12 @@ TEST_F(FinetuneTasks, QaTrainsOnSquadAndScoresBlankedTestsFromGold) {
   // A random span of these 10-word contexts scores ~5; the cue word is learnt in part.
   EXPECT_GT(f1, 20.0) << json.dump();
   EXPECT_GE(f1, json["test"]["languages"]["de"]["exact_match"]["mean"].get<double>());
-  auto predictions =
-      nlohmann::json::parse(read_file(data_.path() / "out/predictions/xquad/test-de.json"));
+  const auto text = read_file(data_.path() / "out/predictions/xquad/test-de.json");
+  auto predictions = nlohmann::json::parse(text);
   EXPECT_EQ(predictions.size(), 20u);
   EXPECT_TRUE(predictions.contains("q2_0"));
+  // The bytes of write_qa_predictions: sorted keys, indented by 2, a final newline.
+  EXPECT_EQ(text, predictions.dump(2) + "\n");
 }
 
 TEST_F(FinetuneTasks, RetrievalComparesTrainedAndUntrainedOnEveryLayer) {
@@ -387,7 +389,8 @@ TEST_F(FinetuneTasks, EvaluationFilesAreReadBeforeTraining) {
                        {"finetune.languages=[de]", "finetune.max_steps=1", "finetune.select=last",
                         "finetune.doc_stride=16", "finetune.max_query_len=16"});
   std::tie(error, log) = failed_run(qa);
-  EXPECT_TRUE(contains_all(error, {file("gold/xquad.de.json") + ":1", "invalid JSON"}));
+  EXPECT_TRUE(contains_all(error, {"SQuAD-format file '" + file("gold/xquad.de.json") + "'",
+                                   "is not valid JSON", "line 1"}));
   EXPECT_EQ(log.find("step 1/1"), std::string::npos) << log;
   write_file(file("gold/xquad.de.json"), gold);
   EXPECT_FALSE(fs::exists(file("download/xquad/xquad.de.json")));

@@ -1,6 +1,10 @@
 // finetune/xtreme_io: every reader on fixtures in the exact on-disk formats (CRLF TSV with
 // doubled quotes, CoNLL with and without tags, raw PAN-X, CoNLL-U, SQuAD JSON with non-ASCII
 // contexts, LASER/XTREME Tatoeba, BUCC, Pharaoh), the error messages, and the writers.
+#include "xlme/finetune/pair_io.h"
+#include "xlme/finetune/qa_io.h"
+#include "xlme/finetune/retrieval_io.h"
+#include "xlme/finetune/tagging_io.h"
 #include "xlme/finetune/xtreme_io.h"
 
 #include "test_util.h"
@@ -19,18 +23,6 @@ using xlme::testing::error_message;
 using xlme::testing::read_file;
 using xlme::testing::TempDir;
 using xlme::testing::write_file;
-
-TEST(Tasks, LanguageListsOfTheOriginalRelease) {
-  const std::map<std::string, size_t> counts = {{"udpos", 33}, {"panx", 40},    {"xnli", 15},
-                                                {"pawsx", 7},  {"xquad", 11},   {"mlqa", 7},
-                                                {"tydiqa", 9}, {"tatoeba", 36}, {"bucc", 4}};
-  for (const auto& [task, n] : counts) EXPECT_EQ(task_languages(task).size(), n) << task;
-  EXPECT_EQ(task_labels("udpos").size(), 18u);
-  EXPECT_EQ(task_labels("udpos").front(), "O");
-  EXPECT_EQ(task_labels("panx").size(), 7u);
-  EXPECT_TRUE(contains_all(error_message([] { task_languages("ner"); }),
-                           {"'ner'", "xnli pawsx udpos panx"}));
-}
 
 // A PAWS-X row as Python's csv.writer (excel dialect, TAB) writes it: CRLF, quotes doubled.
 const char* kIoQuotedTsv =
@@ -248,16 +240,38 @@ TEST(SquadJson, ConvertsCodePointOffsetsToBytesAndSkipsMismatchedAnswers) {
 TEST(SquadJson, ErrorsNameTheLineOrTheJsonPath) {
   TempDir dir;
   write_file(dir / "bad.json", "{\"data\": [\n{\"paragraphs\": [\n{\"context\": \"x\",, }]}]}");
-  EXPECT_TRUE(contains_all(error_message([&] { read_squad_json(dir / "bad.json"); }),
-                           {dir / "bad.json:3", "invalid JSON"}));
+  EXPECT_TRUE(contains_all(
+      error_message([&] { read_squad_json(dir / "bad.json"); }),
+      {"SQuAD-format file '" + (dir / "bad.json") + "'", "is not valid JSON", "line 3"}));
   write_file(
       dir / "noq.json",
       R"({"data": [{"paragraphs": [{"context": "x", "qas": [{"id": "a", "answers": []}]}]}]})");
   EXPECT_TRUE(contains_all(error_message([&] { read_squad_json(dir / "noq.json"); }),
                            {dir / "noq.json", "data[0].paragraphs[0].qas[0].question"}));
+  // A mistyped value is shown (describe_json), not only its type.
+  write_file(dir / "id.json",
+             R"({"data": [{"paragraphs": [{"context": "x", "qas": [{"id": [7, 8]}]}]}]})");
+  EXPECT_TRUE(contains_all(
+      error_message([&] { read_squad_json(dir / "id.json"); }),
+      {dir / "id.json", "data[0].paragraphs[0].qas[0].id is a list [7, 8]", "expected a string"}));
+  write_file(dir / "para.json", R"({"data": [{"paragraphs": ["x"]}]})");
+  EXPECT_TRUE(contains_all(error_message([&] { read_squad_json(dir / "para.json"); }),
+                           {dir / "para.json", "data[0].paragraphs[0] is a string \"x\"",
+                            "expected an object with 'context'"}));
   EXPECT_TRUE(contains_all(
       error_message([&] { qa_file(dir.path().string(), "tydiqa", "test", "sw"); }),
       {"tydiqa test split", "'sw'", "tydiqa.goldp.sw.dev.json", "tydiqa-goldp-dev-swahili.json"}));
+}
+
+// The project's JSON reader (common/json.h) refuses nesting past kMaxJsonDepth before anything
+// walks the value; nlohmann's own parser took the 100000 levels and left them to the reader.
+TEST(SquadJson, DeepNestingIsRefused) {
+  TempDir dir;
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  write_file(dir / "deep.json",
+             R"({"data": [{"paragraphs": [{"context": "x", "qas": [{"id": )" + deep + "}]}]}]}");
+  EXPECT_TRUE(contains_all(error_message([&] { read_squad_json(dir / "deep.json"); }),
+                           {"'" + (dir / "deep.json") + "'", "nested too deeply"}));
 }
 
 TEST(QaFiles, FollowXtremesNaming) {
@@ -270,6 +284,11 @@ TEST(QaFiles, FollowXtremesNaming) {
   EXPECT_EQ(qa_file(dir.path().string(), "tydiqa", "train", "en"),
             dir / "tydiqa/tydiqa-goldp-v1.1-train/tydiqa.en.train.json");
   EXPECT_EQ(qa_file(dir.path().string(), "squad", "train", "en"), dir / "squad/train-v1.1.json");
+  // A split XTREME does not have lists the layout table.
+  EXPECT_TRUE(contains_all(
+      error_message([&] { qa_file(dir.path().string(), "xquad", "dev", "de"); }),
+      {"QA dataset 'xquad' has no 'dev' split",
+       "squad train, squad dev, xquad test, mlqa dev, mlqa test, tydiqa train, tydiqa test"}));
 }
 
 TEST(Tatoeba, ReadsLaserOriginalsAndXtremesSortedCopy) {
@@ -351,9 +370,11 @@ TEST(Writers, SubmissionLayout) {
   EXPECT_EQ(read_file(tags), "NOUN\nVERB\n\nADJ\n");
   write_label_predictions(dir / "l.tsv", {"entailment", "neutral"});
   EXPECT_EQ(read_file(dir / "l.tsv"), "entailment\nneutral\n");
-  write_qa_predictions(dir / "q.json", {{"q1", "Zürich"}, {"q2", ""}});
-  const auto j = nlohmann::json::parse(read_file(dir / "q.json"));
-  EXPECT_EQ(j.at("q1"), "Zürich");
+  // The bytes the QA tasks wrote inline before they used this writer: keys sorted, indent 2.
+  write_qa_predictions(dir / "q.json", {{"q2", ""}, {"q1", "Zürich \"Mitte\""}});
+  EXPECT_EQ(read_file(dir / "q.json"),
+            "{\n  \"q1\": \"Zürich \\\"Mitte\\\"\",\n  \"q2\": \"\"\n}\n");
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir / "q.json")).at("q1"), "Zürich \"Mitte\"");
   write_index_predictions(dir / "i.tsv", {2, 0, 1});
   EXPECT_EQ(read_file(dir / "i.tsv"), "2\n0\n1\n");
   write_pair_predictions(dir / "p.tsv", {{"de-1", "en-2"}});

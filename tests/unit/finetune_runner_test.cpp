@@ -2,6 +2,8 @@
 // synthetic task, and the results file.
 #include "xlme/finetune/runner.h"
 
+#include "xlme/common/io.h"
+
 #include "test_util.h"
 
 #include <torch/torch.h>
@@ -111,12 +113,14 @@ class ContainsTokenTask : public TrainableTask {
     return torch::cross_entropy_loss(logits, train_.labels.index_select(0, index));
   }
   Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
-                  const torch::Device&, std::string* predictions) override {
+                  const torch::Device&, const std::string& predictions_path) override {
     const auto& set = split == Split::kDev && language == "en" ? dev_ : train_;
     auto logits = run(model, set.ids);
     evaluation_dtypes.insert(logits.scalar_type());
     auto predicted = logits.argmax(1);
-    if (predictions) *predictions = std::to_string(predicted.sum().item<int64_t>()) + "\n";
+    if (!predictions_path.empty()) {
+      write_file_atomic(predictions_path, std::to_string(predicted.sum().item<int64_t>()) + "\n");
+    }
     ++evaluations;
     return {
         {{"accuracy", 100.0 * predicted.eq(set.labels).to(torch::kDouble).mean().item<double>()},
@@ -161,8 +165,7 @@ TEST(FinetuneRunner, TrainingAccuracyRisesAndBestDevIsKept) {
   const auto settings = synthetic_settings();
   torch::manual_seed(1);
   auto untrained = tiny_model(HeadKind::kSequence, 2);
-  const double before =
-      task.evaluate(untrained, "de", Split::kTest, torch::kCPU, nullptr).main_value();
+  const double before = task.evaluate(untrained, "de", Split::kTest, torch::kCPU, "").main_value();
   TempDir dir;
   auto result =
       train_and_evaluate(settings, task, tiny_model, /*seed=*/1, torch::kCPU, dir.path().string());

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "xlme/config/schema.h"
+#include "xlme/finetune/task_registry.h"
 
 #include <cstdint>
 #include <string>
@@ -415,9 +416,8 @@ struct FinetuneConfig {
 
   template <class V>
   void visit(V& v) {
-    v.field("task", task,
-            Choices{"xnli", "pawsx", "udpos", "panx", "xquad", "mlqa", "tydiqa", "tatoeba", "bucc",
-                    "retrieval", "alignment"},
+    // The rows of finetune/task_registry.h (a header of plain data, below config).
+    v.field("task", task, Choices(finetune::task_names()),
             "XTREME task; retrieval = line-aligned held-out pairs (the demo corpus), alignment = "
             "word-alignment probe (AER)");
     v.field("data_dir", data_dir,

@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace xlme::config {
@@ -35,6 +36,8 @@ struct RealRange {
 // One of a fixed set of strings.
 struct Choices {
   Choices(std::initializer_list<std::string> v) : values(v) {}
+  // The names of a registry's table (finetune/task_registry.h's task_names()).
+  explicit Choices(std::vector<std::string> v) : values(std::move(v)) {}
 
   bool contains(const std::string& v) const;
   std::string describe() const;  // "one of: post, pre"

@@ -1,13 +1,25 @@
 // Small text and hashing helpers shared by the data area.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace xlme::data {
 
-// True when `text` is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
+// The UTF-8 sequence that starts at byte `i` of `text`: its code point and byte length, or
+// valid = false (length 1) when the byte at `i` does not start a well-formed sequence (a
+// continuation or invalid lead byte, a truncated sequence, an overlong form, a surrogate or a code
+// point past U+10FFFF).
+struct Utf8Char {
+  char32_t code_point = 0;
+  size_t length = 1;
+  bool valid = false;
+};
+Utf8Char utf8_char_at(std::string_view text, size_t i);
+
+// True when `text` is well-formed UTF-8: utf8_char_at is valid at every sequence start.
 bool valid_utf8(std::string_view text);
 
 // 64-bit FNV-1a followed by a SplitMix64 finalizer: stable across platforms and runs, so it can

@@ -1,6 +1,7 @@
 // What XTREME's files hold, one struct per task kind (../shared/XTREME.md). Readers
-// (finetune/xtreme_io.h) produce these, featurization (finetune/features.h) turns them into model
-// inputs, metrics (finetune/metrics.h) score predictions against them. All text is UTF-8.
+// (finetune/{pair,tagging,qa,retrieval}_io.h) produce these, featurization (finetune/features.h)
+// turns them into model inputs, metrics (finetune/metrics.h) score predictions against them. All
+// text is UTF-8.
 #pragma once
 
 #include <cstdint>

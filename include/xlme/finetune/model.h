@@ -2,6 +2,7 @@
 // (DESIGN section 7), and the optimizer groups of layer-wise learning-rate decay.
 #pragma once
 
+#include "xlme/finetune/task_registry.h"
 #include "xlme/model/encoder.h"
 
 #include <torch/nn/module.h>
@@ -43,8 +44,6 @@ class TokenHeadImpl : public torch::nn::Module {
   torch::nn::Linear output{nullptr};
 };
 TORCH_MODULE(TokenHead);
-
-enum class HeadKind { kSequence, kToken };
 
 // The encoder being fine-tuned plus one head. Parameter names: embeddings.*, discriminator.*
 // (the pre-training keys, so that layer-wise decay and loading read them alike) and head.*.

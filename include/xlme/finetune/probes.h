@@ -15,9 +15,6 @@
 
 namespace xlme::finetune {
 
-// True for tatoeba, bucc, retrieval and alignment.
-bool is_probe_task(const std::string& task);
-
 struct ProbeReport {
   nlohmann::ordered_json results;  // per layer and language (pair): the scores
   std::string table;               // for the console: the main score per layer and language

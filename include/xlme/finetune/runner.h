@@ -43,10 +43,10 @@ class TrainableTask {
                              const torch::Device& device) = 0;
 
   // Scores on `language`'s `split` (the model is in eval mode, without gradients); no values when
-  // the set has no gold. With `predictions`, also the prediction file's content in XTREME's
-  // submission layout.
+  // the set has no gold. With a `predictions_path`, also writes the predictions there in XTREME's
+  // submission layout (xtreme_io.h's writers).
   virtual Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
-                          const torch::Device& device, std::string* predictions) = 0;
+                          const torch::Device& device, const std::string& predictions_path) = 0;
 
   // Reads and featurizes `language`'s `split` set now, for evaluate() to reuse; throws naming the
   // file when it is missing or damaged.

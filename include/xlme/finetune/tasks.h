@@ -1,6 +1,7 @@
 // The XTREME tasks that train a head (xnli, pawsx, udpos, panx, xquad, mlqa, tydiqa) as
-// TrainableTasks: reading (finetune/xtreme_io.h), featurization (finetune/features.h), loss and
-// the official metric (finetune/metrics.h).
+// TrainableTasks, as their rows in finetune/task_registry.h say: reading (pair_io.h,
+// tagging_io.h, qa_io.h), featurization (finetune/features.h), loss, the official metric
+// (finetune/metrics.h) and the submission files (xtreme_io.h's writers).
 //
 // Where gold comes from (XTREME removed test labels from its processed files, XTREME.md §0, §9):
 // dev sets from finetune.data_dir; test sets from the processed file when it carries labels,
@@ -20,9 +21,6 @@
 #include <vector>
 
 namespace xlme::finetune {
-
-// True for the tasks make_task builds.
-bool is_trainable_task(const std::string& task);
 
 // The languages to evaluate: finetune.languages, or the task's XTREME list.
 std::vector<std::string> evaluated_languages(const config::FinetuneConfig& settings);

@@ -1,0 +1,231 @@
+#include "xlme/finetune/retrieval_io.h"
+
+#include "xlme/common/error.h"
+#include "xlme/data/line_reader.h"
+#include "xlme/finetune/task_registry.h"
+#include "xlme/finetune/text.h"
+#include "xlme/finetune/xtreme_io.h"
+#include "xtreme_files.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <numeric>
+#include <unordered_set>
+
+namespace xlme::finetune {
+
+namespace fs = std::filesystem;
+
+// ---- Retrieval ---------------------------------------------------------------------------------
+
+const std::string& tatoeba_iso3(const std::string& lang) {
+  static const std::map<std::string, std::string> codes = {
+      {"af", "afr"},
+      {"ar", "ara"},
+      {"bg", "bul"},
+      {"bn", "ben"},
+      {"de", "deu"},
+      {"el", "ell"},
+      {"es", "spa"},
+      {"et", "est"},
+      {"eu", "eus"},
+      {"fa", "pes"},
+      {"fi", "fin"},
+      {"fr", "fra"},
+      {"he", "heb"},
+      {"hi", "hin"},
+      {"hu", "hun"},
+      {"id", "ind"},
+      {"it", "ita"},
+      {"ja", "jpn"},
+      {"jv", "jav"},
+      {"ka", "kat"},
+      {"kk", "kaz"},
+      {"ko", "kor"},
+      {"ml", "mal"},
+      {"mr", "mar"},
+      {"nl", "nld"},
+      {"pt", "por"},
+      {"ru", "rus"},
+      {"sw", "swh"},
+      {"ta", "tam"},
+      {"te", "tel"},
+      {"th", "tha"},
+      {"tl", "tgl"},
+      {"tr", "tur"},
+      {"ur", "urd"},
+      {"vi", "vie"},
+      {"zh", "cmn"},
+      // XTREME-R's additions (utils_preprocess.py's tatoeba_preprocess).
+      {"az", "aze"},
+      {"lt", "lit"},
+      {"pl", "pol"},
+      {"ro", "ron"},
+      {"uk", "ukr"}};
+  const auto it = codes.find(lang);
+  XLME_CHECK(it != codes.end(),
+             "'{}' is not a Tatoeba language of XTREME; they are: {} and XTREME-R's az lt pl ro uk",
+             lang, io::join(task_languages("tatoeba")));
+  return it->second;
+}
+
+SentencePairs read_line_pairs(const std::string& source_path, const std::string& target_path,
+                              const std::string& source_language,
+                              const std::string& target_language, bool aligned) {
+  const std::string what = fmt::format("{}-{} sentences", source_language, target_language);
+  io::require_file(source_path, what);
+  io::require_file(target_path, what);
+  SentencePairs pairs;
+  pairs.source_language = source_language;
+  pairs.target_language = target_language;
+  pairs.source = io::read_lines(source_path);
+  pairs.target = io::read_lines(target_path);
+  pairs.aligned = aligned;
+  XLME_CHECK(pairs.source.size() == pairs.target.size(),
+             "'{}' has {} lines but '{}' has {}; the "
+             "two sides must be line-aligned",
+             source_path, pairs.source.size(), target_path, pairs.target.size());
+  return pairs;
+}
+
+SentencePairs read_tatoeba_laser(const std::string& dir, const std::string& lang) {
+  const std::string code = tatoeba_iso3(lang);
+  const std::string base = fmt::format("tatoeba.{}-eng", code);
+  return read_line_pairs(path_under(dir, base + "." + code), path_under(dir, base + ".eng"), lang,
+                         "en", true);
+}
+
+SentencePairs read_tatoeba_xtreme(const std::string& download_dir, const std::string& lang) {
+  tatoeba_iso3(lang);  // validates the language
+  const std::string base = fmt::format("tatoeba/{}-en", lang);
+  return read_line_pairs(path_under(download_dir, base + "." + lang),
+                         path_under(download_dir, base + ".en"), lang, "en", false);
+}
+
+std::vector<int64_t> tatoeba_sorted_order(const std::vector<std::string>& english) {
+  std::vector<std::string> stripped;
+  for (const auto& s : english) stripped.push_back(text::strip_ascii(s));
+  std::vector<int64_t> order(english.size());
+  std::iota(order.begin(), order.end(), 0);
+  // Byte order of UTF-8 is code point order, as Python compares str.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return stripped[a] < stripped[b]; });
+  return order;
+}
+
+BuccCorpus read_bucc(const std::string& download_dir, const std::string& lang,
+                     const std::string& split, bool require_gold) {
+  XLME_CHECK(io::contains(task_languages("bucc"), lang),
+             "'{}' is not a BUCC language; they are: "
+             "{}",
+             lang, io::join(task_languages("bucc")));
+  const std::string base = path_under(download_dir, fmt::format("bucc2018/{}-en.{}", lang, split));
+  BuccCorpus corpus;
+  corpus.language = lang;
+  auto read_side = [&](const std::string& ext,
+                       std::vector<std::pair<std::string, std::string>>& out,
+                       std::unordered_set<std::string>& ids) {
+    const std::string path = base + "." + ext;
+    io::require_file(path, fmt::format("bucc {} split for language '{}'", split, lang));
+    data::LineReader reader(path, io::reader_options());
+    for (std::string line; reader.next(line);) {
+      if (line.empty()) continue;
+      const std::string at = io::where(path, reader.lines_read());
+      const size_t tab = line.find('\t');
+      XLME_CHECK(tab != std::string::npos, "{}: expected 'ID TAB sentence'", at);
+      std::string id = line.substr(0, tab);
+      XLME_CHECK(ids.insert(id).second, "{}: id '{}' occurs twice", at, id);
+      out.emplace_back(std::move(id), line.substr(tab + 1));
+    }
+  };
+  std::unordered_set<std::string> source_ids, english_ids;
+  read_side(lang, corpus.source, source_ids);
+  read_side("en", corpus.english, english_ids);
+  const std::string gold_path = base + ".gold";
+  if (!fs::is_regular_file(gold_path)) {
+    XLME_CHECK(!require_gold,
+               "bucc {} gold for language '{}': '{}' does not exist (XTREME deletes "
+               "the test gold; take it from the BUCC 2018 training-gold archive)",
+               split, lang, gold_path);
+    return corpus;
+  }
+  data::LineReader reader(gold_path, io::reader_options());
+  for (std::string line; reader.next(line);) {
+    if (line.empty()) continue;
+    const std::string at = io::where(gold_path, reader.lines_read());
+    const auto f = text::split_tabs(line);
+    XLME_CHECK(f.size() == 2, "{}: expected 'srcID TAB enID', found {} fields", at, f.size());
+    XLME_CHECK(source_ids.count(f[0]) && english_ids.count(f[1]),
+               "{}: gold pair ({}, {}) names "
+               "an id that is not in the {} corpus; do the gold and the sentence files belong to "
+               "the same split?",
+               at, f[0], f[1], split);
+    corpus.gold.emplace_back(f[0], f[1]);
+  }
+  return corpus;
+}
+
+// ---- Word alignment ----------------------------------------------------------------------------
+
+void parse_pharaoh_line(const std::string& line, bool one_based, const std::string& where,
+                        std::vector<Link>& sure, std::vector<Link>& possible) {
+  const size_t tab = line.find('\t');
+  for (const auto& item :
+       text::split_ascii(tab == std::string::npos ? line : line.substr(tab + 1))) {
+    const size_t sep = item.find_first_of("-p?");
+    bool ok = sep != std::string::npos && sep > 0 && sep + 1 < item.size();
+    int64_t i = 0, j = 0;
+    if (ok) {
+      const std::string a = item.substr(0, sep), b = item.substr(sep + 1);
+      ok = std::all_of(a.begin(), a.end(), ::isdigit) && std::all_of(b.begin(), b.end(), ::isdigit);
+      if (ok) {
+        i = std::stoll(a) - (one_based ? 1 : 0);
+        j = std::stoll(b) - (one_based ? 1 : 0);
+        ok = i >= 0 && j >= 0;
+      }
+    }
+    XLME_CHECK(ok,
+               "{}: bad alignment link '{}'; expected 'i-j' (sure) or 'ipj' / 'i?j' "
+               "(possible) with {}-based word indices",
+               where, item, one_based ? 1 : 0);
+    (item[sep] == '-' ? sure : possible).push_back({i, j});
+  }
+}
+
+std::vector<AlignedPair> read_aligned_pairs(const std::string& source_path,
+                                            const std::string& target_path,
+                                            const std::string& gold_path, bool one_based) {
+  io::require_file(source_path, "word-alignment source sentences");
+  io::require_file(target_path, "word-alignment target sentences");
+  io::require_file(gold_path, "word-alignment gold");
+  const auto src = io::read_lines(source_path), tgt = io::read_lines(target_path),
+             gold = io::read_lines(gold_path);
+  XLME_CHECK(src.size() == tgt.size() && src.size() == gold.size(),
+             "word alignment: '{}' has {} "
+             "lines, '{}' {} and '{}' {}; the three files must be line-aligned",
+             source_path, src.size(), target_path, tgt.size(), gold_path, gold.size());
+  std::vector<AlignedPair> pairs(src.size());
+  for (size_t k = 0; k < src.size(); ++k) {
+    auto& p = pairs[k];
+    p.source_words = text::split_ascii(src[k]);
+    p.target_words = text::split_ascii(tgt[k]);
+    const std::string at = io::where(gold_path, static_cast<int64_t>(k) + 1);
+    parse_pharaoh_line(gold[k], one_based, at, p.sure, p.possible);
+    for (const auto* links : {&p.sure, &p.possible}) {
+      for (const Link& l : *links) {
+        XLME_CHECK(l.source < static_cast<int64_t>(p.source_words.size()) &&
+                       l.target < static_cast<int64_t>(p.target_words.size()),
+                   "{}: link {}-{} is past the sentence pair ({} source, {} target words); are "
+                   "the indices {}-based?",
+                   at, l.source, l.target, p.source_words.size(), p.target_words.size(),
+                   one_based ? 1 : 0);
+      }
+    }
+  }
+  return pairs;
+}
+
+}  // namespace xlme::finetune
