@@ -15,15 +15,12 @@
 namespace xlme::finetune {
 namespace {
 
-// Anonymous-namespace names carry a feat_ prefix: the unity build merges this file with the other
-// finetune sources.
-
-std::string feat_where(const Source& source) {
+std::string where(const Source& source) {
   return source.line > 0 ? fmt::format("{}:{}", source.file, source.line) : source.file;
 }
 
 // BERT's _is_punctuation: every non-alphanumeric ASCII character, and Unicode category P*.
-bool feat_is_bert_punctuation(char32_t cp) {
+bool is_bert_punctuation(char32_t cp) {
   if ((cp >= 33 && cp <= 47) || (cp >= 58 && cp <= 64) || (cp >= 91 && cp <= 96) ||
       (cp >= 123 && cp <= 126)) {
     return true;
@@ -32,14 +29,14 @@ bool feat_is_bert_punctuation(char32_t cp) {
 }
 
 // BERT's _is_chinese_char: the CJK Unified Ideographs blocks (not Hiragana, Katakana, Hangul).
-bool feat_is_cjk(char32_t cp) {
+bool is_cjk(char32_t cp) {
   return (cp >= 0x4e00 && cp <= 0x9fff) || (cp >= 0x3400 && cp <= 0x4dbf) ||
          (cp >= 0x20000 && cp <= 0x2a6df) || (cp >= 0x2a700 && cp <= 0x2b73f) ||
          (cp >= 0x2b740 && cp <= 0x2b81f) || (cp >= 0x2b820 && cp <= 0x2ceaf) ||
          (cp >= 0xf900 && cp <= 0xfaff) || (cp >= 0x2f800 && cp <= 0x2fa1f);
 }
 
-std::vector<std::u32string> feat_basic_tokenize(std::u32string_view input) {
+std::vector<std::u32string> basic_tokenize(std::u32string_view input) {
   // _clean_text: drop NUL, U+FFFD and category C* but \t \n \r; whitespace (those three and
   // category Zs) becomes a space. _tokenize_chinese_chars: spaces around each ideograph.
   std::u32string cleaned;
@@ -50,7 +47,7 @@ std::vector<std::u32string> feat_basic_tokenize(std::u32string_view input) {
       cleaned.push_back(U' ');
     } else if (cp == 0 || cp == 0xfffd || text::is_other(cp)) {
       continue;
-    } else if (feat_is_cjk(cp)) {
+    } else if (is_cjk(cp)) {
       cleaned += {U' ', cp, U' '};
     } else {
       cleaned.push_back(cp);
@@ -61,7 +58,7 @@ std::vector<std::u32string> feat_basic_tokenize(std::u32string_view input) {
   for (const auto& token : text::split(cleaned)) {
     bool start_new = true;
     for (const char32_t cp : token) {
-      if (feat_is_bert_punctuation(cp)) {
+      if (is_bert_punctuation(cp)) {
         out.emplace_back(1, cp);
         start_new = true;
       } else {
@@ -76,7 +73,7 @@ std::vector<std::u32string> feat_basic_tokenize(std::u32string_view input) {
 
 // get_final_text's _strip_spaces: `text` without ' ', and for each kept character its index in
 // `text`.
-std::pair<std::u32string, std::vector<size_t>> feat_strip_spaces(std::u32string_view text) {
+std::pair<std::u32string, std::vector<size_t>> strip_spaces(std::u32string_view text) {
   std::u32string kept;
   std::vector<size_t> to_original;
   for (size_t i = 0; i < text.size(); ++i) {
@@ -87,7 +84,7 @@ std::pair<std::u32string, std::vector<size_t>> feat_strip_spaces(std::u32string_
   return {kept, to_original};
 }
 
-std::vector<int64_t> feat_encode(const data::Tokenizer& tokenizer, const std::string& text) {
+std::vector<int64_t> encode_ids(const data::Tokenizer& tokenizer, const std::string& text) {
   const auto ids = tokenizer.encode(text);
   return std::vector<int64_t>(ids.begin(), ids.end());
 }
@@ -108,11 +105,11 @@ class FeatTextBound {
   // The ids of `text`, cut to the bound at a code-point boundary first.
   std::vector<int64_t> encode(const data::Tokenizer& tokenizer, const std::string& text,
                               const Source& source) {
-    if (text.size() <= bytes_) return feat_encode(tokenizer, text);
+    if (text.size() <= bytes_) return encode_ids(tokenizer, text);
     size_t end = bytes_;
     while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xc0) == 0x80) --end;
     if (cut_++ == 0) first_ = source;
-    return feat_encode(tokenizer, text.substr(0, end));
+    return encode_ids(tokenizer, text.substr(0, end));
   }
 
   // Logs how many fields were cut, naming the first one's file and line.
@@ -121,7 +118,7 @@ class FeatTextBound {
     spdlog::warn(
         "{}: {} text field(s) longer than {} bytes ({} bytes per token of {} {}) were cut to "
         "that length before tokenization, the first at {}",
-        first_.file, cut_, bytes_, kBytesPerToken, name_, tokens_, feat_where(first_));
+        first_.file, cut_, bytes_, kBytesPerToken, name_, tokens_, where(first_));
   }
 
  private:
@@ -132,7 +129,7 @@ class FeatTextBound {
   Source first_;
 };
 
-std::string feat_join_words(const std::vector<std::string>& words, int64_t first, int64_t last) {
+std::string join_words(const std::vector<std::string>& words, int64_t first, int64_t last) {
   std::string out;
   for (int64_t w = first; w <= last; ++w) {
     if (w > first) out.push_back(' ');
@@ -143,8 +140,8 @@ std::string feat_join_words(const std::vector<std::string>& words, int64_t first
 
 // XLM-R's convert_tokens_to_string followed by compute_predictions_logits's clean-up: pieces
 // concatenated, ▁ -> space, "##" removed, whitespace stripped and collapsed.
-std::string feat_pieces_text(const data::Tokenizer& tokenizer, const std::vector<int64_t>& ids,
-                             int64_t first, int64_t last) {
+std::string pieces_text(const data::Tokenizer& tokenizer, const std::vector<int64_t>& ids,
+                        int64_t first, int64_t last) {
   std::string joined;
   for (int64_t t = first; t <= last; ++t) {
     const int spm_id = tokenizer.to_spm(static_cast<int32_t>(ids[static_cast<size_t>(t)]));
@@ -165,7 +162,7 @@ std::string feat_pieces_text(const data::Tokenizer& tokenizer, const std::vector
 
 // _get_best_indexes: the `n` indices of the highest values among the first `size`, ties in index
 // order (Python's stable sort).
-std::vector<int64_t> feat_best_indexes(const std::vector<float>& values, size_t size, int64_t n) {
+std::vector<int64_t> best_indexes(const std::vector<float>& values, size_t size, int64_t n) {
   std::vector<int64_t> order(size);
   for (size_t i = 0; i < size; ++i) order[i] = static_cast<int64_t>(i);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
@@ -176,8 +173,8 @@ std::vector<int64_t> feat_best_indexes(const std::vector<float>& values, size_t 
 }
 
 template <typename Feature>
-PaddedBatch feat_collate_inputs(const std::vector<Feature>& features,
-                                const std::vector<int64_t>& indices, int64_t pad_id) {
+PaddedBatch collate_inputs(const std::vector<Feature>& features,
+                           const std::vector<int64_t>& indices, int64_t pad_id) {
   int64_t width = 0;
   for (const int64_t i : indices) {
     XLME_CHECK(i >= 0 && i < static_cast<int64_t>(features.size()),
@@ -206,8 +203,8 @@ PaddedBatch feat_collate_inputs(const std::vector<Feature>& features,
 int64_t label_index(const std::vector<std::string>& labels, const std::string& label,
                     const Source& source) {
   const auto it = std::find(labels.begin(), labels.end(), label);
-  XLME_CHECK(it != labels.end(), "{}: label '{}' is not in the label set: {}", feat_where(source),
-             label, fmt::join(labels, " "));
+  XLME_CHECK(it != labels.end(), "{}: label '{}' is not in the label set: {}", where(source), label,
+             fmt::join(labels, " "));
   return it - labels.begin();
 }
 
@@ -274,7 +271,7 @@ std::vector<TaggingFeature> featurize_tagging(const std::vector<TaggedSentence>&
     const TaggedSentence& sentence = sentences[s];
     const auto& words = sentence.words;
     XLME_CHECK(sentence.tags.empty() || sentence.tags.size() == words.size(),
-               "{}: a sentence of {} words has {} tags", feat_where(sentence.source), words.size(),
+               "{}: a sentence of {} words has {} tags", where(sentence.source), words.size(),
                sentence.tags.size());
     std::vector<std::vector<int64_t>> pieces(words.size());
     std::vector<int64_t> label_ids(words.size(), kIgnoreLabel);
@@ -353,7 +350,7 @@ std::vector<std::vector<int64_t>> stitch_tags(const std::vector<TaggingFeature>&
       XLME_CHECK(w < static_cast<int64_t>(tags[s].size()) && !covered[s][static_cast<size_t>(w)],
                  "stitch_tags: {}: word {} of a {}-word sentence is out of range or predicted "
                  "twice (feature {})",
-                 feat_where(sentences[s].source), w, tags[s].size(), f);
+                 where(sentences[s].source), w, tags[s].size(), f);
       tags[s][static_cast<size_t>(w)] = predictions[f][t];
       covered[s][static_cast<size_t>(w)] = 1;
     }
@@ -361,7 +358,7 @@ std::vector<std::vector<int64_t>> stitch_tags(const std::vector<TaggingFeature>&
   for (size_t s = 0; s < sentences.size(); ++s) {
     const auto missing = std::find(covered[s].begin(), covered[s].end(), 0);
     XLME_CHECK(missing == covered[s].end(), "stitch_tags: {}: word {} has no prediction",
-               feat_where(sentences[s].source), missing - covered[s].begin());
+               where(sentences[s].source), missing - covered[s].begin());
   }
   return tags;
 }
@@ -439,7 +436,7 @@ QaFeatures featurize_qa(const std::vector<QaExample>& examples, const data::Toke
       // run_squad: skip when the span's words do not contain the whitespace-normalized answer.
       const bool found =
           start_word >= 0 &&
-          feat_join_words(words, start_word, end_word)
+          join_words(words, start_word, end_word)
                   .find(text::encode_utf8(text::collapse(text::decode_utf8(answer->text)))) !=
               std::string::npos;
       if (!found) {
@@ -482,7 +479,7 @@ QaFeatures featurize_qa(const std::vector<QaExample>& examples, const data::Toke
     XLME_CHECK(capacity >= options.doc_stride,
                "{}: question '{}' leaves {} context tokens per window, fewer than doc_stride {}; "
                "raise max_len or lower max_query_len",
-               feat_where(example.source), example.id, capacity, options.doc_stride);
+               where(example.source), example.id, capacity, options.doc_stride);
 
     std::vector<std::pair<int64_t, int64_t>> spans;  // (first context token, length)
     while (static_cast<int64_t>(spans.size()) * options.doc_stride < num_tokens) {
@@ -540,20 +537,20 @@ QaFeatures featurize_qa(const std::vector<QaExample>& examples, const data::Toke
 
 std::vector<std::string> bert_basic_tokenize(const std::string& input) {
   std::vector<std::string> out;
-  for (const auto& token : feat_basic_tokenize(text::decode_utf8(input)))
+  for (const auto& token : basic_tokenize(text::decode_utf8(input)))
     out.push_back(text::encode_utf8(token));
   return out;
 }
 
 std::string get_final_text(const std::string& pred_text, const std::string& orig_text) {
   const std::u32string pred = text::decode_utf8(pred_text), orig = text::decode_utf8(orig_text);
-  const std::u32string tok = text::join(feat_basic_tokenize(orig));
+  const std::u32string tok = text::join(basic_tokenize(orig));
   const size_t start = tok.find(pred);
   if (start == std::u32string::npos || pred.empty()) return orig_text;
   const size_t end = start + pred.size() - 1;
 
-  const auto [orig_ns, orig_ns_to_s] = feat_strip_spaces(orig);
-  const auto [tok_ns, tok_ns_to_s] = feat_strip_spaces(tok);
+  const auto [orig_ns, orig_ns_to_s] = strip_spaces(orig);
+  const auto [tok_ns, tok_ns_to_s] = strip_spaces(tok);
   if (orig_ns.size() != tok_ns.size()) return orig_text;
   // Positions of `tok` -> positions without spaces; the span's ends must not be spaces.
   const auto to_ns = [&tok_ns_to_s = tok_ns_to_s](size_t s) -> int64_t {
@@ -597,8 +594,8 @@ QaPredictions decode_qa(const std::vector<QaExample>& examples, const QaFeatures
     for (const size_t f : by_example[e]) {
       const QaFeature& feature = features.features[f];
       const size_t size = feature.input_ids.size();
-      for (const int64_t s : feat_best_indexes(logits[f].start, size, options.n_best)) {
-        for (const int64_t t : feat_best_indexes(logits[f].end, size, options.n_best)) {
+      for (const int64_t s : best_indexes(logits[f].start, size, options.n_best)) {
+        for (const int64_t t : best_indexes(logits[f].end, size, options.n_best)) {
           if (feature.token_to_word[static_cast<size_t>(s)] < 0 ||
               feature.token_to_word[static_cast<size_t>(t)] < 0 ||
               !feature.max_context[static_cast<size_t>(s)] || t < s ||
@@ -622,10 +619,10 @@ QaPredictions decode_qa(const std::vector<QaExample>& examples, const QaFeatures
       if (static_cast<int64_t>(nbest.size()) >= options.n_best) break;
       const QaFeature& feature = features.features[p.feature];
       const std::string orig_text =
-          feat_join_words(words, feature.token_to_word[static_cast<size_t>(p.start)],
-                          feature.token_to_word[static_cast<size_t>(p.end)]);
+          join_words(words, feature.token_to_word[static_cast<size_t>(p.start)],
+                     feature.token_to_word[static_cast<size_t>(p.end)]);
       std::string text =
-          get_final_text(feat_pieces_text(tokenizer, feature.input_ids, p.start, p.end), orig_text);
+          get_final_text(pieces_text(tokenizer, feature.input_ids, p.start, p.end), orig_text);
       if (!seen.insert(text).second) continue;
       nbest.push_back({std::move(text), p.start_logit, p.end_logit, 0});
     }
@@ -650,7 +647,7 @@ QaPredictions decode_qa(const std::vector<QaExample>& examples, const QaFeatures
 
 PaddedBatch collate(const std::vector<ClassificationFeature>& features,
                     const std::vector<int64_t>& indices, int64_t pad_id) {
-  PaddedBatch batch = feat_collate_inputs(features, indices, pad_id);
+  PaddedBatch batch = collate_inputs(features, indices, pad_id);
   batch.labels = torch::empty({static_cast<int64_t>(indices.size())}, torch::kInt64);  // [B]
   auto* labels = batch.labels.data_ptr<int64_t>();
   for (size_t b = 0; b < indices.size(); ++b) {
@@ -661,7 +658,7 @@ PaddedBatch collate(const std::vector<ClassificationFeature>& features,
 
 PaddedBatch collate(const std::vector<TaggingFeature>& features,
                     const std::vector<int64_t>& indices, int64_t pad_id) {
-  PaddedBatch batch = feat_collate_inputs(features, indices, pad_id);
+  PaddedBatch batch = collate_inputs(features, indices, pad_id);
   const int64_t width = batch.input_ids.size(1);
   batch.labels = torch::full({static_cast<int64_t>(indices.size()), width}, kIgnoreLabel,
                              torch::kInt64);  // [B, T]
@@ -675,7 +672,7 @@ PaddedBatch collate(const std::vector<TaggingFeature>& features,
 
 PaddedBatch collate(const std::vector<QaFeature>& features, const std::vector<int64_t>& indices,
                     int64_t pad_id) {
-  PaddedBatch batch = feat_collate_inputs(features, indices, pad_id);
+  PaddedBatch batch = collate_inputs(features, indices, pad_id);
   batch.labels = torch::empty({static_cast<int64_t>(indices.size()), 2}, torch::kInt64);  // [B, 2]
   auto* labels = batch.labels.data_ptr<int64_t>();
   for (size_t b = 0; b < indices.size(); ++b) {
