@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace xlme::config {
@@ -35,6 +36,7 @@ struct RealRange {
 // One of a fixed set of strings.
 struct Choices {
   Choices(std::initializer_list<std::string> v) : values(v) {}
+  explicit Choices(std::vector<std::string> v) : values(std::move(v)) {}
 
   bool contains(const std::string& v) const;
   std::string describe() const;  // "one of: post, pre"
