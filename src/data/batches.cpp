@@ -2,6 +2,7 @@
 
 #include "xlme/common/error.h"
 #include "xlme/data/shard.h"
+#include "xlme/objectives/objective_set.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -448,7 +449,9 @@ BatchOptions BatchOptions::from_config(const config::Config& cfg, const Tokenize
   };
   o.mono = task(cfg.data.mono);
   o.para = task(cfg.data.para);
-  o.para.enabled = cfg.objectives.set == "xlme" || cfg.objectives.set == "mlm+tlm";
+  const auto& objective_set = objectives::objective_set(cfg.objectives.set);
+  o.mono.enabled = objective_set.monolingual;
+  o.para.enabled = objective_set.translation_pairs;
   o.truncate_too_long = cfg.data.too_long == "truncate";
   o.verify_shards = cfg.data.verify_shards;
   o.reset_positions = cfg.data.reset_positions;

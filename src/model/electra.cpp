@@ -1,6 +1,7 @@
 #include "xlme/model/electra.h"
 
 #include "xlme/common/error.h"
+#include "xlme/objectives/objective_set.h"
 
 #include <torch/torch.h>
 
@@ -9,10 +10,8 @@
 namespace xlme::model {
 
 Architecture architecture_for(const std::string& objective_set) {
-  if (objective_set == "xlme" || objective_set == "xlme-mono") return Architecture::kElectra;
-  if (objective_set == "mlm" || objective_set == "mlm+tlm") return Architecture::kMaskedLm;
-  XLME_FAIL("unknown objectives.set '{}'; valid sets: xlme, xlme-mono, mlm, mlm+tlm",
-            objective_set);
+  return objectives::objective_set(objective_set).discriminator ? Architecture::kElectra
+                                                                : Architecture::kMaskedLm;
 }
 
 ModelInputs ModelInputs::from(const data::Batch& batch) {

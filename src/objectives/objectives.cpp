@@ -2,7 +2,10 @@
 
 #include "xlme/common/error.h"
 
+#include <fmt/ranges.h>
 #include <torch/torch.h>
+
+#include <algorithm>
 
 namespace xlme::objectives {
 
@@ -55,18 +58,42 @@ std::vector<std::string> statistic_names(const std::string& name) {
 }
 
 Objectives::Objectives(const config::ObjectivesConfig& config)
-    : set_(config.set), rtd_weight_(config.rtd_weight) {
-  model::architecture_for(set_);  // rejects an unknown set with the list of valid ones
-}
+    : set_(&objective_set(config.set)), rtd_weight_(config.rtd_weight) {}
 
 std::vector<std::string> Objectives::term_names(data::Task task) const {
-  const bool mono = task == data::Task::kMono;
-  if (set_ == "xlme")
-    return mono ? std::vector<std::string>{"mlm", "mrtd"} : std::vector<std::string>{"tlm", "trtd"};
-  if (set_ == "xlme-mono")
-    return mono ? std::vector<std::string>{"mlm", "mrtd"} : std::vector<std::string>{};
-  if (set_ == "mlm") return mono ? std::vector<std::string>{"mlm"} : std::vector<std::string>{};
-  return mono ? std::vector<std::string>{"mlm"} : std::vector<std::string>{"tlm"};  // mlm+tlm
+  return task == data::Task::kMono ? set_->monolingual_terms() : set_->translation_pair_terms();
+}
+
+std::vector<std::string> Objectives::term_names() const {
+  auto names = set_->monolingual_terms();
+  for (auto& name : set_->translation_pair_terms()) names.push_back(std::move(name));
+  return names;
+}
+
+double Objectives::weight(const std::string& name) const {
+  return is_generator_term(name) ? 1.0 : rtd_weight_;
+}
+
+std::vector<double> Objectives::counts(const data::Batch& batch) const {
+  const auto own = term_names(batch.task);
+  std::vector<double> out;
+  for (const auto& name : term_names()) {
+    const bool counted = std::find(own.begin(), own.end(), name) != own.end();
+    out.push_back(counted ? static_cast<double>(term_count(name, batch)) : 0.0);
+  }
+  return out;
+}
+
+std::map<std::string, torch::Tensor> Objectives::normalizers(const torch::Tensor& counts) const {
+  const auto names = term_names();
+  XLME_CHECK(counts.dim() == 1 && counts.size(0) >= static_cast<int64_t>(names.size()),
+             "normalizers need a count per objective term ({} terms), got a tensor of shape [{}]",
+             names.size(), fmt::join(counts.sizes(), ", "));
+  std::map<std::string, torch::Tensor> out;
+  for (std::size_t n = 0; n < names.size(); ++n) {
+    out[names[n]] = counts[static_cast<int64_t>(n)].clamp_min(1.0).to(torch::kFloat32);
+  }
+  return out;
 }
 
 std::vector<Term> Objectives::compute(const model::ModelOutput& output, data::Task task) const {
@@ -78,8 +105,8 @@ std::vector<Term> Objectives::compute(const model::ModelOutput& output, data::Ta
       XLME_CHECK(output.discriminator_logits.defined(),
                  "objective term {} needs the discriminator, but the model was built without a "
                  "generator; build it with the architecture of objectives.set={}",
-                 name, set_);
-      terms.push_back(discriminator_term(name, rtd_weight_, output.discriminator_logits,
+                 name, set_->name);
+      terms.push_back(discriminator_term(name, weight(name), output.discriminator_logits,
                                          output.replaced, output.padding));
     }
   }

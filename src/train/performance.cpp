@@ -3,6 +3,7 @@
 #include "xlme/common/torch_compat.h"
 #include "xlme/model/electra.h"
 #include "xlme/model/encoder.h"
+#include "xlme/objectives/objective_set.h"
 
 #include <sys/resource.h>
 
@@ -59,9 +60,16 @@ double training_flops_per_token(const config::Config& config, int64_t length) {
 }
 
 double step_flops_per_token(const config::Config& config) {
-  const bool para = config.objectives.set == "xlme" || config.objectives.set == "mlm+tlm";
-  const double mono = training_flops_per_token(config, config.data.mono.max_len);
-  return para ? (mono + training_flops_per_token(config, config.data.para.max_len)) / 2 : mono;
+  const auto& set = objectives::objective_set(config.objectives.set);
+  double flops = 0;
+  int tasks = 0;
+  for (const auto& [trained, task] : {std::pair(set.monolingual, &config.data.mono),
+                                      std::pair(set.translation_pairs, &config.data.para)}) {
+    if (!trained) continue;
+    flops += training_flops_per_token(config, task->max_len);
+    ++tasks;
+  }
+  return flops / tasks;
 }
 
 std::optional<double> peak_bf16_flops(const std::string& name) {

@@ -6,6 +6,7 @@
 #include "xlme/common/runtime.h"
 #include "xlme/data/batches.h"
 #include "xlme/data/tokenizer.h"
+#include "xlme/objectives/term_sums.h"
 #include "xlme/train/checkpoint.h"
 #include "xlme/train/init.h"
 #include "xlme/train/metrics.h"
@@ -27,35 +28,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using Summaries = std::map<std::string, std::map<std::string, double>>;
-
-// Term sums added over the steps of a log interval, so that its accuracies and F1 are those of
-// all the interval's tokens rather than of its last step.
-class IntervalSums {
- public:
-  void add(const StepRecord& r) {
-    for (const auto& [name, term] : r.sums) {
-      auto [it, fresh] = sums_.try_emplace(name, term);
-      if (fresh) continue;
-      objectives::Term& acc = it->second;
-      acc.loss_sum = acc.loss_sum + term.loss_sum;
-      acc.count = acc.count + term.count;
-      for (const auto& [key, value] : term.statistics) {
-        acc.statistics[key] = acc.statistics[key] + value;
-      }
-    }
-  }
-  Summaries summarize_and_reset() {
-    Summaries out;
-    for (const auto& [name, term] : sums_) out[name] = objectives::summarize(term);
-    sums_.clear();
-    return out;
-  }
-
- private:
-  std::map<std::string, objectives::Term> sums_;
-};
-
 // What the log line and the metrics report about speed and memory.
 struct Throughput {
   double tokens_per_second = 0;
@@ -66,14 +38,11 @@ struct Throughput {
 // "step 100/1000 | lr 5.0e-04 | loss 12.31 | mlm 7.12 acc 0.051 | mrtd 0.421 acc 0.80 f1 0.12
 //  | gnorm 1.23 | 12.4k tok/s | mfu 41.2% | mem 812 MiB"
 // Losses, accuracies and F1 are the interval's (`terms`); lr, loss and gnorm the step's.
-std::string log_line(const StepRecord& r, const Summaries& terms, int64_t total_steps,
-                     const Throughput& speed) {
+std::string log_line(const StepRecord& r, const objectives::TermSummaries& terms,
+                     int64_t total_steps, const Throughput& speed) {
   std::string line =
       fmt::format("step {}/{} | lr {:.2e} | loss {:.4g}", r.step, total_steps, r.lr, r.loss);
-  for (const auto& [name, s] : terms) {
-    line += fmt::format(" | {} {:.4g} acc {:.3f}", name, s.at("loss"), s.at("accuracy"));
-    if (s.count("f1")) line += fmt::format(" f1 {:.3f}", s.at("f1"));
-  }
+  line += objectives::log_text(terms);
   line +=
       fmt::format(" | gnorm {:.3g} | {:.1f}k tok/s", r.grad_norm, speed.tokens_per_second / 1000);
   if (speed.mfu) line += fmt::format(" | mfu {:.1f}%", 100 * *speed.mfu);
@@ -82,14 +51,11 @@ std::string log_line(const StepRecord& r, const Summaries& terms, int64_t total_
   return line;
 }
 
-MetricsRecord metrics_of(const StepRecord& r, const Summaries& terms, const Throughput& speed,
-                         int64_t tokens_seen) {
+MetricsRecord metrics_of(const StepRecord& r, const objectives::TermSummaries& terms,
+                         const Throughput& speed, int64_t tokens_seen) {
   MetricsRecord m;
   m.add("step", r.step).add("kind", std::string("train")).add("lr", r.lr).add("total_loss", r.loss);
-  for (const auto& [name, s] : terms) {
-    m.add("loss/" + name, s.at("loss")).add("accuracy/" + name, s.at("accuracy"));
-    if (s.count("f1")) m.add("f1/" + name, s.at("f1"));
-  }
+  for (const auto& [key, value] : objectives::log_fields(terms)) m.add(key, value);
   m.add("grad_norm", r.grad_norm)
       .add("tokens_per_s", speed.tokens_per_second)
       .add("mfu", speed.mfu ? *speed.mfu : std::nan(""))
@@ -102,11 +68,7 @@ MetricsRecord metrics_of(const StepRecord& r, const Summaries& terms, const Thro
 // "validation step 100 | mlm 5.1 acc 0.21 | mrtd 0.31 acc 0.89 f1 0.23 | ... | retrieval@1
 //  layer 1: 0.052 (en->x 0.048, x->en 0.056) | 1.9 s"
 std::string validation_line(const ValidationResult& v) {
-  std::string line = fmt::format("validation step {}", v.step);
-  for (const auto& [name, s] : v.terms) {
-    line += fmt::format(" | {} {:.4g} acc {:.3f}", name, s.at("loss"), s.at("accuracy"));
-    if (s.count("f1")) line += fmt::format(" f1 {:.3f}", s.at("f1"));
-  }
+  std::string line = fmt::format("validation step {}", v.step) + objectives::log_text(v.terms);
   if (!v.retrieval.empty()) {
     line += fmt::format(" | retrieval@1 layer {}: {:.3f} ({} pairs; a->b {:.3f}, b->a {:.3f})",
                         v.probe_layer, v.retrieval_mean.mean, v.retrieval.size(),
@@ -118,10 +80,7 @@ std::string validation_line(const ValidationResult& v) {
 MetricsRecord validation_metrics(const ValidationResult& v) {
   MetricsRecord m;
   m.add("step", v.step).add("kind", std::string("validation"));
-  for (const auto& [name, s] : v.terms) {
-    m.add("loss/" + name, s.at("loss")).add("accuracy/" + name, s.at("accuracy"));
-    if (s.count("f1")) m.add("f1/" + name, s.at("f1"));
-  }
+  for (const auto& [key, value] : objectives::log_fields(v.terms)) m.add(key, value);
   if (!v.retrieval.empty()) {
     m.add("probe_layer", v.probe_layer)
         .add("retrieval/mean", v.retrieval_mean.mean)
@@ -289,7 +248,9 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
   int64_t window_tokens = 0;
   double window_flops = 0;
   const std::string gpu = device_name(trainer.device());
-  IntervalSums interval;
+  // Term sums added over the steps of a log interval, so that its accuracies and F1 are those of
+  // all the interval's tokens rather than of its last step.
+  objectives::TermSums interval;
   while (trainer.step() < config.train.steps) {
     const StepRecord record = trainer.train_step();
     if (release_memory) runtime::release_free_memory();
@@ -308,7 +269,7 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
     }
     window_tokens += record.tokens;
     window_flops += record.flops;
-    interval.add(record);
+    interval.add(record.sums);
     const bool last = record.step == config.train.steps;
     if (record.step % config.train.log_every == 0 || record.step == 1 || last) {
       const auto now = std::chrono::steady_clock::now();
@@ -317,7 +278,8 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
       speed.tokens_per_second = window_tokens / seconds;
       speed.mfu = model_flops_utilization(window_flops / seconds, gpu, comm->world_size());
       speed.peak_memory_mib = peak_memory_mib(trainer.device());
-      const Summaries terms = interval.summarize_and_reset();
+      const objectives::TermSummaries terms = interval.summary();
+      interval = objectives::TermSums();
       spdlog::info("{}", log_line(record, terms, config.train.steps, speed));
       if (const std::string table = source.language_report(); !table.empty()) {
         spdlog::info("data: language, shard tokens, target / realized share{}", table);

@@ -36,12 +36,63 @@ int task_index(data::Task task) {
   return task == data::Task::kMono ? 0 : 1;
 }
 
-// A term's sums accumulated over the micro-batches of a step.
-struct TermSums {
-  double weight = 1;
-  torch::Tensor loss_sum, count;
-  std::map<std::string, torch::Tensor> statistics;
+// Wall-clock seconds per phase of a step, added into StepRecord::seconds. With `synchronize`, a
+// CUDA device is synchronized at each boundary so that the phases are exact.
+class PhaseClock {
+ public:
+  PhaseClock(std::map<std::string, double>& seconds, const torch::Device& device, bool synchronize)
+      : seconds_(seconds), synchronize_(synchronize && device.is_cuda()) {}
+
+  // Adds the time since the previous lap (or the start) to `phase`.
+  void lap(const char* phase) {
+    if (synchronize_) torch::cuda::synchronize();
+    const auto now = std::chrono::steady_clock::now();
+    seconds_[phase] += std::chrono::duration<double>(now - mark_).count();
+    mark_ = now;
+  }
+
+ private:
+  std::map<std::string, double>& seconds_;
+  bool synchronize_;
+  std::chrono::steady_clock::time_point mark_ = std::chrono::steady_clock::now();
 };
+
+// The ranks' agreement on stop signals during a step: after each micro-batch every rank starts a
+// sum of the ranks' flags and reads the previous micro-batch's (the last one's at once), so that
+// no host synchronization drains the GPU's queue; a preempted run gives up the step within two
+// micro-batches.
+class StopVote {
+ public:
+  explicit StopVote(dist::Communicator& comm) : comm_(comm) {}
+
+  // Every rank calls it after each micro-batch and gets the same answer: true when the step is to
+  // be abandoned.
+  bool after_micro_batch(bool last) {
+    dist::PendingSum stop = comm_.start_sum(stop_signal() != 0 ? 1.0 : 0.0);
+    bool stopping = previous_.pending() && previous_.get() > 0;
+    if (!stopping && last) stopping = stop.get() > 0;
+    previous_ = std::move(stop);
+    if (stopping && previous_.pending()) previous_.get();  // every rank started it: finish it
+    return stopping;
+  }
+
+ private:
+  dist::Communicator& comm_;
+  dist::PendingSum previous_;
+};
+
+// Scales the gradients of `parameters` to global norm `max_norm` when their norm `norm` exceeds it
+// (max_norm 0: no clipping).
+void clip_gradients(std::vector<torch::Tensor>& parameters, double max_norm, double norm) {
+  if (max_norm > 0 && norm > max_norm) scale_gradients(parameters, max_norm / (norm + 1e-6));
+}
+
+// `t` summed over the ranks (one all-reduce).
+torch::Tensor summed_over_ranks(dist::Communicator& comm, torch::Tensor t) {
+  std::vector<torch::Tensor> one{std::move(t)};
+  comm.all_reduce_sum(one);
+  return one[0];
+}
 
 std::string rank_file(const std::string& folder, int rank) {
   return (fs::path(folder) / fmt::format("rank{}.pt", rank)).string();
@@ -147,8 +198,7 @@ void Trainer::dry_run() {
   ForkedRng fork(device_);  // dropout and sampling draw from a fork: training is unchanged
   model_->train();
   for (const data::Task task : kTasks) {
-    const auto names = objectives_.term_names(task);
-    if (names.empty()) continue;
+    if (objectives_.term_names(task).empty()) continue;
     const bool mono = task == data::Task::kMono;
     const int64_t length = mono ? config_.data.mono.max_len : config_.data.para.max_len;
     const int64_t rows = std::max<int64_t>(1, config_.train.micro_batch_tokens / length);
@@ -156,20 +206,7 @@ void Trainer::dry_run() {
       SyntheticBatches synthetic(model_->special_ids(), rows, length, config_.objectives.mask_ratio,
                                  config_.run.seed);
       const data::Batch batch = synthetic.next(task);
-      std::map<std::string, torch::Tensor> normalizers;
-      for (const auto& name : names) {
-        normalizers[name] = torch::full(
-            {}, static_cast<double>(std::max<int64_t>(1, objectives::term_count(name, batch))),
-            torch::TensorOptions(torch::kFloat32).device(device_));
-      }
-      const auto inputs = model::ModelInputs::from(batch).to(device_);
-      torch::Tensor loss;
-      {
-        AutocastScope autocast(device_, bf16_);
-        loss = objectives::weighted_loss(objectives_.compute(model_->forward(inputs), task),
-                                         normalizers);
-      }
-      loss.backward();
+      forward(batch, objectives_.normalizers(count_micro_batches({batch}))).loss.backward();
       if (device_.is_cuda()) torch::cuda::synchronize();  // asynchronous errors surface here
     } catch (const std::exception& e) {
       const std::string what = e.what();
@@ -201,162 +238,136 @@ StepRecord Trainer::train_step() {
              "repeats the step)");
   model_->train();
   StepRecord record;
+  PhaseClock clock(record.seconds, device_, phase_timing_);
   reader_before_step_ = source_.state();
   rng_before_step_ = generator_states(device_);
-  auto mark = std::chrono::steady_clock::now();
-  // Adds the time since the last call to `phase`.
-  auto lap = [&](const char* phase) {
-    if (phase_timing_ && device_.is_cuda()) torch::cuda::synchronize();
-    const auto now = std::chrono::steady_clock::now();
-    record.seconds[phase] += std::chrono::duration<double>(now - mark).count();
-    mark = now;
-  };
 
-  // 1. Every micro-batch of the step, and from them the counts each term is normalized by.
-  std::vector<data::Batch> batches;
-  std::vector<std::string> names;  // every term of the step, in order
-  for (const data::Task task : kTasks) {
-    const auto task_terms = objectives_.term_names(task);
-    if (task_terms.empty()) continue;
-    names.insert(names.end(), task_terms.begin(), task_terms.end());
-    for (int64_t i = 0; i < micro_batches_; ++i) batches.push_back(source_.next(task));
-  }
-  // [term counts..., real tokens, model FLOPs], summed over ranks on the device.
-  std::vector<double> counts(names.size() + 2, 0.0);
-  for (const auto& batch : batches) {
-    const auto task_terms = objectives_.term_names(batch.task);
-    for (std::size_t n = 0; n < names.size(); ++n) {
-      if (std::find(task_terms.begin(), task_terms.end(), names[n]) != task_terms.end()) {
-        counts[n] += static_cast<double>(objectives::term_count(names[n], batch));
-      }
-    }
-    counts[names.size()] += static_cast<double>(batch.real_tokens);
-    counts[names.size() + 1] += static_cast<double>(batch.real_tokens) *
-                                training_flops_per_token(config_, batch.input_ids.size(1));
-  }
-  lap("data");
-  std::vector<torch::Tensor> reduced_counts{torch::tensor(counts, torch::kFloat64).to(device_)};
-  comm_->all_reduce_sum(reduced_counts);
-  lap("communication");
-  std::map<std::string, torch::Tensor> normalizers;
-  for (std::size_t n = 0; n < names.size(); ++n) {
-    // A term with no tokens anywhere (e.g. nothing masked) contributes 0, not 0 / 0.
-    normalizers[names[n]] = reduced_counts[0][n].clamp_min(1.0).to(torch::kFloat32);
-  }
+  // 1. Every micro-batch of the step, and the counts its terms are normalized by (all ranks).
+  const std::vector<data::Batch> batches = next_micro_batches();
+  torch::Tensor counts = count_micro_batches(batches);
+  clock.lap("data");
+  counts = summed_over_ranks(*comm_, counts);
+  clock.lap("communication");
+  const auto normalizers = objectives_.normalizers(counts);
 
-  // 2. Forward and backward, one micro-batch at a time; the sums stay on the device. After each,
-  // the ranks agree on stop signals: each micro-batch starts a sum of the ranks' flags, read one
-  // micro-batch later (the last one at once), so that no host synchronization drains the GPU's
-  // queue; a preempted run gives up the step within two micro-batches.
-  std::map<std::string, TermSums> sums;
-  dist::PendingSum previous_stop;
+  // 2. Forward and backward, one micro-batch at a time; gradients and term sums accumulate.
+  objectives::TermSums sums(objectives_);
+  StopVote stop(*comm_);
   for (std::size_t b = 0; b < batches.size(); ++b) {
-    const data::Batch& batch = batches[b];
     {
-      const auto inputs = model::ModelInputs::from(batch).to(device_);
-      std::vector<objectives::Term> terms;
-      torch::Tensor loss;
-      {
-        AutocastScope autocast(device_, bf16_);
-        terms = objectives_.compute(model_->forward(inputs), batch.task);
-        loss = objectives::weighted_loss(terms, normalizers);
-      }
-      lap("forward");
-      loss.backward();
-      for (const auto& term : terms) {
-        TermSums& acc = sums[term.name];
-        acc.weight = term.weight;
-        acc.loss_sum =
-            acc.loss_sum.defined() ? acc.loss_sum + term.loss_sum.detach() : term.loss_sum.detach();
-        acc.count = acc.count.defined() ? acc.count + term.count : term.count;
-        for (const auto& [key, value] : term.statistics) {
-          auto& s = acc.statistics[key];
-          s = s.defined() ? s + value : value;
-        }
-      }
+      const MicroBatchLoss micro = forward(batches[b], normalizers);
+      clock.lap("forward");
+      micro.loss.backward();
+      sums.add(micro.terms);
     }  // the micro-batch's activations and outputs are freed here, inside the backward phase
-    lap("backward");
-    dist::PendingSum stop = comm_->start_sum(stop_signal() != 0 ? 1.0 : 0.0);
-    bool stopping = previous_stop.pending() && previous_stop.get() > 0;
-    if (!stopping && b + 1 == batches.size()) stopping = stop.get() > 0;
-    previous_stop = std::move(stop);
-    lap("communication");
-    if (stopping) {
-      if (previous_stop.pending()) previous_stop.get();  // every rank started it: finish it
-      for (auto& p : parameters_) p.mutable_grad() = torch::Tensor();
-      interrupted_ = true;
-      record.interrupted = true;
-      record.step = step_;
-      return record;
-    }
+    clock.lap("backward");
+    const bool stopping = stop.after_micro_batch(b + 1 == batches.size());
+    clock.lap("communication");
+    if (stopping) return abandon_step(std::move(record));
   }
 
-  // 3. Gradients and statistics summed over ranks: losses were divided by global counts, so the
+  // 3. Gradients and term sums summed over ranks: losses were divided by global counts, so the
   // sum of the ranks' gradients is the gradient of the step's L.
   dist::all_reduce_gradients(*comm_, parameters_, config_.dist.bucket_mb << 20, /*average=*/false);
-  std::vector<torch::Tensor> flat;
-  for (const auto& [name, acc] : sums) {
-    flat.push_back(acc.loss_sum.to(torch::kFloat64).reshape({1}));
-    flat.push_back(acc.count.to(torch::kFloat64).reshape({1}));
-    for (const auto& [key, value] : acc.statistics)
-      flat.push_back(value.to(torch::kFloat64).reshape({1}));
-  }
-  std::vector<torch::Tensor> stats{torch::cat(flat)};
-  comm_->all_reduce_sum(stats);
-  lap("communication");
+  const torch::Tensor reduced_sums = summed_over_ranks(*comm_, sums.flatten(device_));
+  clock.lap("communication");
 
-  // 4. The global gradient norm over both models, read with the statistics, tokens and FLOPs in
-  // the step's one host synchronization; then either skip a non-finite update or clip and step.
-  const auto host =
-      torch::cat({stats[0], reduced_counts[0].narrow(0, static_cast<int64_t>(names.size()), 2),
-                  gradient_norm(parameters_).to(torch::kFloat64).reshape({1})})
-          .cpu();
-  const double* values = host.data_ptr<double>();
-  int64_t at = 0;
-  for (const auto& [name, acc] : sums) {
-    objectives::Term reduced;
-    reduced.name = name;
-    reduced.weight = acc.weight;
-    reduced.loss_sum = host[at++];
-    reduced.count = host[at++].to(torch::kInt64);
-    for (const auto& [key, value] : acc.statistics)
-      reduced.statistics[key] = host[at++].to(torch::kInt64);
-    record.terms[name] = objectives::summarize(reduced);
-    record.loss += acc.weight * record.terms[name]["loss"];
-    record.sums[name] = reduced;
-  }
-  record.tokens = static_cast<int64_t>(values[at++]);
-  record.flops = values[at++];
-  record.grad_norm = values[at++];
+  // 4. The step's one host synchronization: term sums, tokens, FLOPs, global gradient norm.
+  read_step_totals(record, sums, reduced_sums, counts);
   record.lr = schedule_.lr(step_);
-  ++step_;
-  record.step = step_;
+  record.step = ++step_;
   tokens_seen_ += record.tokens;
+
+  // 5. Skip a non-finite update; otherwise clip, step with the scheduled lr, zero the gradients.
   if (!std::isfinite(record.grad_norm) || !std::isfinite(record.loss)) {
+    skip_update(record);
+  } else {
+    bad_in_a_row_ = 0;
+    clip_gradients(parameters_, config_.train.clip_norm, record.grad_norm);
+    set_learning_rate(*optimizer_, record.lr);
+    optimizer_->step();
     optimizer_->zero_grad();
-    record.skipped = true;
-    ++skipped_steps_;
-    ++bad_in_a_row_;
-    spdlog::warn(
-        "step {}: non-finite loss ({}) or gradient norm ({}); update skipped ({} in a row)", step_,
-        record.loss, record.grad_norm, bad_in_a_row_);
-    XLME_CHECK(bad_in_a_row_ < config_.train.max_bad_steps,
-               "{} optimizer steps in a row had a non-finite loss or gradient norm "
-               "(train.max_bad_steps); stopping with the last good checkpoint intact. Lower "
-               "train.lr, raise train.warmup_steps, or inspect the data of the last steps",
-               bad_in_a_row_);
-    lap("optimizer");
-    return record;
   }
-  bad_in_a_row_ = 0;
-  if (config_.train.clip_norm > 0 && record.grad_norm > config_.train.clip_norm) {
-    scale_gradients(parameters_, config_.train.clip_norm / (record.grad_norm + 1e-6));
-  }
-  set_learning_rate(*optimizer_, record.lr);
-  optimizer_->step();
-  optimizer_->zero_grad();
-  lap("optimizer");
+  clock.lap("optimizer");
   return record;
+}
+
+std::vector<data::Batch> Trainer::next_micro_batches() {
+  std::vector<data::Batch> batches;
+  for (const data::Task task : kTasks) {
+    if (objectives_.term_names(task).empty()) continue;
+    for (int64_t i = 0; i < micro_batches_; ++i) batches.push_back(source_.next(task));
+  }
+  return batches;
+}
+
+// [term counts..., real tokens, model FLOPs] of this rank's micro-batches, float64 on the device:
+// the counts (objectives::Objectives::counts) are known from the host batches before any forward
+// pass, so that every micro-batch's loss is divided by the step's global counts.
+torch::Tensor Trainer::count_micro_batches(const std::vector<data::Batch>& batches) const {
+  const std::size_t terms = objectives_.term_names().size();
+  std::vector<double> counts(terms + 2, 0.0);
+  for (const auto& batch : batches) {
+    const auto term_counts = objectives_.counts(batch);
+    for (std::size_t n = 0; n < terms; ++n) counts[n] += term_counts[n];
+    const auto tokens = static_cast<double>(batch.real_tokens);
+    counts[terms] += tokens;
+    counts[terms + 1] += tokens * training_flops_per_token(config_, batch.input_ids.size(1));
+  }
+  return torch::tensor(counts, torch::kFloat64).to(device_);
+}
+
+Trainer::MicroBatchLoss Trainer::forward(const data::Batch& batch,
+                                         const std::map<std::string, torch::Tensor>& normalizers) {
+  const auto inputs = model::ModelInputs::from(batch).to(device_);
+  AutocastScope autocast(device_, bf16_);
+  MicroBatchLoss micro;
+  micro.terms = objectives_.compute(model_->forward(inputs), batch.task);
+  micro.loss = objectives::weighted_loss(micro.terms, normalizers);
+  return micro;
+}
+
+// Every rank abandoned the step after the same micro-batch: nothing is updated, and step() is
+// still the previous step.
+StepRecord Trainer::abandon_step(StepRecord record) {
+  for (auto& p : parameters_) p.mutable_grad() = torch::Tensor();
+  interrupted_ = true;
+  record.interrupted = true;
+  record.step = step_;
+  return record;
+}
+
+// Reads the reduced term sums, the step's real tokens and FLOPs (the tail of `counts`) and the
+// gradient norm over both models to the host in one copy, into `record`.
+void Trainer::read_step_totals(StepRecord& record, const objectives::TermSums& sums,
+                               const torch::Tensor& reduced_sums, const torch::Tensor& counts) {
+  const int64_t terms = static_cast<int64_t>(objectives_.term_names().size());
+  const auto host = torch::cat({reduced_sums, counts.narrow(0, terms, 2),
+                                gradient_norm(parameters_).to(torch::kFloat64).reshape({1})})
+                        .cpu();
+  record.sums = sums.unflatten(host.narrow(0, 0, sums.flat_size()));
+  record.terms = record.sums.summary();
+  record.loss = record.sums.total_loss();
+  const double* tail = host.data_ptr<double>() + sums.flat_size();
+  record.tokens = static_cast<int64_t>(tail[0]);
+  record.flops = tail[1];
+  record.grad_norm = tail[2];
+}
+
+// A non-finite loss or gradient norm: the gradients are dropped without an update; after
+// train.max_bad_steps such steps in a row the run stops.
+void Trainer::skip_update(StepRecord& record) {
+  optimizer_->zero_grad();
+  record.skipped = true;
+  ++skipped_steps_;
+  ++bad_in_a_row_;
+  spdlog::warn("step {}: non-finite loss ({}) or gradient norm ({}); update skipped ({} in a row)",
+               step_, record.loss, record.grad_norm, bad_in_a_row_);
+  XLME_CHECK(bad_in_a_row_ < config_.train.max_bad_steps,
+             "{} optimizer steps in a row had a non-finite loss or gradient norm "
+             "(train.max_bad_steps); stopping with the last good checkpoint intact. Lower "
+             "train.lr, raise train.warmup_steps, or inspect the data of the last steps",
+             bad_in_a_row_);
 }
 
 std::string Trainer::save_checkpoint(const CheckpointManager& manager) {

@@ -265,12 +265,7 @@ ValidationResult Validator::run(model::ElectraModel& model, dist::Communicator& 
   model->eval();
   torch::NoGradGuard no_grad;
 
-  // Every term of the objective set, with zero sums, so every rank reduces the same layout.
-  std::vector<std::string> names;
-  for (const data::Task task : {data::Task::kMono, data::Task::kPara}) {
-    for (const auto& name : objectives_.term_names(task)) names.push_back(name);
-  }
-  std::map<std::string, std::vector<torch::Tensor>> sums;  // name -> loss, count, statistics...
+  objectives::TermSums sums(objectives_);
   {
     ForkedRng fork(device);
     for (size_t i = 0; i < batches_.size(); ++i) {
@@ -282,45 +277,13 @@ ValidationResult Validator::run(model::ElectraModel& model, dist::Communicator& 
         AutocastScope autocast(device, bf16);
         terms = objectives_.compute(model->forward(inputs), batches_[i].task);
       }
-      for (const auto& term : terms) {
-        std::vector<torch::Tensor> values{term.loss_sum.to(torch::kFloat64),
-                                          term.count.to(torch::kFloat64)};
-        for (const auto& key : objectives::statistic_names(term.name)) {
-          values.push_back(term.statistics.at(key).to(torch::kFloat64));
-        }
-        auto& acc = sums[term.name];
-        if (acc.empty()) {
-          acc = values;
-        } else {
-          for (size_t v = 0; v < values.size(); ++v) acc[v] = acc[v] + values[v];
-        }
-      }
+      sums.add(terms);
     }
   }
-  std::vector<torch::Tensor> flat;
-  for (const auto& name : names) {
-    const size_t width = 2 + objectives::statistic_names(name).size();
-    const auto it = sums.find(name);
-    for (size_t v = 0; v < width; ++v) {
-      flat.push_back(it == sums.end()
-                         ? torch::zeros({1}, torch::TensorOptions(torch::kFloat64).device(device))
-                         : it->second[v].reshape({1}));
-    }
-  }
-  std::vector<torch::Tensor> reduced{torch::cat(flat)};
+  // Every rank lays out every term of the set (zeros for terms it saw nothing of).
+  std::vector<torch::Tensor> reduced{sums.flatten(device)};
   comm.all_reduce_sum(reduced);
-  const auto host = reduced[0].cpu();
-  int64_t at = 0;
-  for (const auto& name : names) {
-    objectives::Term term;
-    term.name = name;
-    term.loss_sum = host[at++];
-    term.count = host[at++].to(torch::kInt64);
-    for (const auto& key : objectives::statistic_names(name)) {
-      term.statistics[key] = host[at++].to(torch::kInt64);
-    }
-    result.terms[name] = objectives::summarize(term);
-  }
+  result.terms = sums.unflatten(reduced[0].cpu()).summary();
 
   if (comm.rank() == 0 && !probe_.empty()) {
     eval::EmbeddingOptions options;

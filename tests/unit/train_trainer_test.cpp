@@ -62,6 +62,55 @@ TEST(Trainer, AccumulatedMicroBatchesEqualOneLargerBatch) {
   expect_same_parameters(accumulated.model(), direct.model(), 1e-6);
 }
 
+// The record's term sums are those of the step's micro-batches: counts as the batches hold them,
+// the summaries and L computed from those sums.
+TEST(Trainer, StepRecordSumsAreTheMicroBatchesSums) {
+  auto c = tiny_config(4, 2, 0.0);
+  c.objectives.rtd_weight = 30.0;
+  auto source = make_source(c, 4);
+  Trainer trainer(c, make_model(c, 2), source, single_process());
+  const StepRecord record = trainer.train_step();
+  auto again = make_source(c, 4);  // the same stream: 2 micro-batches of each task
+  double masked[2] = {0, 0};
+  for (int t = 0; t < 2; ++t) {
+    for (int i = 0; i < 2; ++i) {
+      masked[t] +=
+          again.next(t == 0 ? data::Task::kMono : data::Task::kPara).masked.sum().item<double>();
+    }
+  }
+  ASSERT_EQ(record.sums.names(), (std::vector<std::string>{"mlm", "mrtd", "tlm", "trtd"}));
+  // Per term [loss, count, statistics...]: mlm 3, mrtd 6, tlm 3, trtd 6 values.
+  const auto flat = record.sums.flatten(torch::kCPU);
+  EXPECT_EQ(flat[1].item<double>(), masked[0]);    // mlm: masked positions
+  EXPECT_EQ(flat[4].item<double>(), 2 * 4 * 16);   // mrtd: real tokens
+  EXPECT_EQ(flat[10].item<double>(), masked[1]);   // tlm
+  EXPECT_EQ(flat[13].item<double>(), 2 * 4 * 16);  // trtd
+  EXPECT_EQ(record.sums.summary(), record.terms);
+  const auto& t = record.terms;
+  EXPECT_NEAR(record.loss,
+              t.at("mlm").at("loss") + t.at("tlm").at("loss") +
+                  30.0 * (t.at("mrtd").at("loss") + t.at("trtd").at("loss")),
+              1e-9 * record.loss);
+  EXPECT_EQ(record.tokens, 2 * 2 * 4 * 16);
+  std::vector<std::string> phases;
+  for (const auto& [phase, seconds] : record.seconds) phases.push_back(phase);
+  EXPECT_EQ(phases, (std::vector<std::string>{"backward", "communication", "data", "forward",
+                                              "optimizer"}));
+}
+
+// The objective set's row decides what a step reads: mlm trains on monolingual text alone.
+TEST(Trainer, MaskedLmSetReadsOnlyMonolingualBatches) {
+  auto c = tiny_config(4, 2, 0.0);
+  c.objectives.set = "mlm";
+  auto source = make_source(c, 4);
+  Trainer trainer(c, make_model(c, 2), source, single_process());
+  const StepRecord record = trainer.train_step();
+  EXPECT_EQ(source.state(), "8 0");  // 2 micro-batches of 4 monolingual sequences, no pairs
+  ASSERT_EQ(record.terms.size(), 1u);
+  EXPECT_EQ(record.loss, record.terms.at("mlm").at("loss"));
+  EXPECT_EQ(record.tokens, 2 * 4 * 16);
+}
+
 // MFU counts each micro-batch's attention at its own length, not at data.*.max_len.
 TEST(Trainer, StepFlopsCountEachMicroBatchAtItsLength) {
   auto c = tiny_config(2, 2, 0.0);

@@ -8,6 +8,7 @@
 
 #include "xlme/config/schema.h"
 #include "xlme/finetune/task_registry.h"
+#include "xlme/objectives/objective_set.h"
 
 #include <cstdint>
 #include <string>
@@ -145,16 +146,15 @@ struct ModelConfig {
 
 // Which losses a step optimizes: L = L_MLM + L_TLM + rtd_weight * (L_MRTD + L_TRTD).
 struct ObjectivesConfig {
-  std::string set = "xlme";
+  std::string set = "xlme";  // a row of the objectives::objective_sets() table
   double rtd_weight = 50.0;
   double mask_ratio = 0.15;
   double mask_token_ratio = 1.0;
 
   template <class V>
   void visit(V& v) {
-    v.field(
-        "set", set, Choices{"xlme", "xlme-mono", "mlm", "mlm+tlm"},
-        "xlme = MLM+TLM+MRTD+TRTD; xlme-mono = MLM+MRTD; mlm = XLM-R-style; mlm+tlm = XLM-style");
+    v.field("set", set, Choices(objectives::objective_set_names()),
+            objectives::objective_set_help());
     v.field("rtd_weight", rtd_weight, RealRange{0.0, 1e6, true, false},
             "lambda, the weight of the discriminator losses (paper: 50)");
     v.field("mask_ratio", mask_ratio, RealRange{0.0, 1.0, true, true},

@@ -36,7 +36,7 @@ struct RealRange {
 // One of a fixed set of strings.
 struct Choices {
   Choices(std::initializer_list<std::string> v) : values(v) {}
-  // The names of a registry's table (finetune/task_registry.h's task_names()).
+  // The names of a registry's table (task_names(), objective_set_names()).
   explicit Choices(std::vector<std::string> v) : values(std::move(v)) {}
 
   bool contains(const std::string& v) const;

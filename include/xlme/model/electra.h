@@ -25,7 +25,8 @@ namespace xlme::model {
 // with an MLM head (mlm, mlm+tlm).
 enum class Architecture { kElectra, kMaskedLm };
 
-// objectives.set -> architecture; throws on an unknown set, listing the valid ones.
+// objectives.set -> architecture, from its row of objectives::objective_sets(); throws on an
+// unknown set, listing the known ones.
 Architecture architecture_for(const std::string& objective_set);
 
 // What the model reads from a data::Batch, plus the masked positions as flat indices so that the

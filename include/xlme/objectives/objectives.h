@@ -7,6 +7,7 @@
 #include "xlme/config/config.h"
 #include "xlme/data/batch.h"
 #include "xlme/model/electra.h"
+#include "xlme/objectives/objective_set.h"
 
 #include <torch/types.h>
 
@@ -49,7 +50,7 @@ int64_t term_count(const std::string& name, const data::Batch& batch);
 // The keys of Term::statistics for term `name`, in a fixed order (for flat all-reduces).
 std::vector<std::string> statistic_names(const std::string& name);
 
-// The terms an objective set computes for each task.
+// The terms an objective set (objectives.set, a row of objective_sets()) computes for each task.
 class Objectives {
  public:
   explicit Objectives(const config::ObjectivesConfig& config);
@@ -57,12 +58,25 @@ class Objectives {
   // Names of `task`'s terms; empty when the set does not train on that task (xlme-mono and mlm
   // use no translation pairs).
   std::vector<std::string> term_names(data::Task task) const;
+  // Every term of the set: term_names(kMono), then term_names(kPara).
+  std::vector<std::string> term_names() const;
+  // The weight of term `name` in L: 1 for generator terms, lambda (objectives.rtd_weight) for the
+  // discriminator terms.
+  double weight(const std::string& name) const;
+
+  // Per term of term_names(), the count it is normalized by in `batch` (term_count; 0 for the
+  // terms of the other task). Reads the host batch.
+  std::vector<double> counts(const data::Batch& batch) const;
+  // The normalizers weighted_loss takes, from `counts` ([n] float64, n >= term_names().size():
+  // the leading entries are counts() summed over every micro-batch and rank of the step). A term
+  // with no token anywhere (e.g. nothing masked) is divided by 1: it contributes 0, not 0 / 0.
+  std::map<std::string, torch::Tensor> normalizers(const torch::Tensor& counts) const;
 
   // The terms of one micro-batch of `task` from the model's output.
   std::vector<Term> compute(const model::ModelOutput& output, data::Task task) const;
 
  private:
-  std::string set_;
+  const ObjectiveSet* set_;
   double rtd_weight_;
 };
 

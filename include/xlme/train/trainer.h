@@ -14,6 +14,7 @@
 #include "xlme/dist/communicator.h"
 #include "xlme/model/electra.h"
 #include "xlme/objectives/objectives.h"
+#include "xlme/objectives/term_sums.h"
 #include "xlme/train/checkpoint.h"
 #include "xlme/train/rng.h"
 #include "xlme/train/schedule.h"
@@ -64,10 +65,10 @@ struct StepRecord {
   int64_t tokens = 0;  // real tokens in the step, all ranks
   // Model FLOPs of the step, all ranks (training_flops_per_token at each micro-batch's length).
   double flops = 0;
-  std::map<std::string, std::map<std::string, double>> terms;  // "mlm" -> {loss, accuracy, ...}
+  objectives::TermSummaries terms;  // "mlm" -> {loss, accuracy, ...}
   // The sums behind `terms`, over all micro-batches and ranks (host tensors): add several steps'
   // sums and summarize them to report an interval.
-  std::map<std::string, objectives::Term> sums;
+  objectives::TermSums sums;
   // Wall-clock seconds per phase: data (reading and counting), forward, backward (freeing the
   // micro-batch's tensors included), communication (collectives, stop-signal agreement and the
   // step's one host read), optimizer (clipping, AdamW). On CUDA they are exact only with
@@ -113,6 +114,21 @@ class Trainer {
   bool stop_requested();
 
  private:
+  // The pieces of train_step, in the order it calls them.
+  std::vector<data::Batch> next_micro_batches();
+  torch::Tensor count_micro_batches(const std::vector<data::Batch>& batches) const;
+  // One micro-batch's terms and its share of the step's normalized L ([], differentiable).
+  struct MicroBatchLoss {
+    std::vector<objectives::Term> terms;
+    torch::Tensor loss;
+  };
+  MicroBatchLoss forward(const data::Batch& batch,
+                         const std::map<std::string, torch::Tensor>& normalizers);
+  StepRecord abandon_step(StepRecord record);
+  void read_step_totals(StepRecord& record, const objectives::TermSums& sums,
+                        const torch::Tensor& reduced_sums, const torch::Tensor& counts);
+  void skip_update(StepRecord& record);
+
   config::Config config_;
   model::ElectraModel model_;
   data::BatchSource& source_;

@@ -20,6 +20,7 @@
 #include "xlme/eval/retrieval.h"
 #include "xlme/model/electra.h"
 #include "xlme/objectives/objectives.h"
+#include "xlme/objectives/term_sums.h"
 
 #include <cstdint>
 #include <map>
@@ -42,8 +43,8 @@ std::vector<HeldoutPair> read_heldout(const config::HeldoutConfig& heldout,
 
 struct ValidationResult {
   int64_t step = 0;
-  // Per term (mlm, mrtd, tlm, trtd): objectives::summarize of its sums over the held-out set.
-  std::map<std::string, std::map<std::string, double>> terms;
+  // Per term (mlm, mrtd, tlm, trtd): the summary of its sums over the held-out set.
+  objectives::TermSummaries terms;
   int64_t probe_layer = 0;
   // Per pair, and their mean: rank 0 only (empty elsewhere).
   std::map<std::string, eval::RetrievalAccuracy> retrieval;

@@ -1,0 +1,40 @@
+// The objectives.set registry: one row per objective set, saying what the set trains and what it
+// needs (DESIGN section 1). Code asks the row for what it needs to know (the model's architecture,
+// the batch sources, the terms), never compares the name: adding a set is one row in
+// objective_set.cpp. No dependency beyond the standard library and common/, so that the config
+// (below objectives in the layering) validates objectives.set against this table.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace xlme::objectives {
+
+struct ObjectiveSet {
+  std::string name;         // the objectives.set value
+  std::string description;  // what it trains, for the config reference
+  // ELECTRA: a generator and a discriminator trained jointly, each task adding its replaced-token
+  // detection term (MRTD, TRTD) to the generator's MLM / TLM. false: one encoder with an MLM head.
+  bool discriminator = true;
+  bool monolingual = true;        // trains on monolingual text: MLM (and MRTD)
+  bool translation_pairs = true;  // trains on translation pairs <s> e </s> f </s>: TLM (and TRTD)
+
+  // The terms of a monolingual / translation-pair micro-batch, the generator's first; empty when
+  // the set does not train on that data.
+  std::vector<std::string> monolingual_terms() const;
+  std::vector<std::string> translation_pair_terms() const;
+};
+
+// Every objective set, in the order the config reference lists them.
+const std::vector<ObjectiveSet>& objective_sets();
+
+// The row of objectives.set `name`; an unknown name throws xlme::Error listing the known ones.
+const ObjectiveSet& objective_set(const std::string& name);
+
+// The names of objective_sets(), in order: the values objectives.set accepts.
+std::vector<std::string> objective_set_names();
+
+// "xlme = MLM+TLM+MRTD+TRTD; ...": the config reference's line for objectives.set.
+const char* objective_set_help();
+
+}  // namespace xlme::objectives
