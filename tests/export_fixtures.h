@@ -2,9 +2,9 @@
 // make them.
 #pragma once
 
+#include "xlme/checkpoint/manager.h"
 #include "xlme/data/spm_trainer.h"
 #include "xlme/data/tokenizer.h"
-#include "xlme/train/checkpoint.h"
 #include "xlme/train/trainer.h"
 
 #include "test_util.h"
@@ -125,7 +125,7 @@ inline TinyCheckpoint make_tiny_checkpoint(const config::Config& c, const std::s
     torch::NoGradGuard no_grad;
     for (auto& p : out.model->parameters()) p.add_(torch::randn_like(p) * perturb);
   }
-  const train::CheckpointManager manager(run_dir + "/checkpoints", 3, 0);
+  const checkpoint::CheckpointManager manager(run_dir + "/checkpoints", 3, 0);
   out.path = trainer.save_checkpoint(manager);
   out.model->eval();
   return out;

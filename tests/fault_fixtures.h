@@ -3,8 +3,9 @@
 // snapshot of what the user had before a command. A new case is one test function.
 #pragma once
 
+#include "xlme/checkpoint/archive.h"
+#include "xlme/checkpoint/manager.h"
 #include "xlme/data/batch_bench.h"
-#include "xlme/train/checkpoint.h"
 #include "xlme/train/pretrain.h"
 #include "xlme/train/trainer.h"
 
@@ -47,7 +48,7 @@ inline std::string step_folder(const std::string& out_dir, int64_t step) {
 // Whether `path` is a complete checkpoint.
 inline bool verifies(const std::string& path) {
   try {
-    train::CheckpointManager::verify(path);
+    checkpoint::CheckpointManager::verify(path);
     return true;
   } catch (const Error&) {
     return false;
@@ -129,7 +130,7 @@ inline std::map<std::string, uint32_t> snapshot(const std::string& dir) {
   for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
     if (entry.is_regular_file()) {
       const std::string path = entry.path().string();
-      files[path] = train::file_crc32(path);
+      files[path] = checkpoint::file_crc32(path);
     }
   }
   return files;
@@ -144,7 +145,7 @@ inline ::testing::AssertionResult nothing_lost(const std::map<std::string, uint3
     if (!std::filesystem::is_regular_file(path)) {
       return ::testing::AssertionFailure() << path << " is gone";
     }
-    if (train::file_crc32(path) != crc) {
+    if (checkpoint::file_crc32(path) != crc) {
       return ::testing::AssertionFailure() << path << " was changed";
     }
   }

@@ -1,11 +1,13 @@
 #include "xlme/export/export.h"
 
+#include "xlme/checkpoint/export_folder.h"
+#include "xlme/checkpoint/layout.h"
+#include "xlme/checkpoint/pretrained.h"
+#include "xlme/checkpoint/safetensors.h"
+#include "xlme/checkpoint/weights.h"
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
 #include "xlme/common/json.h"
-#include "xlme/export/folder.h"
-#include "xlme/export/pretrained.h"
-#include "xlme/export/safetensors.h"
 #include "xlme/export/transformers.h"
 
 #include <fcntl.h>
@@ -26,17 +28,17 @@ namespace {
 namespace fs = std::filesystem;
 
 // The weights to export: the discriminator model's, plus the generator side on request.
-std::map<std::string, torch::Tensor> exported_weights(Pretrained& p, bool with_generator,
+std::map<std::string, torch::Tensor> exported_weights(checkpoint::Pretrained& p,
+                                                      bool with_generator,
                                                       torch::ScalarType dtype) {
   std::map<std::string, torch::Tensor> out;
   auto add = [&](const std::string& key, const torch::Tensor& t) {
     out[key] = t.is_floating_point() ? t.detach().to(dtype) : t.detach();
   };
-  for (const auto& item : p.discriminator->named_parameters()) add(item.key(), item.value());
-  for (const auto& item : p.discriminator->named_buffers()) add(item.key(), item.value());
+  for (const auto& [name, tensor] : checkpoint::named_weights(*p.discriminator)) add(name, tensor);
   if (with_generator) {
     for (const auto& item : p.electra->named_parameters()) {
-      if (is_generator_weight(item.key())) add(item.key(), item.value());
+      if (checkpoint::is_generator_weight(item.key())) add(item.key(), item.value());
     }
   }
   return out;
@@ -82,7 +84,7 @@ std::string list_or(const std::vector<std::string>& items, const std::string& em
   return out;
 }
 
-std::string model_card(const Pretrained& p, const ExportedConfig& exported,
+std::string model_card(const checkpoint::Pretrained& p, const checkpoint::ExportedConfig& exported,
                        const ExportSummary& summary, const std::string& metrics_path) {
   const auto& m = p.model;
   const auto& rp = m.relative_position;
@@ -110,9 +112,9 @@ std::string model_card(const Pretrained& p, const ExportedConfig& exported,
       << "| vocabulary | " << m.vocab_size << " ids, " << p.vocab_layout
       << " layout (<s>=" << p.special_ids.bos << ", <pad>=" << p.special_ids.pad
       << ", </s>=" << p.special_ids.eos << ", <unk>=" << p.special_ids.unk
-      << ", <mask>=" << p.special_ids.mask << "), SentencePiece model `" << kExportTokenizerFile
-      << "` |\n"
-      << "| weights | `" << kExportWeightsFile << "`, " << exported.dtype << ", "
+      << ", <mask>=" << p.special_ids.mask << "), SentencePiece model `"
+      << checkpoint::kExportTokenizerFile << "` |\n"
+      << "| weights | `" << checkpoint::kExportWeightsFile << "`, " << exported.dtype << ", "
       << summary.parameters << " parameters: discriminator, shared embeddings"
       << (exported.rtd_head ? ", RTD head" : "") << (exported.generator ? ", generator + head" : "")
       << " |\n\n";
@@ -175,7 +177,7 @@ std::string model_card(const Pretrained& p, const ExportedConfig& exported,
       << "```\n\n"
       << "(`AutoModelForSequenceClassification`, `...ForTokenClassification` and "
          "`...ForQuestionAnswering` add xlme-finetune's heads.) In C++: "
-         "`xlme::export_::load_pretrained(\""
+         "`xlme::checkpoint::load_pretrained(\""
       << summary.out_dir
       << "\")`. The weights are plain safetensors (`safetensors.torch.load_file`); "
          "`config.json` lists every architectural field.\n";
@@ -199,15 +201,18 @@ bool is_non_empty_directory(const fs::path& path) {
 // xlme-export wrote (its marker file) and that holds nothing but an export's files is replaced.
 std::string not_replaceable(const fs::path& out) {
   std::error_code ec;
-  if (fs::exists(out / "checkpoints", ec) || fs::exists(out / "manifest.yaml", ec) ||
-      fs::exists(out / "model.pt", ec)) {
+  if (fs::exists(out / checkpoint::kCheckpointsFolder, ec) ||
+      fs::exists(out / checkpoint::kManifestFile, ec) ||
+      fs::exists(out / checkpoint::kModelFile, ec)) {
     return "it holds checkpoints (a run or checkpoint folder)";
   }
-  if (!fs::is_regular_file(out / kExportMarkerFile, ec)) {
-    return fmt::format("xlme-export did not write it (no {} marker file)", kExportMarkerFile);
+  if (!fs::is_regular_file(out / checkpoint::kExportMarkerFile, ec)) {
+    return fmt::format("xlme-export did not write it (no {} marker file)",
+                       checkpoint::kExportMarkerFile);
   }
-  std::set<std::string> own = {kExportWeightsFile, kExportConfigFile, kExportTokenizerFile,
-                               kExportReadmeFile, kExportMarkerFile, "tokenizer_config.json",
+  std::set<std::string> own = {checkpoint::kExportWeightsFile, checkpoint::kExportConfigFile,
+                               checkpoint::kExportTokenizerFile, checkpoint::kExportReadmeFile,
+                               checkpoint::kExportMarkerFile, "tokenizer_config.json",
                                // Python's byte-code cache of the remote code, once imported
                                "__pycache__"};
   for (const auto& file : transformers_files()) own.insert(file.name);
@@ -282,10 +287,10 @@ ExportSummary export_model(const ExportOptions& options) {
                options.out_dir, reason);
   }
 
-  PretrainedOptions load;
+  checkpoint::PretrainedOptions load;
   load.with_generator = options.with_generator;
   load.fallback_tokenizer = options.fallback_tokenizer;
-  Pretrained p = load_pretrained(options.checkpoint, load);
+  checkpoint::Pretrained p = checkpoint::load_pretrained(options.checkpoint, load);
   XLME_CHECK(!p.tokenizer_path.empty(),
              "checkpoint '{}' holds no tokenizer.model (its run had no data.tokenizer); give the "
              "SentencePiece model it was trained with: --set data.tokenizer=FILE",
@@ -293,12 +298,12 @@ ExportSummary export_model(const ExportOptions& options) {
   spdlog::info("loaded {} (step {}, {} tokens seen)", options.checkpoint, p.step, p.tokens_seen);
 
   const bool bf16 = options.dtype == "bf16";
-  SafetensorsContent content;
+  checkpoint::SafetensorsContent content;
   content.tensors =
       exported_weights(p, options.with_generator, bf16 ? torch::kBFloat16 : torch::kFloat32);
   content.metadata = {{"format", "pt"}, {"producer", "xlme-export " XLME_VERSION}};
 
-  ExportedConfig exported;
+  checkpoint::ExportedConfig exported;
   exported.model = p.model;
   exported.objective_set = p.objective_set;
   exported.vocab_layout = p.vocab_layout;
@@ -316,10 +321,10 @@ ExportSummary export_model(const ExportOptions& options) {
   for (const auto& [name, tensor] : content.tensors) summary.parameters += tensor.numel();
 
   // Checkpoint folder -> <run>/metrics.jsonl (checkpoints live in <run>/checkpoints/step_<N>).
-  const fs::path checkpoint = fs::absolute(options.checkpoint).lexically_normal();
-  fs::path metrics = checkpoint.parent_path().parent_path() / "metrics.jsonl";
+  const fs::path source = fs::absolute(options.checkpoint).lexically_normal();
+  fs::path metrics = source.parent_path().parent_path() / checkpoint::kMetricsFile;
   if (!fs::is_regular_file(metrics) && p.run_config) {
-    metrics = fs::path(p.run_config->run.out_dir) / "metrics.jsonl";
+    metrics = fs::path(p.run_config->run.out_dir) / checkpoint::kMetricsFile;
   }
 
   const fs::path tmp = out.string() + fmt::format(".tmp-{}", ::getpid());
@@ -327,14 +332,15 @@ ExportSummary export_model(const ExportOptions& options) {
   fs::create_directories(tmp, ec);
   XLME_CHECK(!ec, "cannot create the folder '{}': {}", tmp.string(), ec.message());
   try {
-    write_safetensors((tmp / kExportWeightsFile).string(), content);
-    summary.weight_bytes = fs::file_size(tmp / kExportWeightsFile);
-    write_file_atomic((tmp / kExportConfigFile).string(), to_json(exported));
-    copy_file_synced(p.tokenizer_path, (tmp / kExportTokenizerFile).string());
+    checkpoint::write_safetensors((tmp / checkpoint::kExportWeightsFile).string(), content);
+    summary.weight_bytes = fs::file_size(tmp / checkpoint::kExportWeightsFile);
+    write_file_atomic((tmp / checkpoint::kExportConfigFile).string(),
+                      checkpoint::to_json(exported));
+    copy_file_synced(p.tokenizer_path, (tmp / checkpoint::kExportTokenizerFile).string());
     write_transformers_files(tmp.string(), exported);
-    write_file_atomic((tmp / kExportReadmeFile).string(),
+    write_file_atomic((tmp / checkpoint::kExportReadmeFile).string(),
                       model_card(p, exported, summary, metrics.string()));
-    write_file_atomic((tmp / kExportMarkerFile).string(),
+    write_file_atomic((tmp / checkpoint::kExportMarkerFile).string(),
                       "written by xlme-export " XLME_VERSION "; --force may replace this folder\n");
     // An existing folder (empty, or replaced with --force) moves aside until the new one is in.
     const fs::path old = out.string() + fmt::format(".old-{}", ::getpid());

@@ -11,9 +11,10 @@
 
 namespace xlme::export_ {
 
-void write_transformers_files(const std::string& folder, const ExportedConfig& exported) {
+void write_transformers_files(const std::string& folder,
+                              const checkpoint::ExportedConfig& exported) {
   const std::filesystem::path dir(folder);
-  const auto config_path = (dir / kExportConfigFile).string();
+  const auto config_path = (dir / checkpoint::kExportConfigFile).string();
   std::ifstream in(config_path);
   XLME_CHECK(in.good(), "cannot read '{}'", config_path);
   auto config = nlohmann::ordered_json::parse(

@@ -1,16 +1,16 @@
 #include "xlme/finetune/finetune.h"
 
+#include "xlme/checkpoint/pretrained.h"
+#include "xlme/checkpoint/weights.h"
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
 #include "xlme/data/tokenizer.h"
 #include "xlme/dist/launch.h"
-#include "xlme/export/pretrained.h"
 #include "xlme/finetune/probes.h"
 #include "xlme/finetune/runner.h"
 #include "xlme/finetune/task_registry.h"
 #include "xlme/finetune/tasks.h"
 #include "xlme/model/discriminator.h"
-#include "xlme/train/checkpoint.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -27,19 +27,20 @@ namespace {
 
 // A fresh copy of the pre-trained discriminator (or, untrained, the same architecture with new
 // weights), with fine-tuning's dropout.
-model::DiscriminatorModel fresh_discriminator(const export_::Pretrained& pretrained, double dropout,
-                                              bool untrained) {
+model::DiscriminatorModel fresh_discriminator(const checkpoint::Pretrained& pretrained,
+                                              double dropout, bool untrained) {
   auto config = pretrained.model;
   config.dropout = dropout;
   model::DiscriminatorModel copy(config, /*with_head=*/false);
   if (untrained) return copy;
-  torch::NoGradGuard no_grad;
-  const auto source = pretrained.discriminator->named_parameters();
-  for (auto& item : copy->named_parameters()) {
-    const auto* from = source.find(item.key());
-    XLME_CHECK(from != nullptr, "pre-trained weights lack {} ({})", item.key(), pretrained.path);
-    item.value().copy_(*from);
-  }
+  const auto weights = checkpoint::named_weights(*pretrained.discriminator);
+  const auto match = checkpoint::match_weights(*copy, weights);
+  XLME_CHECK(match.missing.empty(), "pre-trained weights lack {} ({})", match.missing.front(),
+             pretrained.path);
+  XLME_CHECK(match.mismatched.empty(),
+             "pre-trained weight {} has another shape than the model's ({})",
+             match.mismatched.front().name, pretrained.path);
+  checkpoint::copy_weights(*copy, weights, match);
   return copy;
 }
 
@@ -55,18 +56,13 @@ std::string resolve_init(const std::string& init) {
              "finetune.init is empty: set it to a pre-training run folder (e.g. runs/demo), a "
              "checkpoint folder or an xlme-export folder");
   XLME_CHECK(fs::exists(init), "finetune.init {} does not exist", init);
-  const auto checkpoints = fs::path(init) / "checkpoints";
-  if (!fs::is_directory(checkpoints)) return init;
-  const auto latest = train::CheckpointManager(checkpoints.string(), 1, 0).latest_valid();
-  XLME_CHECK(latest.has_value(), "run folder {} has no valid checkpoint under {}", init,
-             checkpoints.string());
-  return latest->path;
+  return checkpoint::resolve_pretrained_folder(init);
 }
 
 int run_finetune(const config::Config& config) {
   const auto& settings = config.finetune;
   const auto init = resolve_init(settings.init);
-  auto pretrained = export_::load_pretrained(init);
+  auto pretrained = checkpoint::load_pretrained(init);
   XLME_CHECK(!pretrained.tokenizer_path.empty(),
              "{} holds no SentencePiece model; fine-tuning needs the tokenizer of pre-training",
              init);

@@ -1,7 +1,7 @@
 #include "xlme/finetune/model.h"
 
 #include "xlme/common/error.h"
-#include "xlme/train/optimizer.h"
+#include "xlme/optim/optimizer.h"
 
 #include <torch/torch.h>
 
@@ -96,7 +96,7 @@ std::unique_ptr<torch::optim::AdamW> make_finetune_adamw(const torch::nn::Module
   std::map<std::pair<int64_t, bool>, std::vector<torch::Tensor>> grouped;
   for (const auto& item : model.named_parameters()) {
     if (!item.value().requires_grad()) continue;
-    grouped[{parameter_depth(item.key(), layers, sharing), train::takes_weight_decay(item.value())}]
+    grouped[{parameter_depth(item.key(), layers, sharing), optim::takes_weight_decay(item.value())}]
         .push_back(item.value());
   }
   XLME_CHECK(!grouped.empty(), "the fine-tuning optimizer got no trainable parameters");

@@ -1,10 +1,11 @@
 #include "xlme/finetune/runner.h"
 
+#include "xlme/checkpoint/weights.h"
 #include "xlme/common/error.h"
+#include "xlme/common/precision.h"
 #include "xlme/finetune/xtreme_io.h"
-#include "xlme/train/optimizer.h"
-#include "xlme/train/precision.h"
-#include "xlme/train/schedule.h"
+#include "xlme/optim/optimizer.h"
+#include "xlme/optim/schedule.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -25,20 +26,15 @@ namespace {
 
 // Parameters and buffers by name, copied to the host: the weights kept by model selection.
 std::map<std::string, torch::Tensor> snapshot_weights(const torch::nn::Module& model) {
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& item : model.named_parameters()) {
-    out[item.key()] = item.value().detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
-  }
-  for (const auto& item : model.named_buffers()) {
-    out[item.key()] = item.value().detach().to(torch::kCPU, false, true);
+  auto out = checkpoint::named_weights(model);
+  for (auto& [name, tensor] : out) {
+    tensor = tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
   }
   return out;
 }
 
 void restore_weights(torch::nn::Module& model, const std::map<std::string, torch::Tensor>& saved) {
-  torch::NoGradGuard no_grad;
-  for (auto& item : model.named_parameters()) item.value().copy_(saved.at(item.key()));
-  for (auto& item : model.named_buffers()) item.value().copy_(saved.at(item.key()));
+  checkpoint::copy_weights(model, saved, checkpoint::match_weights(model, saved));
 }
 
 Scores evaluate_without_grad(TrainableTask& task, FinetuneModel& model, const std::string& language,
@@ -46,7 +42,7 @@ Scores evaluate_without_grad(TrainableTask& task, FinetuneModel& model, const st
                              const std::string& predictions_path) {
   torch::NoGradGuard no_grad;
   model->eval();
-  train::AutocastScope autocast(device, bf16);
+  AutocastScope autocast(device, bf16);
   auto scores = task.evaluate(model, language, split, device, predictions_path);
   model->train();
   return scores;
@@ -86,8 +82,8 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
   model->to(device);
   model->train();
   // The pre-training policy: bf16 autocast with float32 weights and TF32 matmuls on a GPU.
-  const bool bf16 = train::uses_bf16(settings.precision, device);
-  train::enable_tf32(device);
+  const bool bf16 = uses_bf16(settings.precision, device);
+  enable_tf32(device);
   result.precision = bf16 ? "bf16" : "fp32";
   std::vector<double> scales;
   auto optimizer =
@@ -104,7 +100,7 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
       settings.warmup_steps > 0
           ? std::min(settings.warmup_steps, total)
           : static_cast<int64_t>(std::llround(settings.warmup_ratio * static_cast<double>(total)));
-  const train::LinearSchedule schedule(settings.lr, warmup, total);
+  const optim::LinearSchedule schedule(settings.lr, warmup, total);
   const int64_t eval_every = settings.eval_every > 0 ? settings.eval_every : per_epoch;
   const bool select_best = settings.select == "best_dev";
   const auto dev_languages = task.languages(Split::kDev);
@@ -146,7 +142,7 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
       optimizer->zero_grad();
       torch::Tensor loss;
       {
-        train::AutocastScope autocast(device, bf16);
+        AutocastScope autocast(device, bf16);
         loss = task.loss(model, indices, device);
       }
       loss.backward();

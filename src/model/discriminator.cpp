@@ -18,7 +18,7 @@ DiscriminatorModelImpl::DiscriminatorModelImpl(const config::ModelConfig& config
     : config_(config) {
   XLME_CHECK(config.vocab_size > 0,
              "model.vocab_size is {} and must be resolved before the discriminator is built; set "
-             "model.vocab_size or load it with export::load_pretrained",
+             "model.vocab_size or load it with checkpoint::load_pretrained",
              config.vocab_size);
   // Built as ElectraModel builds it, so that the names and shapes are the same.
   const auto options = EncoderOptions::discriminator(config);

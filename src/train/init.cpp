@@ -1,8 +1,11 @@
 #include "xlme/train/init.h"
 
+#include "xlme/checkpoint/archive.h"
+#include "xlme/checkpoint/layout.h"
+#include "xlme/checkpoint/manager.h"
+#include "xlme/checkpoint/safetensors.h"
+#include "xlme/checkpoint/weights.h"
 #include "xlme/common/error.h"
-#include "xlme/export/safetensors.h"
-#include "xlme/train/checkpoint.h"
 
 #include <fmt/ranges.h>
 #include <torch/serialize.h>
@@ -69,7 +72,7 @@ std::map<std::string, torch::Tensor> xlmr_weights(const std::string& folder) {
       {std::regex(R"(^encoder\.layer\.(\d+)\.output\.LayerNorm\.(weight|bias)$)"),
        "discriminator.layers.$1.ffn_norm.$2"}};
   std::map<std::string, torch::Tensor> hf;
-  for (auto& [name, tensor] : export_::read_safetensors(file.string()).tensors) {
+  for (auto& [name, tensor] : checkpoint::read_safetensors(file.string()).tensors) {
     const bool prefixed = name.rfind("roberta.", 0) == 0;
     hf[prefixed ? name.substr(8) : name] = tensor;
   }
@@ -104,7 +107,8 @@ std::map<std::string, torch::Tensor> xlmr_weights(const std::string& folder) {
 
 std::map<std::string, torch::Tensor> init_source_weights(const std::string& folder) {
   const std::string type = hf_model_type(folder);
-  if (!fs::exists(fs::path(folder) / "model.pt") && (type == "xlm-roberta" || type == "roberta")) {
+  if (!fs::exists(fs::path(folder) / checkpoint::kModelFile) &&
+      (type == "xlm-roberta" || type == "roberta")) {
     return xlmr_weights(folder);
   }
   return checkpoint_weights(folder);
@@ -115,42 +119,26 @@ std::map<std::string, torch::Tensor> checkpoint_weights(const std::string& folde
              "--init-from {}: not a folder; give a pre-training checkpoint folder such as "
              "runs/demo/checkpoints/step_600, or an HF XLM-R checkpoint folder",
              folder);
-  auto out = read_module_archive(CheckpointManager::verify(folder).path("model.pt"));
-  XLME_CHECK(!out.empty(), "--init-from {}: model.pt holds no tensors", folder);
+  auto out = checkpoint::read_module_archive(
+      checkpoint::CheckpointManager::verify(folder).path(checkpoint::kModelFile));
+  XLME_CHECK(!out.empty(), "--init-from {}: {} holds no tensors", folder, checkpoint::kModelFile);
   return out;
 }
 
 InitReport init_weights(model::ElectraModel& model,
                         const std::map<std::string, torch::Tensor>& weights,
                         const std::string& parts, const std::string& source) {
-  std::map<std::string, torch::Tensor> targets;
-  for (const auto& item : model->named_parameters()) targets[item.key()] = item.value();
-  for (const auto& item : model->named_buffers()) targets[item.key()] = item.value();
-  InitReport report;
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
-  for (const auto& [name, target] : targets) {
-    if (!in_parts(name, parts)) {
-      report.not_selected.push_back(name);
-      continue;
-    }
-    const auto it = weights.find(name);
-    if (it == weights.end()) {
-      report.missing.push_back(name);
-      continue;
-    }
-    XLME_CHECK(it->second.sizes() == target.sizes(),
-               "init from {}: {} has shape {} there but {} in this model; the model config must "
-               "match the source's (compare model.* with its config.yaml)",
-               source, name, shape_text(it->second), shape_text(target));
-    copies.emplace_back(target, it->second);
-    report.matched.push_back(name);
+  const checkpoint::WeightMatch match = checkpoint::match_weights(
+      *model, weights, [&](const std::string& name) { return in_parts(name, parts); });
+  if (!match.mismatched.empty()) {
+    const auto& m = match.mismatched.front();
+    XLME_FAIL(
+        "init from {}: {} has shape [{}] there but [{}] in this model; the model config must "
+        "match the source's (compare model.* with its config.yaml)",
+        source, m.name, fmt::join(m.stored, ", "), fmt::join(m.expected, ", "));
   }
-  for (const auto& [name, tensor] : weights) {
-    if (!targets.count(name)) report.unexpected.push_back(name);
-  }
-  torch::NoGradGuard no_grad;
-  for (auto& [target, value] : copies) target.copy_(value);
-  return report;
+  checkpoint::copy_weights(*model, weights, match);
+  return {match.matched, match.missing, match.unexpected, match.not_selected};
 }
 
 std::string format_report(const InitReport& report, const std::string& source,

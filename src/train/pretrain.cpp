@@ -1,5 +1,7 @@
 #include "xlme/train/pretrain.h"
 
+#include "xlme/checkpoint/layout.h"
+#include "xlme/checkpoint/manager.h"
 #include "xlme/common/exit_codes.h"
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
@@ -7,7 +9,6 @@
 #include "xlme/data/batches.h"
 #include "xlme/data/tokenizer.h"
 #include "xlme/objectives/term_sums.h"
-#include "xlme/train/checkpoint.h"
 #include "xlme/train/init.h"
 #include "xlme/train/metrics.h"
 #include "xlme/train/performance.h"
@@ -27,6 +28,8 @@ namespace xlme::train {
 namespace {
 
 namespace fs = std::filesystem;
+using checkpoint::CheckpointManager;
+using checkpoint::VerifiedFiles;
 
 // What the log line and the metrics report about speed and memory.
 struct Throughput {
@@ -94,18 +97,20 @@ MetricsRecord validation_metrics(const ValidationResult& v) {
   return m.add("seconds", v.seconds);
 }
 
-// Rank 0 picks the checkpoint to resume from; every rank gets its step (-1: none).
-std::string resume_path(const PretrainOptions& options, const CheckpointManager& manager,
-                        dist::Communicator& comm) {
-  if (options.resume == "none") return "";
-  if (options.resume != "auto") {
-    CheckpointManager::verify(options.resume);
-    return options.resume;
-  }
+// The checkpoint to resume from (nullopt: a fresh start), verified once on each rank and handed to
+// the trainer's loader as it is. With --resume auto rank 0 picks the newest valid checkpoint and
+// the other ranks verify the one it picked.
+std::optional<VerifiedFiles> resume_from(const PretrainOptions& options,
+                                         const CheckpointManager& manager,
+                                         dist::Communicator& comm) {
+  if (options.resume == "none") return std::nullopt;
+  if (options.resume != "auto") return CheckpointManager::verify(options.resume);
   double step = 0;  // only rank 0 contributes to the sum
+  std::optional<VerifiedFiles> picked;
   if (comm.rank() == 0) {
-    if (const auto latest = manager.latest_valid()) {
+    if (auto latest = manager.latest_valid()) {
       step = static_cast<double>(latest->step);
+      picked = std::move(latest->files);
     } else {
       XLME_CHECK(manager.list().empty(),
                  "--resume auto: '{}' holds checkpoints but none of them verifies (see the "
@@ -117,7 +122,9 @@ std::string resume_path(const PretrainOptions& options, const CheckpointManager&
     }
   }
   step = comm.reduce_scalars({step}, dist::ScalarOp::kSum).front();
-  return step < 0 ? "" : manager.path_for(static_cast<int64_t>(step));
+  if (step < 0) return std::nullopt;
+  if (picked) return picked;
+  return CheckpointManager::verify(manager.path_for(static_cast<int64_t>(step)));
 }
 
 // Every rank must name the same run folder: rank 0 writes the checkpoints into its run.out_dir and
@@ -162,7 +169,7 @@ std::unique_ptr<FileLock> claim_run_folder(const config::Config& config,
   const fs::path aside = out_dir / (std::string("replaced-") + stamp);
   fs::create_directories(aside, ec);
   XLME_CHECK(!ec, "cannot create '{}': {}", aside.string(), ec.message());
-  for (const char* name : {"checkpoints", "metrics.jsonl"}) {
+  for (const char* name : {checkpoint::kCheckpointsFolder, checkpoint::kMetricsFile}) {
     if (!fs::exists(out_dir / name)) continue;
     fs::rename(out_dir / name, aside / name, ec);
     XLME_CHECK(!ec, "cannot move '{}' aside to '{}': {}", (out_dir / name).string(), aside.string(),
@@ -180,7 +187,7 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
              const Validator* validator) {
   install_stop_signal_handlers();
   const bool leader = comm->rank() == 0;
-  CheckpointManager manager((fs::path(config.run.out_dir) / "checkpoints").string(),
+  CheckpointManager manager(checkpoint::checkpoints_folder(config.run.out_dir),
                             config.train.keep_last, config.train.keep_every);
   check_same_run_folder(config, *comm);
   std::unique_ptr<FileLock> lock;
@@ -192,27 +199,27 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
 
   torch::manual_seed(config.run.seed);
   model::ElectraModel model(config.model, model::architecture_for(config.objectives.set));
-  const std::string resume = resume_path(options, manager, *comm);
+  const std::optional<VerifiedFiles> resume = resume_from(options, manager, *comm);
   if (leader) {
     // The run's lineage: drawn at step 0, carried through every resume.
-    std::string run_id = resume.empty() ? "" : CheckpointManager::run_id_of(resume);
+    std::string run_id = resume ? CheckpointManager::run_id_of(resume->folder()) : "";
     if (run_id.empty()) run_id = CheckpointManager::new_run_id();
     manager.set_run_id(run_id);
     spdlog::info("run id {} (recorded in each checkpoint; only its own checkpoints are pruned)",
                  run_id);
   }
-  if (resume.empty() && !options.init_from.empty()) {
+  if (!resume && !options.init_from.empty()) {
     // Every rank loads the same weights (the trainer broadcasts rank 0's anyway).
     const auto report = init_weights(model, init_source_weights(options.init_from),
                                      config.train.init_parts, options.init_from);
     spdlog::info("{}", format_report(report, options.init_from, config.train.init_parts));
   }
   Trainer trainer(config, model, source, comm);
-  if (!resume.empty()) {
-    trainer.load_checkpoint(resume);
+  if (resume) {
+    trainer.load_checkpoint(*resume);
     if (!options.init_from.empty()) {
       spdlog::info("--init-from {} ignored: the run continues from its own checkpoint {}",
-                   options.init_from, resume);
+                   options.init_from, resume->folder());
     }
   } else {
     spdlog::info("starting from step 0 (run.out_dir {})", config.run.out_dir);
@@ -229,7 +236,7 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
     // The run rewrites what a stopped run logged after the checkpoint it resumes from (or after
     // step 0, when it stopped before its first checkpoint).
     metrics = std::make_unique<MetricsWriter>(
-        (fs::path(config.run.out_dir) / "metrics.jsonl").string(), trainer.step(),
+        (fs::path(config.run.out_dir) / checkpoint::kMetricsFile).string(), trainer.step(),
         !(validator != nullptr && config.train.validate_at_start));
   }
   // train.release_memory: CPU tensors live in the C heap, which keeps what they free, fragmented

@@ -1,11 +1,13 @@
 #include "xlme/train/trainer.h"
 
+#include "xlme/checkpoint/archive.h"
+#include "xlme/checkpoint/layout.h"
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
+#include "xlme/common/precision.h"
 #include "xlme/config/yaml_file.h"
-#include "xlme/train/optimizer.h"
+#include "xlme/optim/optimizer.h"
 #include "xlme/train/performance.h"
-#include "xlme/train/precision.h"
 #include "xlme/train/rng.h"
 #include "xlme/train/signals.h"
 
@@ -26,6 +28,13 @@
 #include <sstream>
 
 namespace xlme::train {
+
+using checkpoint::CheckpointManager;
+using checkpoint::VerifiedFiles;
+using optim::gradient_norm;
+using optim::scale_gradients;
+using optim::set_learning_rate;
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -92,10 +101,6 @@ torch::Tensor summed_over_ranks(dist::Communicator& comm, torch::Tensor t) {
   std::vector<torch::Tensor> one{std::move(t)};
   comm.all_reduce_sum(one);
   return one[0];
-}
-
-std::string rank_file(const std::string& folder, int rank) {
-  return (fs::path(folder) / fmt::format("rank{}.pt", rank)).string();
 }
 
 }  // namespace
@@ -174,7 +179,7 @@ Trainer::Trainer(const config::Config& config, model::ElectraModel model, data::
   std::vector<torch::Tensor> state = parameters_;
   for (const auto& buffer : model_->buffers()) state.push_back(buffer);
   dist::broadcast_tensors(*comm_, state, 0);
-  optimizer_ = make_adamw(parameters_, config.train);
+  optimizer_ = optim::make_adamw(parameters_, config.train);
   // Enough micro-batches per task for train.tokens_per_task tokens over all ranks.
   const int64_t per_round = comm_->world_size() * config.train.micro_batch_tokens;
   micro_batches_ = (config.train.tokens_per_task + per_round - 1) / per_round;
@@ -371,45 +376,40 @@ void Trainer::skip_update(StepRecord& record) {
 }
 
 std::string Trainer::save_checkpoint(const CheckpointManager& manager) {
-  const int rank = comm_->rank();
-  const std::string folder = manager.temporary_path_for(step_);
-  if (rank == 0) manager.begin(step_);
-  comm_->barrier();
-  {
+  // Every rank writes its reader and RNG state into the temporary folder between the barriers.
+  const auto write_rank_state = [&](const std::string& folder) {
+    comm_->barrier();  // the folder exists
     torch::serialize::OutputArchive archive;
     archive.write("reader", c10::IValue(interrupted_ ? reader_before_step_ : source_.state()));
     const GeneratorStates rng = interrupted_ ? rng_before_step_ : generator_states(device_);
     archive.write("rng_cpu", rng.cpu);
     if (rng.device.defined()) archive.write("rng_device", rng.device);
-    save_archive(archive, rank_file(folder, rank));
-  }
-  comm_->barrier();
-  if (rank == 0) {
-    try {
+    checkpoint::save_archive(archive,
+                             (fs::path(folder) / checkpoint::rank_file(comm_->rank())).string());
+    comm_->barrier();  // every rank's file is written
+  };
+  if (comm_->rank() == 0) {
+    // A save that fails leaves the earlier checkpoints as they were and no temporary folder.
+    manager.save(step_, [&](const std::string& folder) {
+      write_rank_state(folder);
+      const auto file = [&](const char* name) { return (fs::path(folder) / name).string(); };
       torch::serialize::OutputArchive model_archive, optimizer_archive;
       model_->save(model_archive);
-      save_archive(model_archive, (fs::path(folder) / "model.pt").string());
+      checkpoint::save_archive(model_archive, file(checkpoint::kModelFile));
       optimizer_->save(optimizer_archive);
-      save_archive(optimizer_archive, (fs::path(folder) / "optimizer.pt").string());
-      YAML::Emitter out;
-      out << YAML::BeginMap << YAML::Key << "step" << YAML::Value << step_ << YAML::Key
-          << "tokens_seen" << YAML::Value << tokens_seen_ << YAML::Key << "skipped_steps"
-          << YAML::Value << skipped_steps_ << YAML::Key << "world_size" << YAML::Value
-          << comm_->world_size() << YAML::EndMap;
-      write_file_atomic((fs::path(folder) / "trainer.yaml").string(),
-                        std::string(out.c_str()) + "\n");
-      config::save_config(config_, (fs::path(folder) / "config.yaml").string());
+      checkpoint::save_archive(optimizer_archive, file(checkpoint::kOptimizerFile));
+      checkpoint::write_trainer_state(file(checkpoint::kTrainerStateFile),
+                                      {step_, tokens_seen_, skipped_steps_, comm_->world_size()});
+      config::save_config(config_, file(checkpoint::kConfigFile));
       if (!config_.data.tokenizer.empty() && fs::is_regular_file(config_.data.tokenizer)) {
         std::ifstream in(config_.data.tokenizer, std::ios::binary);
         write_file_atomic(
-            (fs::path(folder) / "tokenizer.model").string(),
+            file(checkpoint::kTokenizerFile),
             std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
       }
-      manager.commit(step_);
-    } catch (...) {
-      manager.abort(step_);  // the earlier checkpoints stay as they were
-      throw;
-    }
+    });
+  } else {
+    write_rank_state(manager.temporary_path_for(step_));
   }
   comm_->barrier();
   return manager.path_for(step_);
@@ -458,32 +458,33 @@ std::vector<std::string> model_differences(const config::Config& config,
 
 }  // namespace
 
-void Trainer::load_checkpoint(const std::string& path) {
+void Trainer::load_checkpoint(const VerifiedFiles& files) {
   // Every file below is read through the verified manifest: an unlisted file is never read.
-  const VerifiedFiles files = CheckpointManager::verify(path);
-  const TrainerState saved = read_trainer_state(files.path("trainer.yaml"));
+  const std::string& path = files.folder();
+  const checkpoint::TrainerState saved =
+      checkpoint::read_trainer_state(files.path(checkpoint::kTrainerStateFile));
   // Checked before loading: a tensor of another shape would be loaded as it is.
-  const auto differences = model_differences(config_, files.path("config.yaml"));
+  const auto differences = model_differences(config_, files.path(checkpoint::kConfigFile));
   XLME_CHECK(differences.empty(),
              "checkpoint '{}' holds another model than the config describes ({}); a run resumes "
              "with the model it started with: set these fields back, or start a new run in "
              "another run.out_dir (--init-from can take over matching weights)",
              path, fmt::join(differences, "; "));
-  const std::string model_file = files.path("model.pt");
-  const std::string optimizer_file = files.path("optimizer.pt");
+  const std::string model_file = files.path(checkpoint::kModelFile);
+  const std::string optimizer_file = files.path(checkpoint::kOptimizerFile);
   std::vector<std::string> rank_files;
   for (int r = 0; r < saved.world_size; ++r) {
-    rank_files.push_back(files.path(fs::path(rank_file(path, r)).filename().string()));
+    rank_files.push_back(files.path(checkpoint::rank_file(r)));
   }
   torch::serialize::InputArchive model_archive, optimizer_archive;
-  load_archive(model_archive, model_file, device_);
+  checkpoint::load_archive(model_archive, model_file, device_);
   try {
     model_->load(model_archive);
   } catch (const c10::Error& e) {
     XLME_FAIL("cannot load the model of checkpoint '{}' from '{}': {}", path, model_file,
               e.what_without_backtrace());
   }
-  load_archive(optimizer_archive, optimizer_file, device_);
+  checkpoint::load_archive(optimizer_archive, optimizer_file, device_);
   try {
     optimizer_->load(optimizer_archive);
   } catch (const c10::Error& e) {
@@ -498,7 +499,7 @@ void Trainer::load_checkpoint(const std::string& path) {
   GeneratorStates my_rng;
   for (int r = 0; r < saved.world_size; ++r) {
     torch::serialize::InputArchive archive;
-    load_archive(archive, rank_files[r], torch::kCPU);
+    checkpoint::load_archive(archive, rank_files[r], torch::kCPU);
     try {
       c10::IValue reader;
       archive.read("reader", reader);

@@ -1,7 +1,7 @@
 #include "xlme/train/validation.h"
 
 #include "xlme/common/error.h"
-#include "xlme/train/precision.h"
+#include "xlme/common/precision.h"
 #include "xlme/train/rng.h"
 
 #include <spdlog/spdlog.h>

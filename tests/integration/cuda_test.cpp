@@ -4,15 +4,15 @@
 // a CUDA run, two Gloo ranks with CUDA tensors on one GPU (NCCL refuses two ranks on one GPU),
 // and export parity from a CUDA-trained checkpoint. Without a CUDA device (CPU LibTorch, or no
 // visible GPU) every test skips and says why. scripts/gpu_check.sh runs them on a lent GPU.
+#include "xlme/checkpoint/manager.h"
+#include "xlme/checkpoint/pretrained.h"
+#include "xlme/checkpoint/safetensors.h"
+#include "xlme/common/precision.h"
 #include "xlme/common/torch_compat.h"
 #include "xlme/dist/communicator.h"
-#include "xlme/export/pretrained.h"
-#include "xlme/export/safetensors.h"
 #include "xlme/model/attention.h"
 #include "xlme/model/electra.h"
 #include "xlme/model/relative_position.h"
-#include "xlme/train/checkpoint.h"
-#include "xlme/train/precision.h"
 #include "xlme/train/trainer.h"
 
 #include "export_fixtures.h"
@@ -118,7 +118,7 @@ std::vector<torch::Tensor> cuda_attention_forward_backward(
   }
   torch::Tensor out;
   {
-    train::AutocastScope scope(device, autocast);
+    AutocastScope scope(device, autocast);
     const auto buckets =
         model::relative_position_buckets(c.length, c.buckets, c.max_distance, device);  // [T, T]
     model::PositionBias bias;
@@ -249,7 +249,7 @@ TEST(CudaSampler, FollowsTheSoftmaxUnderBf16Autocast) {
   const auto table = torch::randn({16, vocab}, kCuda);
   torch::Tensor row;
   {
-    train::AutocastScope scope(kCuda, true);
+    AutocastScope scope(kCuda, true);
     row = torch::matmul(hidden, table);
   }
   ASSERT_EQ(row.scalar_type(), torch::kBFloat16) << "autocast did not give bf16 logits";
@@ -260,7 +260,7 @@ TEST(CudaSampler, FollowsTheSoftmaxUnderBf16Autocast) {
   const auto logits = row.expand({draws, vocab}).contiguous();
   torch::Tensor sampled;
   {
-    train::AutocastScope scope(kCuda, true);
+    AutocastScope scope(kCuda, true);
     sampled = model::sample_replacements(logits, 1.0, special);
   }
   const auto counts = torch::bincount(sampled.to(torch::kCPU), {}, vocab).to(torch::kDouble);
@@ -324,14 +324,14 @@ TEST(CudaTrainer, ResumedRunEqualsTheUninterruptedRun) {
                          xlme::testing::single_process(kCuda));
     first.train_step();
     first.train_step();
-    checkpoint = first.save_checkpoint(train::CheckpointManager(dir / "ckpt", 2, 0));
+    checkpoint = first.save_checkpoint(checkpoint::CheckpointManager(dir / "ckpt", 2, 0));
     first.train_step();  // work after the checkpoint, lost by the "crash"
   }
   torch::manual_seed(999);  // the resumed process starts from other random state (CUDA too)
   auto source = cuda_test_batches(c);
   train::Trainer resumed(c, xlme::testing::make_tiny_model(c, 6), source,
                          xlme::testing::single_process(kCuda));
-  resumed.load_checkpoint(checkpoint);
+  resumed.load_checkpoint(checkpoint::CheckpointManager::verify(checkpoint));
   EXPECT_EQ(resumed.step(), 2);
   resumed.train_step();
   resumed.train_step();
@@ -434,7 +434,7 @@ TEST(CudaExport, ParityFromACudaTrainedCheckpoint) {
       "xlme-export", {"--checkpoint", checkpoint.path, "--out", dir / "export"});
   ASSERT_EQ(run.code, 0) << run.err;
 
-  auto p = export_::load_pretrained(dir / "export");
+  auto p = checkpoint::load_pretrained(dir / "export");
   torch::manual_seed(11);
   const int64_t length = 24;
   auto ids = torch::randint(4, p.special_ids.vocab_size - 1, {3, length}, torch::kLong);
@@ -460,13 +460,13 @@ TEST(CudaExport, ParityFromACudaTrainedCheckpoint) {
     const double diff = ((states[i] - on_gpu[i].to(torch::kCPU)) * real).abs().max().item<double>();
     EXPECT_LE(diff, 1e-4) << "CPU export vs the CUDA model, hidden state " << i;
   }
-  export_::SafetensorsContent inputs, expected;
+  checkpoint::SafetensorsContent inputs, expected;
   inputs.tensors = {{"input_ids", ids}, {"positions", positions}, {"padding", padding}};
   for (size_t i = 0; i < states.size(); ++i) {
     expected.tensors["hidden." + std::to_string(i)] = states[i];
   }
-  export_::write_safetensors(dir / "inputs.safetensors", inputs);
-  export_::write_safetensors(dir / "expected.safetensors", expected);
+  checkpoint::write_safetensors(dir / "inputs.safetensors", inputs);
+  checkpoint::write_safetensors(dir / "expected.safetensors", expected);
   const auto [code, out] =
       cuda_test_shell("cd " + quote(XLME_SOURCE_DIR) + " && " + python +
                       " scripts/xlme_reference.py --model " + quote(dir / "export") +

@@ -4,8 +4,8 @@
 // padded batch by C++ and by /usr/bin/python3 scripts/xlme_reference.py, which reads the export
 // with its own numpy safetensors reader. Every hidden state (embeddings and each layer) must agree
 // to 1e-4 at the real positions.
-#include "xlme/export/pretrained.h"
-#include "xlme/export/safetensors.h"
+#include "xlme/checkpoint/pretrained.h"
+#include "xlme/checkpoint/safetensors.h"
 
 #include "export_fixtures.h"
 
@@ -19,6 +19,11 @@ namespace xlme::export_ {
 namespace {
 
 namespace fs = std::filesystem;
+using checkpoint::load_pretrained;
+using checkpoint::Pretrained;
+using checkpoint::PretrainedOptions;
+using checkpoint::SafetensorsContent;
+using checkpoint::write_safetensors;
 using xlme::testing::contains_all;
 using xlme::testing::parity_batch;
 using xlme::testing::quote;

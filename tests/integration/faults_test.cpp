@@ -96,16 +96,16 @@ TEST(Faults, PruningCountsAndRemovesOnlyTheRunsOwnCheckpoints) {
   EXPECT_TRUE(fs::is_directory(step_folder(run, 50)));
   EXPECT_TRUE(verifies(step_folder(run, 0)));
   // The lineage: one run id through the resume, recorded in each of its manifests.
-  EXPECT_EQ(train::CheckpointManager::run_id_of(step_folder(run, 5)),
-            train::CheckpointManager::run_id_of(step_folder(run, 6)));
-  EXPECT_NE(train::CheckpointManager::run_id_of(step_folder(run, 0)),
-            train::CheckpointManager::run_id_of(step_folder(run, 6)));
+  EXPECT_EQ(checkpoint::CheckpointManager::run_id_of(step_folder(run, 5)),
+            checkpoint::CheckpointManager::run_id_of(step_folder(run, 6)));
+  EXPECT_NE(checkpoint::CheckpointManager::run_id_of(step_folder(run, 0)),
+            checkpoint::CheckpointManager::run_id_of(step_folder(run, 6)));
 }
 
 // Item 1: a failed save leaves the earlier checkpoints and no temporary folder.
 TEST(Faults, FailedSaveRemovesItsTemporaryFolder) {
   TempDir dir;
-  const train::CheckpointManager manager(dir / "checkpoints", 1, 0);
+  const checkpoint::CheckpointManager manager(dir / "checkpoints", 1, 0);
   manager.save(1, [](const std::string& folder) { testing::write_file(folder + "/a", "1"); });
   const auto before = snapshot(dir / "checkpoints");
   const std::string message = error_message([&] {
@@ -227,7 +227,7 @@ TEST(Faults, DamagedManifestIsNamedAndSkippedByResumeAuto) {
   testing::flip_manifest_byte(step_folder(run, 4));
   const std::string manifest = step_folder(run, 4) + "/manifest.yaml";
   const std::string message =
-      error_message([&] { train::CheckpointManager::verify(step_folder(run, 4)); });
+      error_message([&] { checkpoint::CheckpointManager::verify(step_folder(run, 4)); });
   EXPECT_TRUE(contains_all(message, {manifest, "field 'files.", ".bytes'", "malformed"}))
       << message;
   train::PretrainOptions explicit_resume;
@@ -241,7 +241,7 @@ TEST(Faults, DamagedManifestIsNamedAndSkippedByResumeAuto) {
   EXPECT_TRUE(contains_all(r.err, {manifest, ".bytes'"})) << r.err;
   EXPECT_EQ(r.err.find("bad conversion"), std::string::npos) << r.err;
 
-  const auto latest = train::CheckpointManager(run + "/checkpoints", 5, 0).latest_valid();
+  const auto latest = checkpoint::CheckpointManager(run + "/checkpoints", 5, 0).latest_valid();
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->step, 2);
 }

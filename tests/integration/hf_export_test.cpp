@@ -7,9 +7,9 @@
 // sequence, token and QA heads train one step; AutoTokenizer gives the C++ tokenizer's ids.
 // transformers 4.29.2 comes from ../shared/peer (XLME_PEER_DIR overrides), unpacked into the
 // build folder once; the test skips only where those sources are absent.
+#include "xlme/checkpoint/pretrained.h"
+#include "xlme/checkpoint/safetensors.h"
 #include "xlme/data/tokenizer.h"
-#include "xlme/export/pretrained.h"
-#include "xlme/export/safetensors.h"
 
 #include "export_fixtures.h"
 
@@ -26,6 +26,10 @@ namespace xlme::export_ {
 namespace {
 
 namespace fs = std::filesystem;
+using checkpoint::load_pretrained;
+using checkpoint::Pretrained;
+using checkpoint::SafetensorsContent;
+using checkpoint::write_safetensors;
 using xlme::testing::contains_all;
 using xlme::testing::parity_batch;
 using xlme::testing::quote;

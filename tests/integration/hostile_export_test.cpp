@@ -4,8 +4,8 @@
 // symbolic links. Every case runs the release binaries or scripts/xlme_reference.py and asserts
 // the exit code (never a signal), the file and the key or tensor named, and that nothing the user
 // had was lost or touched.
+#include "xlme/checkpoint/export_folder.h"
 #include "xlme/export/export.h"
-#include "xlme/export/folder.h"
 
 #include "export_fixtures.h"
 #include "fault_fixtures.h"
@@ -19,6 +19,7 @@ namespace xlme::export_ {
 namespace {
 
 namespace fs = std::filesystem;
+using checkpoint::kExportConfigFile;
 using xlme::testing::contains_all;
 using xlme::testing::fails_cleanly;
 using xlme::testing::HostileRun;

@@ -2,9 +2,9 @@
 // (sampled tokens, gdes), and the ablation switches.
 #include "xlme/model/electra.h"
 
+#include "xlme/common/precision.h"
 #include "xlme/model/parameter_count.h"
 #include "xlme/objectives/objectives.h"
-#include "xlme/train/precision.h"
 
 #include "test_util.h"
 
@@ -158,7 +158,7 @@ TEST(SampleReplacements, FollowsTheSoftmaxOfBf16LogitsUnderAutocast) {
   torch::manual_seed(3);
   torch::Tensor sampled;
   {
-    train::AutocastScope autocast(torch::kCPU, /*enabled=*/true);
+    AutocastScope autocast(torch::kCPU, /*enabled=*/true);
     sampled = sample_replacements(logits, 1.0, special);
   }
   auto allowed = torch::ones({kVocab}, torch::kBool);

@@ -2,7 +2,7 @@
 // written here (RoBERTa's names with the "roberta." prefix, positions from row 2, one token type,
 // a pooler and an LM head) maps onto the discriminator and the shared embeddings; the relative
 // bias, the gates and the generator keep their initialization, and the report says so.
-#include "xlme/export/safetensors.h"
+#include "xlme/checkpoint/safetensors.h"
 #include "xlme/train/init.h"
 
 #include "test_util.h"
@@ -55,9 +55,9 @@ TEST(InitFromXlmr, MapsNamesFoldsPositionsAndReports) {
   xlme::testing::write_file(
       folder + "/config.json",
       R"({"model_type": "xlm-roberta", "architectures": ["XLMRobertaForMaskedLM"]})");
-  export_::SafetensorsContent content;
+  checkpoint::SafetensorsContent content;
   content.tensors = hf;
-  export_::write_safetensors(folder + "/model.safetensors", content);
+  checkpoint::write_safetensors(folder + "/model.safetensors", content);
 
   const auto weights = init_source_weights(folder);
   auto model = xlme::testing::make_tiny_model(c, 2);

@@ -1,6 +1,6 @@
 // Start-up and set-up: the dry run changes nothing and names the sizes when it fails; --init-from
 // loads weights with a report; the FLOPs count and the GPU peak table.
-#include "xlme/train/checkpoint.h"
+#include "xlme/checkpoint/manager.h"
 #include "xlme/train/init.h"
 #include "xlme/train/performance.h"
 #include "xlme/train/trainer.h"
@@ -51,7 +51,7 @@ TEST(InitFrom, LoadsSelectedWeightsAndReports) {
   SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 5);
   Trainer trainer(c, xlme::testing::make_tiny_model(c, 1), source, xlme::testing::single_process());
   trainer.train_step();
-  const CheckpointManager manager(dir / "checkpoints", 2, 0);
+  const checkpoint::CheckpointManager manager(dir / "checkpoints", 2, 0);
   const std::string folder = trainer.save_checkpoint(manager);
   const auto weights = checkpoint_weights(folder);
   auto source_model = trainer.model();

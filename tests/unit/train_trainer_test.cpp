@@ -10,11 +10,14 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 namespace xlme::train {
 namespace {
 
+namespace fs = std::filesystem;
 using xlme::testing::contains_all;
 using xlme::testing::error_message;
 using xlme::testing::expect_same_parameters;
@@ -149,19 +152,87 @@ TEST(Trainer, ResumedRunEqualsTheUninterruptedRun) {
     Trainer first(c, make_model(c, 5), source, single_process());
     first.train_step();
     first.train_step();
-    checkpoint = first.save_checkpoint(CheckpointManager(dir / "ckpt", 2, 0));
+    checkpoint = first.save_checkpoint(checkpoint::CheckpointManager(dir / "ckpt", 2, 0));
     first.train_step();  // work after the checkpoint, lost by the "crash"
   }
   torch::manual_seed(999);  // the resumed process starts from other random state
   auto source = make_source(c, 4);
   Trainer resumed(c, make_model(c, 6), source, single_process());
-  resumed.load_checkpoint(checkpoint);
+  resumed.load_checkpoint(checkpoint::CheckpointManager::verify(checkpoint));
   EXPECT_EQ(resumed.step(), 2);
   resumed.train_step();
   resumed.train_step();
   EXPECT_EQ(resumed.step(), straight.step());
   EXPECT_EQ(resumed.tokens_seen(), straight.tokens_seen());
   expect_same_parameters(resumed.model(), straight.model(), /*atol=*/0);
+}
+
+// The bytes this process has read through read() so far (/proc/self/io rchar): page-cache hits
+// count too, so it measures how often a file is read, not whether the disk was touched.
+int64_t bytes_read_by_this_process() {
+  std::ifstream in("/proc/self/io");
+  for (std::string key; in >> key;) {
+    int64_t value = 0;
+    in >> value;
+    if (key == "rchar:") return value;
+  }
+  ADD_FAILURE() << "/proc/self/io has no rchar";
+  return 0;
+}
+
+// A resume verifies each file once (CheckpointManager::verify, CRC32) and then reads each file
+// once to load it: the archive's record check and LibTorch's reader parse the same bytes.
+// Before, the loader verified the checkpoint again and read every archive twice (about 4x).
+TEST(Trainer, ResumeReadsEachFileOnceAfterVerifyingItOnce) {
+  const auto c = tiny_config(4, 1, 0.0);
+  TempDir dir;
+  auto source = make_source(c, 4);
+  Trainer first(c, make_model(c, 5), source, single_process());
+  first.train_step();
+  const std::string path = first.save_checkpoint(checkpoint::CheckpointManager(dir / "ckpt", 2, 0));
+  int64_t checkpoint_bytes = 0;
+  for (const auto& entry : fs::directory_iterator(path)) {
+    checkpoint_bytes += static_cast<int64_t>(entry.file_size());
+  }
+  Trainer resumed(c, make_model(c, 6), source, single_process());
+  const int64_t before = bytes_read_by_this_process();
+  resumed.load_checkpoint(checkpoint::CheckpointManager::verify(path));
+  const int64_t read = bytes_read_by_this_process() - before;
+  EXPECT_GE(read, checkpoint_bytes);  // every file is read by verify
+  EXPECT_LT(read, 2 * checkpoint_bytes + (64 << 10))
+      << "verify + load read " << read << " bytes of a " << checkpoint_bytes << "-byte checkpoint";
+  EXPECT_EQ(resumed.step(), 1);
+}
+
+// Batches whose reader state cannot be taken once `fail` is set: a save that fails while the
+// ranks write their own files.
+class FailingStateBatches : public SyntheticBatches {
+ public:
+  using SyntheticBatches::SyntheticBatches;
+  std::string state() const override {
+    XLME_CHECK(!fail, "reader state unavailable");
+    return SyntheticBatches::state();
+  }
+  bool fail = false;
+};
+
+// The trainer saves through CheckpointManager::save: a failure while the ranks write their reader
+// and RNG files (before, outside the save's clean-up) leaves no temporary folder, and the earlier
+// checkpoint as it was.
+TEST(Trainer, SaveThatFailsWritingTheRankFilesLeavesNoTemporaryFolder) {
+  const auto c = tiny_config(4, 1, 0.0);
+  TempDir dir;
+  FailingStateBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 11);
+  Trainer trainer(c, make_model(c, 5), source, single_process());
+  const checkpoint::CheckpointManager manager(dir / "ckpt", 5, 0);
+  trainer.train_step();
+  const std::string earlier = trainer.save_checkpoint(manager);
+  trainer.train_step();
+  source.fail = true;
+  EXPECT_EQ(error_message([&] { trainer.save_checkpoint(manager); }), "reader state unavailable");
+  EXPECT_FALSE(fs::exists(manager.temporary_path_for(2)));
+  EXPECT_FALSE(fs::exists(manager.path_for(2)));
+  EXPECT_NO_THROW(checkpoint::CheckpointManager::verify(earlier));
 }
 
 TEST(Trainer, NonFiniteGradientSkipsTheUpdateAndCounts) {

@@ -1,7 +1,7 @@
 // xlme-export's job: a pre-training checkpoint (or an export) -> a portable model folder
-// (folder.h): model.safetensors, config.json, spm.model, README.md. The folder is written under a
-// temporary name beside the target, synced, then renamed into place: a crash leaves the old
-// folder or the new one. Optimizer state is never exported.
+// (checkpoint/export_folder.h): model.safetensors, config.json, spm.model, README.md. The folder
+// is written under a temporary name beside the target, synced, then renamed into place: a crash
+// leaves the old folder or the new one. Optimizer state is never exported.
 #pragma once
 
 #include "xlme/config/config.h"

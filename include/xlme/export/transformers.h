@@ -4,7 +4,7 @@
 // and tokenizer_config.json for AutoTokenizer are written beside it.
 #pragma once
 
-#include "xlme/export/folder.h"
+#include "xlme/checkpoint/export_folder.h"
 
 #include <string>
 #include <vector>
@@ -22,6 +22,7 @@ const std::vector<EmbeddedFile>& transformers_files();
 
 // Extends `folder`/config.json (written from `exported`) with the transformers keys and writes the
 // remote code and tokenizer_config.json into `folder`.
-void write_transformers_files(const std::string& folder, const ExportedConfig& exported);
+void write_transformers_files(const std::string& folder,
+                              const checkpoint::ExportedConfig& exported);
 
 }  // namespace xlme::export_

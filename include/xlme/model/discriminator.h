@@ -1,7 +1,7 @@
 // The part of XLM-E that is kept after pre-training (DESIGN section 7): the shared embeddings,
 // the discriminator encoder and, optionally, its replaced-token-detection head. Its parameter
 // names are ElectraModel's (embeddings.*, discriminator.*, discriminator_head.*), so a state
-// dict moves between the two by name; export::load_pretrained fills it from a checkpoint or an
+// dict moves between the two by name; checkpoint::load_pretrained fills it from a checkpoint or an
 // export folder.
 #pragma once
 

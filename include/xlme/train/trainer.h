@@ -9,15 +9,15 @@
 // the gradient of one batch k times larger, and R ranks the gradient of the combined batch.
 #pragma once
 
+#include "xlme/checkpoint/manager.h"
 #include "xlme/config/config.h"
 #include "xlme/data/batch.h"
 #include "xlme/dist/communicator.h"
 #include "xlme/model/electra.h"
 #include "xlme/objectives/objectives.h"
 #include "xlme/objectives/term_sums.h"
-#include "xlme/train/checkpoint.h"
+#include "xlme/optim/schedule.h"
 #include "xlme/train/rng.h"
-#include "xlme/train/schedule.h"
 
 #include <torch/optim/adamw.h>
 
@@ -94,9 +94,11 @@ class Trainer {
   // embeddings, heads), the optimizer, the step, the tokens seen, each rank's reader and RNG
   // state, the resolved config and the tokenizer model (when data.tokenizer names one). After an
   // interrupted step the reader and RNG states saved are those from before that step, so that
-  // the resumed run reads and draws it again; train_step() is then no longer allowed.
-  std::string save_checkpoint(const CheckpointManager& manager);
-  void load_checkpoint(const std::string& path);
+  // the resumed run reads and draws it again; train_step() is then no longer allowed. The save
+  // goes through CheckpointManager::save on rank 0 (a failed save leaves no temporary folder);
+  // the load reads the files of a checkpoint that the caller verified (each file once).
+  std::string save_checkpoint(const checkpoint::CheckpointManager& manager);
+  void load_checkpoint(const checkpoint::VerifiedFiles& files);
 
   int64_t step() const { return step_; }
   int64_t tokens_seen() const { return tokens_seen_; }
@@ -135,7 +137,7 @@ class Trainer {
   std::shared_ptr<dist::Communicator> comm_;
   objectives::Objectives objectives_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
-  LinearSchedule schedule_;
+  optim::LinearSchedule schedule_;
   std::vector<torch::Tensor> parameters_;
   torch::Device device_;
   int64_t micro_batches_ = 1;

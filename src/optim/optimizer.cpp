@@ -1,4 +1,4 @@
-#include "xlme/train/optimizer.h"
+#include "xlme/optim/optimizer.h"
 
 #include "xlme/common/error.h"
 #include "xlme/common/torch_compat.h"
@@ -8,7 +8,7 @@
 #include <cmath>
 #include <map>
 
-namespace xlme::train {
+namespace xlme::optim {
 
 torch::Tensor MultiTensorAdamW::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
@@ -131,4 +131,4 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
   }
 }
 
-}  // namespace xlme::train
+}  // namespace xlme::optim

@@ -1,4 +1,4 @@
-// The export folder's format (xlme-export writes it, export::load_pretrained and
+// The export folder's format (xlme-export writes it, load_pretrained (pretrained.h) and
 // scripts/xlme_reference.py read it):
 //   model.safetensors  discriminator + shared embeddings + RTD head (+ generator on request)
 //   config.json        every architectural field, the vocabulary, the format and xlme versions
@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 
-namespace xlme::export_ {
+namespace xlme::checkpoint {
 
 constexpr const char* kExportWeightsFile = "model.safetensors";
 constexpr const char* kExportConfigFile = "config.json";
@@ -43,4 +43,4 @@ std::string to_json(const ExportedConfig& exported);
 // a newer format version is an xlme::Error naming the file and the key.
 ExportedConfig parse_exported_config(const std::string& text, const std::string& path);
 
-}  // namespace xlme::export_
+}  // namespace xlme::checkpoint

@@ -1,6 +1,6 @@
 // The multi-tensor AdamW against LibTorch's per-parameter AdamW, and the gradient norm and
 // clipping helpers against naive double-precision references.
-#include "xlme/train/optimizer.h"
+#include "xlme/optim/optimizer.h"
 
 #include "test_util.h"
 
@@ -10,7 +10,7 @@
 
 #include <cmath>
 
-namespace xlme::train {
+namespace xlme::optim {
 namespace {
 
 using xlme::testing::TempDir;
@@ -152,4 +152,4 @@ TEST(GradientNorm, EqualsTheDoublePrecisionNormAndClipsEveryGradient) {
 }
 
 }  // namespace
-}  // namespace xlme::train
+}  // namespace xlme::optim

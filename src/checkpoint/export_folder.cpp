@@ -1,4 +1,4 @@
-#include "xlme/export/folder.h"
+#include "xlme/checkpoint/export_folder.h"
 
 #include "xlme/common/error.h"
 #include "xlme/common/json.h"
@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <utility>
 
-namespace xlme::export_ {
+namespace xlme::checkpoint {
 namespace {
 
 using OrderedJson = nlohmann::ordered_json;
@@ -89,6 +89,68 @@ class ExportedConfigReader {
   std::string path_;
 };
 
+// The model section's attention kernel is the machine's choice, not the model's: exports never
+// carry it (a reader keeps its default).
+constexpr const char* kNotExported = "attention";
+
+// Writes the fields that ModelConfig::visit lists into config.json, sections as nested objects.
+class ModelJsonWriter {
+ public:
+  explicit ModelJsonWriter(OrderedJson& out) : out_(out) {}
+
+  template <class T, class... ConstraintAndDoc>
+  void field(const char* name, const T& value, const ConstraintAndDoc&...) {
+    if (std::string(name) != kNotExported) out_[name] = value;
+  }
+
+  template <class T>
+  void section(const char* name, T& value, const char* /*doc*/) {
+    ModelJsonWriter writer(out_[name]);
+    value.visit(writer);
+  }
+
+ private:
+  OrderedJson& out_;
+};
+
+// Reads the fields that ModelConfig::visit lists from config.json, each with its exact JSON type.
+class ModelJsonReader {
+ public:
+  explicit ModelJsonReader(const ExportedConfigReader& r, std::string prefix = "")
+      : r_(r), prefix_(std::move(prefix)) {}
+
+  void field(const char* name, bool& value, const char* /*doc*/) {
+    if (exported(name)) value = r_.flag(key(name));
+  }
+  void field(const char* name, int64_t& value, const config::IntRange&, const char* /*doc*/) {
+    if (exported(name)) value = r_.integer(key(name));
+  }
+  void field(const char* name, double& value, const config::RealRange&, const char* /*doc*/) {
+    if (exported(name)) value = r_.real(key(name));
+  }
+  void field(const char* name, std::string& value, const config::Choices&, const char* /*doc*/) {
+    if (exported(name)) value = r_.text(key(name));
+  }
+
+  template <class T>
+  void section(const char* name, T& value, const char* /*doc*/) {
+    ModelJsonReader reader(r_, key(name));
+    value.visit(reader);
+  }
+
+ private:
+  std::string key(const char* name) const { return prefix_.empty() ? name : prefix_ + "." + name; }
+  // Whether config.json holds `name`: never the attention kernel; share_layers only in exports
+  // made since ALBERT's layer sharing exists (older ones are unshared: the default, none).
+  bool exported(const char* name) const {
+    const std::string k = key(name);
+    return k != kNotExported && (k != "share_layers" || r_.has(k));
+  }
+
+  const ExportedConfigReader& r_;
+  std::string prefix_;
+};
+
 // Checks what config.json says beyond the model's shape, which config::validate_model checks.
 void check_exported_config(const ExportedConfig& e, const std::string& path) {
   const auto where = fmt::format("export config '{}'", path);
@@ -120,8 +182,13 @@ void check_exported_config(const ExportedConfig& e, const std::string& path) {
 }  // namespace
 
 std::string to_json(const ExportedConfig& e) {
-  const auto& m = e.model;
-  const int64_t embedding_size = m.embedding_size > 0 ? m.embedding_size : m.hidden_size;
+  // Sizes resolved: config.json never says "the discriminator's value".
+  config::ModelConfig m = e.model;
+  if (m.embedding_size == 0) m.embedding_size = m.hidden_size;
+  auto& g = m.generator;
+  if (g.hidden_size == 0) g.hidden_size = m.hidden_size;
+  if (g.heads == 0) g.heads = m.heads;
+  if (g.ffn_size == 0) g.ffn_size = m.ffn_size;
   OrderedJson j;
   j["format"] = kExportFormat;
   j["format_version"] = kExportFormatVersion;
@@ -130,42 +197,19 @@ std::string to_json(const ExportedConfig& e) {
   j["architecture"] = e.rtd_head ? "electra" : "masked-lm";
   j["objective_set"] = e.objective_set;
   j["dtype"] = e.dtype;
-  j["vocab_size"] = m.vocab_size;
   j["vocab_layout"] = e.vocab_layout;
   j["special_ids"] = {{"bos", e.special_ids.bos},
                       {"pad", e.special_ids.pad},
                       {"eos", e.special_ids.eos},
                       {"unk", e.special_ids.unk},
                       {"mask", e.special_ids.mask}};
-  j["hidden_size"] = m.hidden_size;
-  j["layers"] = m.layers;
-  j["heads"] = m.heads;
-  j["ffn_size"] = m.ffn_size;
   j["activation"] = "gelu";
-  j["embedding_size"] = embedding_size;
-  j["factorized_embeddings"] = embedding_size != m.hidden_size;
-  j["embedding_sharing"] = m.embedding_sharing;
-  j["share_layers"] = m.share_layers;
-  j["max_positions"] = m.max_positions;
-  j["absolute_positions"] = m.absolute_positions;
-  j["norm"] = m.norm;
-  j["layer_norm_eps"] = m.layer_norm_eps;
-  j["relative_position"] = {{"enabled", m.relative_position.enabled},
-                            {"gated", m.relative_position.gated},
-                            {"shared_across_layers", m.relative_position.shared_across_layers},
-                            {"num_buckets", m.relative_position.num_buckets},
-                            {"max_distance", m.relative_position.max_distance}};
-  j["dropout"] = m.dropout;
-  j["attention_dropout"] = m.attention_dropout;
-  j["init_std"] = m.init_std;
+  // Every field of the model section, as ModelConfig::visit lists it.
+  ModelJsonWriter writer(j);
+  m.visit(writer);
+  j["factorized_embeddings"] = m.embedding_size != m.hidden_size;
   j["rtd_head"] = e.rtd_head;
-  const auto& g = m.generator;
-  j["generator"] = {{"exported", e.generator},
-                    {"layers", g.layers},
-                    {"hidden_size", g.hidden_size > 0 ? g.hidden_size : m.hidden_size},
-                    {"heads", g.heads > 0 ? g.heads : m.heads},
-                    {"ffn_size", g.ffn_size > 0 ? g.ffn_size : m.ffn_size},
-                    {"sampling_temperature", g.sampling_temperature}};
+  j["generator"]["exported"] = e.generator;
   j["training"] = {{"step", e.step}, {"tokens_seen", e.tokens_seen}};
   return j.dump(2) + "\n";
 }
@@ -186,40 +230,17 @@ ExportedConfig parse_exported_config(const std::string& text, const std::string&
   e.objective_set = r.text("objective_set");
   e.dtype = r.text("dtype");
   e.vocab_layout = r.text("vocab_layout");
-  m.vocab_size = r.integer("vocab_size");
+  // Every field of the model section, as ModelConfig::visit lists it.
+  ModelJsonReader reader(r);
+  m.visit(reader);
   e.special_ids.vocab_size = m.vocab_size;
   e.special_ids.bos = r.integer("special_ids.bos");
   e.special_ids.pad = r.integer("special_ids.pad");
   e.special_ids.eos = r.integer("special_ids.eos");
   e.special_ids.unk = r.integer("special_ids.unk");
   e.special_ids.mask = r.integer("special_ids.mask");
-  m.hidden_size = r.integer("hidden_size");
-  m.layers = r.integer("layers");
-  m.heads = r.integer("heads");
-  m.ffn_size = r.integer("ffn_size");
-  m.embedding_size = r.integer("embedding_size");
-  m.embedding_sharing = r.text("embedding_sharing");
-  // Exports made before ALBERT's layer sharing existed have no key: their layers are unshared.
-  m.share_layers = r.has("share_layers") ? r.text("share_layers") : "none";
-  m.max_positions = r.integer("max_positions");
-  m.absolute_positions = r.flag("absolute_positions");
-  m.norm = r.text("norm");
-  m.layer_norm_eps = r.real("layer_norm_eps");
-  m.relative_position.enabled = r.flag("relative_position.enabled");
-  m.relative_position.gated = r.flag("relative_position.gated");
-  m.relative_position.shared_across_layers = r.flag("relative_position.shared_across_layers");
-  m.relative_position.num_buckets = r.integer("relative_position.num_buckets");
-  m.relative_position.max_distance = r.integer("relative_position.max_distance");
-  m.dropout = r.real("dropout");
-  m.attention_dropout = r.real("attention_dropout");
-  m.init_std = r.real("init_std");
   e.rtd_head = r.flag("rtd_head");
   e.generator = r.flag("generator.exported");
-  m.generator.layers = r.integer("generator.layers");
-  m.generator.hidden_size = r.integer("generator.hidden_size");
-  m.generator.heads = r.integer("generator.heads");
-  m.generator.ffn_size = r.integer("generator.ffn_size");
-  m.generator.sampling_temperature = r.real("generator.sampling_temperature");
   e.step = r.integer("training.step");
   e.tokens_seen = r.integer("training.tokens_seen");
   // The same limits as a YAML config's model section (ModelConfig::visit and its constraints).
@@ -228,4 +249,4 @@ ExportedConfig parse_exported_config(const std::string& text, const std::string&
   return e;
 }
 
-}  // namespace xlme::export_
+}  // namespace xlme::checkpoint

@@ -1,4 +1,4 @@
-#include "xlme/export/safetensors.h"
+#include "xlme/checkpoint/safetensors.h"
 
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
@@ -22,7 +22,7 @@
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors data is little-endian; this writer copies host bytes");
 
-namespace xlme::export_ {
+namespace xlme::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -327,4 +327,4 @@ SafetensorsContent parse_safetensors(const std::string& bytes, const std::string
   return parse_safetensors_from(read, bytes.size(), name);
 }
 
-}  // namespace xlme::export_
+}  // namespace xlme::checkpoint

@@ -1,16 +1,19 @@
 // Pre-trained weights from a checkpoint and from an export folder (strict: every mismatch is an
 // error naming it), and the export folder itself: its files, config.json, the model card, dtype,
 // the generator on request, and the refusal to overwrite.
+#include "xlme/checkpoint/export_folder.h"
+#include "xlme/checkpoint/pretrained.h"
+#include "xlme/checkpoint/safetensors.h"
 #include "xlme/export/export.h"
-#include "xlme/export/folder.h"
-#include "xlme/export/pretrained.h"
-#include "xlme/export/safetensors.h"
 
 #include "export_fixtures.h"
 
 #include <nlohmann/json.hpp>
 
-namespace xlme::export_ {
+#include <iterator>
+#include <set>
+
+namespace xlme::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -50,12 +53,12 @@ class PretrainedWeights : public ::testing::Test {
   // An export of the suite's checkpoint into a fresh folder of `dir`.
   static std::string exported(const TempDir& dir, bool with_generator = false,
                               const std::string& dtype = "fp32") {
-    ExportOptions o;
+    export_::ExportOptions o;
     o.checkpoint = checkpoint_->path;
     o.out_dir = dir / "export";
     o.with_generator = with_generator;
     o.dtype = dtype;
-    export_model(o);
+    export_::export_model(o);
     return o.out_dir;
   }
 
@@ -200,28 +203,28 @@ TEST_F(PretrainedWeights, RefusesToOverwriteUnlessForced) {
   TempDir dir;
   fs::create_directories(dir / "export");  // an empty folder is fine
   exported(dir);
-  ExportOptions o;
+  export_::ExportOptions o;
   o.checkpoint = checkpoint_->path;
   o.out_dir = dir / "export";
-  EXPECT_TRUE(contains_all(error_message([&] { export_model(o); }),
+  EXPECT_TRUE(contains_all(error_message([&] { export_::export_model(o); }),
                            {"export folder '" + (dir / "export") +
                             "' exists and is not empty; pass --force to replace it"}));
   // --force replaces an export folder xlme wrote, never a file it did not write.
   write_file(dir / "export/stale.txt", "old");
   o.force = true;
-  EXPECT_TRUE(contains_all(error_message([&] { export_model(o); }),
+  EXPECT_TRUE(contains_all(error_message([&] { export_::export_model(o); }),
                            {"--force refuses to replace", "it holds 'stale.txt'"}));
   EXPECT_EQ(read_file(dir / "export/stale.txt"), "old");
   fs::remove(dir / "export/stale.txt");
   const auto before = fs::last_write_time(dir / "export/model.safetensors");
-  export_model(o);
+  export_::export_model(o);
   EXPECT_TRUE(fs::exists(dir / "export/model.safetensors"));
   EXPECT_TRUE(fs::exists(dir / "export/.xlme-export"));
   EXPECT_GE(fs::last_write_time(dir / "export/model.safetensors"), before);
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), {}), 1);
 
   o.checkpoint.clear();
-  EXPECT_TRUE(contains_all(error_message([&] { export_model(o); }),
+  EXPECT_TRUE(contains_all(error_message([&] { export_::export_model(o); }),
                            {"no checkpoint to export: pass --checkpoint DIR"}));
 }
 
@@ -230,14 +233,14 @@ TEST_F(PretrainedWeights, ACheckpointWithoutTokenizerNeedsOne) {
   auto c = xlme::testing::tiny_export_config(*tokenizer_, {});
   c.data.tokenizer.clear();
   const auto checkpoint = xlme::testing::make_tiny_checkpoint(c, dir / "run");
-  ExportOptions o;
+  export_::ExportOptions o;
   o.checkpoint = checkpoint.path;
   o.out_dir = dir / "export";
-  EXPECT_TRUE(contains_all(error_message([&] { export_model(o); }),
+  EXPECT_TRUE(contains_all(error_message([&] { export_::export_model(o); }),
                            {"holds no tokenizer.model", "--set data.tokenizer=FILE"}));
   EXPECT_FALSE(fs::exists(dir / "export"));
   o.fallback_tokenizer = *tokenizer_;
-  export_model(o);
+  export_::export_model(o);
   EXPECT_EQ(read_file(dir / "export/spm.model"), read_file(*tokenizer_));
 }
 
@@ -356,6 +359,99 @@ TEST_F(PretrainedWeights, FoldersThatAreNotModelsAreNamed) {
                            {"model.pt is truncated"}));
 }
 
+// finetune.init and the like: a run folder stands for its newest valid checkpoint.
+TEST_F(PretrainedWeights, ARunFolderResolvesToItsNewestValidCheckpoint) {
+  EXPECT_EQ(resolve_pretrained_folder(*dir_ / "run"), checkpoint_->path);
+  EXPECT_EQ(resolve_pretrained_folder(checkpoint_->path), checkpoint_->path);
+  TempDir dir;
+  fs::copy(*dir_ / "run", dir / "run", fs::copy_options::recursive);
+  const std::string newer = dir / "run/checkpoints/step_99999999";
+  fs::copy(checkpoint_->path, newer, fs::copy_options::recursive);
+  write_file(newer + "/model.pt", "garbage");  // damaged: skipped
+  const std::string valid =
+      dir / ("run/checkpoints/" + fs::path(checkpoint_->path).filename().string());
+  EXPECT_EQ(resolve_pretrained_folder(dir / "run"), valid);
+  fs::remove_all(valid);
+  EXPECT_TRUE(contains_all(error_message([&] { resolve_pretrained_folder(dir / "run"); }),
+                           {"run folder " + (dir / "run") + " has no valid checkpoint under " +
+                            (dir / "run/checkpoints")}));
+}
+
+// The dotted keys of a JSON object's values (objects are descended into).
+void collect_json_keys(const nlohmann::json& j, const std::string& prefix,
+                       std::set<std::string>& out) {
+  for (const auto& [key, value] : j.items()) {
+    const std::string name = prefix.empty() ? key : prefix + "." + key;
+    if (value.is_object()) {
+      collect_json_keys(value, name, out);
+    } else {
+      out.insert(name);
+    }
+  }
+}
+
+// config.json's keys are the export format's (written through ModelConfig::visit, which must not
+// add or drop any: xlme_reference.py and the transformers code read them).
+TEST(ExportedConfig, HoldsExactlyTheExportFormatsKeys) {
+  ExportedConfig e;
+  e.model.vocab_size = 1000;
+  e.special_ids = data::SpecialIds::for_vocab(1000);
+  std::set<std::string> keys;
+  collect_json_keys(nlohmann::json::parse(to_json(e)), "", keys);
+  EXPECT_EQ(keys, (std::set<std::string>{"format",
+                                         "format_version",
+                                         "xlme_version",
+                                         "architecture",
+                                         "objective_set",
+                                         "dtype",
+                                         "vocab_size",
+                                         "vocab_layout",
+                                         "special_ids.bos",
+                                         "special_ids.pad",
+                                         "special_ids.eos",
+                                         "special_ids.unk",
+                                         "special_ids.mask",
+                                         "hidden_size",
+                                         "layers",
+                                         "heads",
+                                         "ffn_size",
+                                         "activation",
+                                         "embedding_size",
+                                         "factorized_embeddings",
+                                         "embedding_sharing",
+                                         "share_layers",
+                                         "max_positions",
+                                         "absolute_positions",
+                                         "norm",
+                                         "layer_norm_eps",
+                                         "relative_position.enabled",
+                                         "relative_position.gated",
+                                         "relative_position.shared_across_layers",
+                                         "relative_position.num_buckets",
+                                         "relative_position.max_distance",
+                                         "dropout",
+                                         "attention_dropout",
+                                         "init_std",
+                                         "rtd_head",
+                                         "generator.exported",
+                                         "generator.layers",
+                                         "generator.hidden_size",
+                                         "generator.heads",
+                                         "generator.ffn_size",
+                                         "generator.sampling_temperature",
+                                         "training.step",
+                                         "training.tokens_seen"}));
+  // The first three name the format before anything else is read.
+  const auto ordered = nlohmann::ordered_json::parse(to_json(e));
+  EXPECT_EQ(ordered.begin().key(), "format");
+  EXPECT_EQ(std::next(ordered.begin()).key(), "format_version");
+  EXPECT_EQ(std::next(ordered.begin(), 2).key(), "xlme_version");
+  // Exports made before layer sharing have no share_layers: read as none.
+  auto old = nlohmann::ordered_json::parse(to_json(e));
+  old.erase("share_layers");
+  EXPECT_EQ(parse_exported_config(old.dump(), "old.json").model.share_layers, "none");
+}
+
 TEST(ExportedConfig, ReadsBackWhatItWrites) {
   ExportedConfig e;
   e.model.vocab_size = 1000;
@@ -393,4 +489,4 @@ TEST(ExportedConfig, ReadsBackWhatItWrites) {
 }
 
 }  // namespace
-}  // namespace xlme::export_
+}  // namespace xlme::checkpoint

@@ -11,7 +11,7 @@
 #include <map>
 #include <string>
 
-namespace xlme::export_ {
+namespace xlme::checkpoint {
 
 struct SafetensorsContent {
   std::map<std::string, torch::Tensor> tensors;  // CPU tensors, in their stored dtype
@@ -37,4 +37,4 @@ SafetensorsContent read_safetensors(const std::string& path);
 // The same from bytes in memory; `name` stands for the file in error messages.
 SafetensorsContent parse_safetensors(const std::string& bytes, const std::string& name);
 
-}  // namespace xlme::export_
+}  // namespace xlme::checkpoint

@@ -7,7 +7,7 @@
 
 #include <string>
 
-namespace xlme::train {
+namespace xlme {
 
 // "auto": bf16 on CUDA, fp32 on the CPU; "bf16" / "fp32": as named (bf16 on the CPU uses
 // LibTorch's CPU autocast, fast only with AVX512-BF16 or AMX).
@@ -32,4 +32,4 @@ class AutocastScope {
   at::ScalarType previous_dtype_ = at::kFloat;
 };
 
-}  // namespace xlme::train
+}  // namespace xlme

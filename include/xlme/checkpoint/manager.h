@@ -1,7 +1,8 @@
 // Checkpoint folders that are either complete and verified or ignored.
 //
-// A checkpoint is `<dir>/step_<N>/` holding whatever the trainer writes (model, optimizer, every
-// rank's reader and RNG state, the resolved config, the tokenizer) plus `manifest.yaml`, which
+// A checkpoint is `<dir>/step_<N>/` holding whatever the trainer writes (layout.h: model,
+// optimizer, every rank's reader and RNG state, the resolved config, the tokenizer) plus
+// `manifest.yaml`, which
 // lists every file with its size and CRC32. It is written into `step_<N>.tmp/`, each file
 // fsynced, the manifest written last, then renamed into place and the folder fsynced: a crash
 // at any point leaves either the finished checkpoint or a temporary folder that is ignored.
@@ -17,19 +18,14 @@
 // their paths from the VerifiedFiles that verify() returns).
 #pragma once
 
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
-#include <torch/types.h>
-
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
-namespace xlme::train {
+namespace xlme::checkpoint {
 
 struct CheckpointRef {
   int64_t step = 0;
@@ -49,23 +45,21 @@ class VerifiedFiles {
   // Whether the manifest lists `name` (for files a checkpoint may lack, e.g. tokenizer.model).
   bool lists(const std::string& name) const { return names_.count(name) > 0; }
 
+  // The checkpoint folder.
+  const std::string& folder() const { return folder_; }
+
  private:
   std::string folder_;
   std::string manifest_;
   std::set<std::string> names_;
 };
 
-// What a checkpoint's trainer.yaml records, every value within its range.
-struct TrainerState {
+// A checkpoint that verified, with its files for the loader (which need not verify it again).
+struct VerifiedCheckpoint {
   int64_t step = 0;
-  int64_t tokens_seen = 0;
-  int64_t skipped_steps = 0;
-  int world_size = 1;
+  std::string path;
+  VerifiedFiles files;
 };
-
-// Reads trainer.yaml at `file` (a path from VerifiedFiles); a missing, malformed or out-of-range
-// value is an error naming the file and the field.
-TrainerState read_trainer_state(const std::string& file);
 
 class CheckpointManager {
  public:
@@ -98,7 +92,7 @@ class CheckpointManager {
   std::vector<CheckpointRef> list() const;
   // The newest checkpoint that verifies; each newer damaged one is skipped with a warning that
   // says what is wrong. nullopt when none verifies.
-  std::optional<CheckpointRef> latest_valid() const;
+  std::optional<VerifiedCheckpoint> latest_valid() const;
   // Removes temporary folders left by interrupted saves.
   void remove_temporaries() const;
 
@@ -128,22 +122,4 @@ class CheckpointManager {
   mutable std::set<std::string> own_;  // folders known to verify with run_id_
 };
 
-// The flat "a.b.c" -> tensor map of a module saved with torch::save(module) (a checkpoint's
-// model.pt), on the CPU, read without building the module (through load_archive).
-std::map<std::string, torch::Tensor> read_module_archive(const std::string& path);
-
-// Reads the archive `path` (a module's, an optimizer's or a rank's state) into `archive` on
-// `device`. Every tensor is first checked to lie inside the data record it is read from (a record
-// shorter than its tensor would be read past its end): the error names the file and the tensor.
-// An unreadable archive (not a zip, a damaged record) is an error naming the file.
-void load_archive(torch::serialize::InputArchive& archive, const std::string& path,
-                  const torch::Device& device);
-
-// Writes `archive` (a module's or an optimizer's) to `path` through write_file_streamed: a
-// temporary name, every write checked, a disk-full error that names the file and the size.
-void save_archive(torch::serialize::OutputArchive& archive, const std::string& path);
-
-// CRC32 (zlib's polynomial) of a whole file, read in chunks.
-uint32_t file_crc32(const std::string& path);
-
-}  // namespace xlme::train
+}  // namespace xlme::checkpoint

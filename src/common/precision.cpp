@@ -1,10 +1,10 @@
-#include "xlme/train/precision.h"
+#include "xlme/common/precision.h"
 
 #include "xlme/common/torch_compat.h"
 
 #include <ATen/Context.h>
 
-namespace xlme::train {
+namespace xlme {
 
 bool uses_bf16(const std::string& precision, const torch::Device& device) {
   return precision == "bf16" || (precision == "auto" && device.is_cuda());
@@ -30,4 +30,4 @@ AutocastScope::~AutocastScope() {
   if (!was_enabled_) at::autocast::clear_cache();
 }
 
-}  // namespace xlme::train
+}  // namespace xlme

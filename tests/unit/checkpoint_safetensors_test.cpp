@@ -1,6 +1,6 @@
 // safetensors: a round trip of every dtype, a file checked byte by byte against the format's
 // specification, and every malformed file refused with a message naming the file and the fault.
-#include "xlme/export/safetensors.h"
+#include "xlme/checkpoint/safetensors.h"
 
 #include "xlme/common/json.h"
 
@@ -10,7 +10,7 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
-namespace xlme::export_ {
+namespace xlme::checkpoint {
 namespace {
 
 using xlme::describe_json;
@@ -275,4 +275,4 @@ TEST(Json, DescribesValuesByKindAndABoundedStart) {
 }
 
 }  // namespace
-}  // namespace xlme::export_
+}  // namespace xlme::checkpoint

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-namespace xlme::train {
+namespace xlme::optim {
 
 class LinearSchedule {
  public:
@@ -21,4 +21,4 @@ class LinearSchedule {
   int64_t total_;
 };
 
-}  // namespace xlme::train
+}  // namespace xlme::optim

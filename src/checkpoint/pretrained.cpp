@@ -1,12 +1,15 @@
-#include "xlme/export/pretrained.h"
+#include "xlme/checkpoint/pretrained.h"
 
+#include "xlme/checkpoint/archive.h"
+#include "xlme/checkpoint/export_folder.h"
+#include "xlme/checkpoint/layout.h"
+#include "xlme/checkpoint/manager.h"
+#include "xlme/checkpoint/safetensors.h"
+#include "xlme/checkpoint/weights.h"
 #include "xlme/common/error.h"
 #include "xlme/config/yaml_file.h"
 #include "xlme/data/tokenizer.h"
-#include "xlme/export/folder.h"
-#include "xlme/export/safetensors.h"
 #include "xlme/model/parameter_count.h"
-#include "xlme/train/checkpoint.h"
 
 #include <fmt/ranges.h>
 #include <torch/serialize.h>
@@ -18,15 +21,10 @@
 #include <set>
 #include <vector>
 
-namespace xlme::export_ {
+namespace xlme::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr const char* kCheckpointModelFile = "model.pt";
-constexpr const char* kCheckpointConfigFile = "config.yaml";
-constexpr const char* kCheckpointTrainerFile = "trainer.yaml";
-constexpr const char* kCheckpointTokenizerFile = "tokenizer.model";
 
 // "a, b, c" for at most 20 names, then "and N more".
 std::string list_weight_names(const std::vector<std::string>& names) {
@@ -57,53 +55,33 @@ std::string read_export_config(const std::string& path) {
 }
 
 // Copies `weights` into `module` by name. Every parameter and buffer of the module must be there
-// with its shape; weights the module does not have are the caller's concern.
+// with its shape, and every weight must be the module's (or, when `generator_allowed`, the
+// generator side's): errors name `source` and the weights, and nothing is copied then.
 void copy_weights_strictly(torch::nn::Module& module,
                            const std::map<std::string, torch::Tensor>& weights,
-                           const std::string& source) {
-  std::vector<std::string> missing, mismatched;
-  auto targets = module.named_parameters(/*recurse=*/true);
-  for (const auto& buffer : module.named_buffers(/*recurse=*/true)) {
-    targets.insert(buffer.key(), buffer.value());
-  }
-  for (const auto& target : targets) {
-    const auto it = weights.find(target.key());
-    if (it == weights.end()) {
-      missing.push_back(target.key());
-    } else if (it->second.sizes() != target.value().sizes()) {
-      mismatched.push_back(fmt::format("{} ({} stored, {} expected)", target.key(),
-                                       fmt::join(it->second.sizes(), "x"),
-                                       fmt::join(target.value().sizes(), "x")));
-    }
-  }
-  XLME_CHECK(missing.empty(),
-             "'{}' lacks {} weight(s) that the model of its config needs: {}; the weights and the "
-             "config do not belong together",
-             source, missing.size(), list_weight_names(missing));
-  XLME_CHECK(mismatched.empty(),
-             "'{}' has weights whose shape differs from the model of its config: {}", source,
-             list_weight_names(mismatched));
-  torch::NoGradGuard no_grad;
-  for (auto& target : targets) target.value().copy_(weights.at(target.key()));
-}
-
-// Weights that neither `module` nor (when allowed) the generator side has.
-void check_no_unexpected_weights(torch::nn::Module& module,
-                                 const std::map<std::string, torch::Tensor>& weights,
-                                 bool generator_allowed, const std::string& source) {
-  std::set<std::string> known;
-  for (const auto& p : module.named_parameters(true)) known.insert(p.key());
-  for (const auto& b : module.named_buffers(true)) known.insert(b.key());
+                           bool generator_allowed, const std::string& source) {
+  const WeightMatch match = match_weights(module, weights);
   std::vector<std::string> unexpected;
-  for (const auto& [key, tensor] : weights) {
-    if (known.count(key) == 0 && !(generator_allowed && is_generator_weight(key))) {
-      unexpected.push_back(key);
-    }
+  for (const auto& name : match.unexpected) {
+    if (!(generator_allowed && is_generator_weight(name))) unexpected.push_back(name);
   }
   XLME_CHECK(unexpected.empty(),
              "'{}' has {} weight(s) that the model of its config does not have: {}; the weights "
              "and the config do not belong together",
              source, unexpected.size(), list_weight_names(unexpected));
+  XLME_CHECK(match.missing.empty(),
+             "'{}' lacks {} weight(s) that the model of its config needs: {}; the weights and the "
+             "config do not belong together",
+             source, match.missing.size(), list_weight_names(match.missing));
+  std::vector<std::string> mismatched;
+  for (const auto& m : match.mismatched) {
+    mismatched.push_back(fmt::format("{} ({} stored, {} expected)", m.name,
+                                     fmt::join(m.stored, "x"), fmt::join(m.expected, "x")));
+  }
+  XLME_CHECK(mismatched.empty(),
+             "'{}' has weights whose shape differs from the model of its config: {}", source,
+             list_weight_names(mismatched));
+  copy_weights(module, weights, match);
 }
 
 // Loading is strict, so the weights hold every parameter of the model that the config describes.
@@ -160,19 +138,19 @@ std::map<std::string, torch::Tensor> read_checkpoint(const std::string& path,
                                                      const PretrainedOptions& options,
                                                      Pretrained& p, std::string& config_file) {
   // Every file below is read through the verified manifest: an unlisted file is never read.
-  const train::VerifiedFiles files = train::CheckpointManager::verify(path);
-  config_file = files.path(kCheckpointConfigFile);
+  const VerifiedFiles files = CheckpointManager::verify(path);
+  config_file = files.path(kConfigFile);
   const config::Config run = config::load_config(config_file);
   p.run_config = run;
   p.model = run.model;
   p.objective_set = run.objectives.set;
   p.vocab_layout = run.data.vocab_layout;
-  const train::TrainerState state = train::read_trainer_state(files.path(kCheckpointTrainerFile));
+  const TrainerState state = read_trainer_state(files.path(kTrainerStateFile));
   p.step = state.step;
   p.tokens_seen = state.tokens_seen;
-  p.tokenizer_path = files.lists(kCheckpointTokenizerFile) ? files.path(kCheckpointTokenizerFile)
-                                                           : options.fallback_tokenizer;
-  auto weights = train::read_module_archive(files.path(kCheckpointModelFile));
+  p.tokenizer_path =
+      files.lists(kTokenizerFile) ? files.path(kTokenizerFile) : options.fallback_tokenizer;
+  auto weights = read_module_archive(files.path(kModelFile));
   // The trainer's vocabulary: <mask> last, the others fixed (data::SpecialIds).
   p.special_ids = data::SpecialIds::for_vocab(p.model.vocab_size);
   return weights;
@@ -212,6 +190,15 @@ bool is_generator_weight(const std::string& name) {
   return false;
 }
 
+std::string resolve_pretrained_folder(const std::string& path) {
+  const std::string checkpoints = checkpoints_folder(path);
+  if (!fs::is_directory(checkpoints)) return path;
+  const auto latest = CheckpointManager(checkpoints, 1, 0).latest_valid();
+  XLME_CHECK(latest.has_value(), "run folder {} has no valid checkpoint under {}", path,
+             checkpoints);
+  return latest->path;
+}
+
 PretrainedSource detect_pretrained_source(const std::string& path) {
   const fs::path folder(path);
   XLME_CHECK(fs::is_directory(folder), "pre-trained model folder '{}' not found", path);
@@ -219,11 +206,10 @@ PretrainedSource detect_pretrained_source(const std::string& path) {
       fs::is_regular_file(folder / kExportWeightsFile)) {
     return PretrainedSource::kExport;
   }
-  if (fs::is_regular_file(folder / kCheckpointModelFile) ||
-      fs::is_regular_file(folder / "manifest.yaml")) {
+  if (fs::is_regular_file(folder / kModelFile) || fs::is_regular_file(folder / kManifestFile)) {
     return PretrainedSource::kCheckpoint;
   }
-  XLME_CHECK(!fs::is_directory(folder / "checkpoints"),
+  XLME_CHECK(!fs::is_directory(folder / kCheckpointsFolder),
              "'{}' is a run folder; pass one of its checkpoints ({}/checkpoints/step_<N>) or an "
              "xlme-export folder",
              path, path);
@@ -244,7 +230,7 @@ Pretrained load_pretrained(const std::string& path, const PretrainedOptions& opt
                            : read_export(path, options, p, config_file, has_generator);
   const std::string weights_file =
       (fs::path(path) /
-       (p.source == PretrainedSource::kCheckpoint ? kCheckpointModelFile : kExportWeightsFile))
+       (p.source == PretrainedSource::kCheckpoint ? kModelFile : kExportWeightsFile))
           .string();
   check_vocabulary(p, weights, weights_file, config_file);
 
@@ -252,16 +238,14 @@ Pretrained load_pretrained(const std::string& path, const PretrainedOptions& opt
   check_model_fits_weights(p, architecture, weights, weights_file, config_file);
   p.discriminator =
       model::DiscriminatorModel(p.model, architecture == model::Architecture::kElectra);
-  check_no_unexpected_weights(*p.discriminator, weights, has_generator, weights_file);
-  copy_weights_strictly(*p.discriminator, weights, weights_file);
+  copy_weights_strictly(*p.discriminator, weights, has_generator, weights_file);
   p.discriminator->eval();
   if (options.with_generator) {
     p.electra = model::ElectraModel(p.model, architecture, p.special_ids);
-    check_no_unexpected_weights(*p.electra, weights, /*generator_allowed=*/false, weights_file);
-    copy_weights_strictly(*p.electra, weights, weights_file);
+    copy_weights_strictly(*p.electra, weights, /*generator_allowed=*/false, weights_file);
     p.electra->eval();
   }
   return p;
 }
 
-}  // namespace xlme::export_
+}  // namespace xlme::checkpoint

@@ -17,7 +17,7 @@
 #include <optional>
 #include <string>
 
-namespace xlme::export_ {
+namespace xlme::checkpoint {
 
 enum class PretrainedSource { kCheckpoint, kExport };
 
@@ -48,6 +48,11 @@ struct Pretrained {
   model::ElectraModel electra{nullptr};  // with_generator only
 };
 
+// `path` as a folder load_pretrained reads: a run folder (holding checkpoints/) becomes its newest
+// valid checkpoint (newer damaged ones are skipped with a warning); a checkpoint or export folder
+// stays as it is. A run folder without a valid checkpoint is an error naming it.
+std::string resolve_pretrained_folder(const std::string& path);
+
 // Which kind of folder `path` is; an xlme::Error says what is missing otherwise (and points from
 // a run folder to its checkpoints).
 PretrainedSource detect_pretrained_source(const std::string& path);
@@ -57,4 +62,4 @@ Pretrained load_pretrained(const std::string& path, const PretrainedOptions& opt
 // Weights only the whole ELECTRA model has: generator.*, generator_head.*, mlm_head.*.
 bool is_generator_weight(const std::string& name);
 
-}  // namespace xlme::export_
+}  // namespace xlme::checkpoint

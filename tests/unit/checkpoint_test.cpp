@@ -1,7 +1,10 @@
 // Checkpoint folders: atomic save, verification of each damage kind, newest-valid selection,
 // pruning, and a failed save that leaves everything as it was; manifests and archives made to
 // break the reader (issue 19).
-#include "xlme/train/checkpoint.h"
+#include "xlme/checkpoint/manager.h"
+
+#include "xlme/checkpoint/archive.h"
+#include "xlme/checkpoint/layout.h"
 
 #include "hostile_fixtures.h"
 #include "test_util.h"
@@ -12,7 +15,7 @@
 #include <fstream>
 #include <functional>
 
-namespace xlme::train {
+namespace xlme::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -30,6 +33,24 @@ using xlme::testing::write_file;
 void write_parts(const std::string& folder, int64_t step) {
   write_file(folder + "/model.bin", std::string(1000 + step, static_cast<char>('a' + step % 26)));
   write_file(folder + "/rank0.state", "step " + std::to_string(step));
+}
+
+// trainer.yaml as the trainer writes it reads back field for field; the files' names are those
+// every reader opens.
+TEST(Checkpoint, TrainerStateReadsBackWhatWasWritten) {
+  TempDir dir;
+  const std::string file = dir / kTrainerStateFile;
+  write_trainer_state(file, {/*step=*/1200, /*tokens_seen=*/987654321012, /*skipped_steps=*/3,
+                             /*world_size=*/4});
+  EXPECT_EQ(read_file(file),
+            "step: 1200\ntokens_seen: 987654321012\nskipped_steps: 3\nworld_size: 4\n");
+  const TrainerState back = read_trainer_state(file);
+  EXPECT_EQ(back.step, 1200);
+  EXPECT_EQ(back.tokens_seen, 987654321012);
+  EXPECT_EQ(back.skipped_steps, 3);
+  EXPECT_EQ(back.world_size, 4);
+  EXPECT_EQ(rank_file(3), "rank3.pt");
+  EXPECT_EQ(checkpoints_folder("runs/demo"), "runs/demo/checkpoints");
 }
 
 TEST(Checkpoint, Crc32MatchesZlibOnTheWholeBuffer) {
@@ -294,4 +315,4 @@ TEST(Checkpoint, PruningKeepsTheNewestAndEveryKeepEvery) {
 }
 
 }  // namespace
-}  // namespace xlme::train
+}  // namespace xlme::checkpoint

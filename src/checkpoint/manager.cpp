@@ -1,44 +1,30 @@
-#include "xlme/train/checkpoint.h"
+#include "xlme/checkpoint/manager.h"
 
+#include "messages.h"
+#include "xlme/checkpoint/archive.h"
+#include "xlme/checkpoint/layout.h"
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
 #include "xlme/common/json.h"
 #include "xlme/config/yaml_file.h"
 
-#include <caffe2/serialize/inline_container.h>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
-#include <torch/csrc/jit/api/compilation_unit.h>
-#include <torch/csrc/jit/serialization/unpickler.h>
-#include <torch/serialize.h>
 #include <yaml-cpp/yaml.h>
-#include <zlib.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <regex>
 
-namespace xlme::train {
+namespace xlme::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kManifest = "manifest.yaml";
 constexpr const char* kFormat = "xlme-checkpoint";
 constexpr int kFormatVersion = 1;
-
-// The deepest nesting of objects, lists and dicts an archive may hold (xlme writes 4 levels).
-constexpr int kMaxArchiveDepth = 64;
-
-// What to do about a damaged file of a checkpoint.
-constexpr const char* kDamagedHint =
-    "the file is damaged or was altered; restore the checkpoint from a copy, or resume from "
-    "another checkpoint";
 
 // "step_00001200" -> 1200; -1 for other names (temporaries included).
 int64_t step_of(const std::string& name) {
@@ -61,14 +47,6 @@ T manifest_field(const YAML::Node& node, const std::string& field, const std::st
   }
 }
 
-// `text` from an untrusted file, for a message: quoted, control characters escaped, at most 120
-// bytes of it.
-std::string shown(const std::string& text) {
-  constexpr std::size_t kShown = 120;
-  if (text.size() <= kShown) return json_quote(text);
-  return fmt::format("{}... ({} bytes)", json_quote(text.substr(0, kShown)), text.size());
-}
-
 // Whether a manifest entry names a file directly inside the checkpoint folder.
 bool is_plain_file_name(const std::string& name) {
   return !name.empty() && name != "." && name != ".." &&
@@ -81,14 +59,14 @@ YAML::Node load_manifest(const std::string& path) {
   XLME_CHECK(fs::exists(path, ec), "checkpoint '{}' does not exist; check the path", path);
   XLME_CHECK(fs::is_directory(path, ec), "checkpoint '{}' is not a folder; give a step_<N> folder",
              path);
-  const std::string manifest_path = (fs::path(path) / kManifest).string();
+  const std::string manifest_path = (fs::path(path) / kManifestFile).string();
   const fs::file_type type = fs::symlink_status(manifest_path, ec).type();
   XLME_CHECK(type != fs::file_type::not_found, "checkpoint '{}' has no {}: its save did not finish",
-             path, kManifest);
+             path, kManifestFile);
   XLME_CHECK(type == fs::file_type::regular,
              "checkpoint '{}': {} is not a file (a symbolic link or something else); a checkpoint "
              "holds its own files: do not load this checkpoint",
-             path, kManifest);
+             path, kManifestFile);
   YAML::Node manifest;
   try {
     manifest = config::load_yaml_file(manifest_path);  // duplicate keys refused
@@ -109,172 +87,7 @@ YAML::Node load_manifest(const std::string& path) {
              manifest_path);
   return manifest;
 }
-
-void flatten_module_archive(torch::serialize::InputArchive& archive, const std::string& prefix,
-                            std::map<std::string, torch::Tensor>& out) {
-  for (const auto& key : archive.keys()) {
-    torch::Tensor tensor;
-    if (archive.try_read(key, tensor)) {
-      out.emplace(prefix + key, tensor.detach());
-      continue;
-    }
-    torch::serialize::InputArchive child;
-    if (archive.try_read(key, child)) flatten_module_archive(child, prefix + key + ".", out);
-  }
-}
-
-// "a.b" + "c" -> "a.b.c".
-std::string member_name(const std::string& prefix, const std::string& name) {
-  return prefix.empty() ? name : prefix + "." + name;
-}
-
-// Checks that tensor `name` of archive `path` lies inside its storage, and its storage inside the
-// record its bytes were read from (`record_bytes`: the size of each record by its buffer).
-void check_archive_tensor(const torch::Tensor& tensor, const std::string& name,
-                          const std::map<const void*, std::size_t>& record_bytes,
-                          const std::string& path) {
-  if (!tensor.defined()) return;
-  XLME_CHECK(tensor.layout() == torch::kStrided && !tensor.is_quantized(),
-             "'{}': tensor {} is not a dense tensor; xlme writes only dense tensors; {}", path,
-             shown(name), kDamagedHint);
-  const c10::Storage& storage = tensor.storage();
-  const auto record = record_bytes.find(storage.data());
-  const std::size_t available = record == record_bytes.end() ? 0 : record->second;
-  XLME_CHECK(storage.nbytes() <= available,
-             "'{}': the data record of tensor {} holds {} bytes but its storage needs {}; {}", path,
-             shown(name), available, storage.nbytes(), kDamagedHint);
-  if (tensor.numel() == 0) return;
-  // The last element's index in the storage, then its end in bytes, without overflow.
-  int64_t last = tensor.storage_offset();
-  bool overflow = last < 0;
-  for (int64_t d = 0; d < tensor.dim() && !overflow; ++d) {
-    int64_t reach = 0;
-    overflow = tensor.stride(d) < 0 ||
-               __builtin_mul_overflow(tensor.size(d) - 1, tensor.stride(d), &reach) ||
-               __builtin_add_overflow(last, reach, &last);
-  }
-  int64_t end = 0;
-  overflow = overflow || __builtin_add_overflow(last, 1, &end) ||
-             __builtin_mul_overflow(end, static_cast<int64_t>(tensor.element_size()), &end);
-  XLME_CHECK(!overflow && static_cast<uint64_t>(end) <= storage.nbytes(),
-             "'{}': tensor {} (shape [{}], offset {}) reaches past the {} bytes of its data "
-             "record; {}",
-             path, shown(name), fmt::join(tensor.sizes(), ", "), tensor.storage_offset(),
-             storage.nbytes(), kDamagedHint);
-}
-
-// check_archive_tensor on every tensor under `value` (objects, lists, tuples, dicts).
-void check_archive_value(const c10::IValue& value, const std::string& name, int depth,
-                         const std::map<const void*, std::size_t>& record_bytes,
-                         const std::string& path) {
-  XLME_CHECK(depth <= kMaxArchiveDepth, "'{}': {} is nested more than {} levels deep; {}", path,
-             shown(name), kMaxArchiveDepth, kDamagedHint);
-  if (value.isTensor()) {
-    check_archive_tensor(value.toTensor(), name, record_bytes, path);
-  } else if (value.isObject()) {
-    const auto& object = value.toObjectRef();
-    const auto type = object.type();
-    for (std::size_t i = 0; i < object.slots().size(); ++i) {
-      check_archive_value(object.getSlot(i), member_name(name, type->getAttributeName(i)),
-                          depth + 1, record_bytes, path);
-    }
-  } else if (value.isGenericDict()) {
-    for (const auto& item : value.toGenericDict()) {
-      const std::string key = item.key().isString() ? item.key().toStringRef() : "(key)";
-      check_archive_value(item.value(), member_name(name, key), depth + 1, record_bytes, path);
-    }
-  } else if (value.isList()) {
-    const auto items = value.toListRef();
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      check_archive_value(items[i], member_name(name, std::to_string(i)), depth + 1, record_bytes,
-                          path);
-    }
-  } else if (value.isTuple()) {
-    const auto& items = value.toTupleRef().elements();
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      check_archive_value(items[i], member_name(name, std::to_string(i)), depth + 1, record_bytes,
-                          path);
-    }
-  }
-}
-
-// Checks, before LibTorch reads archive `path` for use, that every tensor lies inside the record
-// its bytes come from: LibTorch sizes a storage by the element count written in the pickle, not
-// by its record, and places a tensor in its storage without a bounds check, so a short record is
-// read past its end. The pickle is unpickled here on the CPU with placeholder classes (the
-// archive's code is not compiled), each record's size remembered by its buffer.
-void check_archive_records(const std::string& path) {
-  caffe2::serialize::PyTorchStreamReader reader(path);
-  const auto pickle = reader.getRecord("data.pkl");
-  const char* pickle_data = static_cast<const char*>(std::get<0>(pickle).get());
-  const std::size_t pickle_bytes = std::get<1>(pickle);
-  std::size_t consumed = 0;
-  const auto read_pickle = [&](char* buffer, std::size_t n) {
-    n = std::min(n, pickle_bytes - consumed);
-    std::memcpy(buffer, pickle_data + consumed, n);
-    consumed += n;
-    return n;
-  };
-  std::map<const void*, std::size_t> record_bytes;
-  const auto read_record = [&](const std::string& key) {
-    auto [data, bytes] = reader.getRecord("data/" + key);
-    record_bytes[data.get()] = bytes;
-    return std::move(data);
-  };
-  const auto unit = std::make_shared<torch::jit::CompilationUnit>();
-  const auto resolve_class = [&](const c10::QualifiedName& name) {
-    return c10::StrongTypePtr(unit, c10::ClassType::create(name, unit));
-  };
-  // An object of a class of its own, with the pickled state's entries as attributes.
-  const auto build_object = [&](const c10::StrongTypePtr& type, const c10::IValue& state) {
-    const auto dict = state.toGenericDict();
-    const auto cls = c10::ClassType::create(type.type_->expectRef<c10::ClassType>().name(), unit);
-    for (const auto& item : dict) cls->addAttribute(item.key().toStringRef(), item.value().type());
-    auto object = c10::ivalue::Object::create(c10::StrongTypePtr(unit, cls), dict.size());
-    std::size_t slot = 0;
-    for (const auto& item : dict) object->setSlot(slot++, item.value());
-    return object;
-  };
-  torch::jit::Unpickler unpickler(read_pickle, resolve_class, build_object, read_record,
-                                  torch::Device(torch::kCPU));
-  unpickler.set_version(reader.version());
-  check_archive_value(unpickler.parse_ivalue(), "", 0, record_bytes, path);
-}
-
 }  // namespace
-
-void load_archive(torch::serialize::InputArchive& archive, const std::string& path,
-                  const torch::Device& device) {
-  XLME_CHECK(fs::is_regular_file(path), "'{}' not found", path);
-  try {
-    check_archive_records(path);
-    archive.load_from(path, device);
-  } catch (const c10::Error& e) {
-    const std::string what = e.what_without_backtrace();
-    XLME_FAIL("cannot read '{}': {}; {}", path, what.substr(0, what.find('\n')), kDamagedHint);
-  }
-}
-
-std::map<std::string, torch::Tensor> read_module_archive(const std::string& path) {
-  torch::serialize::InputArchive archive;
-  load_archive(archive, path, torch::kCPU);
-  std::map<std::string, torch::Tensor> out;
-  flatten_module_archive(archive, "", out);
-  return out;
-}
-
-uint32_t file_crc32(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  XLME_CHECK(in.good(), "cannot read '{}'", path);
-  std::vector<char> buffer(1 << 20);
-  uLong crc = crc32_z(0L, Z_NULL, 0);
-  while (in) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    crc = crc32_z(crc, reinterpret_cast<const Bytef*>(buffer.data()),
-                  static_cast<z_size_t>(in.gcount()));
-  }
-  return static_cast<uint32_t>(crc);
-}
 
 CheckpointManager::CheckpointManager(std::string dir, int64_t keep_last, int64_t keep_every)
     : dir_(std::move(dir)), keep_last_(keep_last), keep_every_(keep_every), run_id_(new_run_id()) {
@@ -320,7 +133,7 @@ std::string CheckpointManager::commit(int64_t step) const {
         << YAML::Value << fmt::format("{:08x}", file_crc32(path)) << YAML::EndMap;
   }
   out << YAML::EndMap << YAML::EndMap;
-  write_file_atomic((fs::path(tmp) / kManifest).string(), std::string(out.c_str()) + "\n");
+  write_file_atomic((fs::path(tmp) / kManifestFile).string(), std::string(out.c_str()) + "\n");
   std::error_code ec;
   if (fs::exists(final_path, ec)) {
     // The same step again: this run's earlier save of it (a resume from an older checkpoint) is
@@ -391,12 +204,11 @@ std::vector<CheckpointRef> CheckpointManager::list() const {
   return found;
 }
 
-std::optional<CheckpointRef> CheckpointManager::latest_valid() const {
+std::optional<VerifiedCheckpoint> CheckpointManager::latest_valid() const {
   const auto all = list();
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
-      verify(it->path);
-      return *it;
+      return VerifiedCheckpoint{it->step, it->path, verify(it->path)};
     } catch (const Error& e) {
       spdlog::warn("skipping a damaged checkpoint: {}", e.what());
     }
@@ -455,7 +267,7 @@ void CheckpointManager::prune(int64_t written) const {
 
 VerifiedFiles CheckpointManager::verify(const std::string& path) {
   const YAML::Node manifest = load_manifest(path);
-  const std::string manifest_path = (fs::path(path) / kManifest).string();
+  const std::string manifest_path = (fs::path(path) / kManifestFile).string();
   // Every name is checked before any file is opened: a name that leaves the folder is never used.
   std::vector<std::pair<std::string, YAML::Node>> entries;
   for (const auto& entry : manifest["files"]) {
@@ -508,64 +320,7 @@ std::string CheckpointManager::run_id_of(const std::string& path) {
   const YAML::Node manifest = load_manifest(path);
   if (!manifest["run_id"]) return "";
   return manifest_field<std::string>(manifest["run_id"], "run_id",
-                                     (fs::path(path) / kManifest).string());
+                                     (fs::path(path) / kManifestFile).string());
 }
 
-void save_archive(torch::serialize::OutputArchive& archive, const std::string& path) {
-  write_file_streamed(path, [&](const ByteSink& sink) {
-    try {
-      archive.save_to(sink);
-    } catch (const c10::Error& e) {
-      XLME_FAIL("cannot write '{}': {}", path, e.what_without_backtrace());
-    }
-  });
-}
-
-namespace {
-
-// A field of a checkpoint's trainer.yaml within [min, max], with errors that name the file and
-// the field.
-template <class T>
-T trainer_field(const YAML::Node& state, const std::string& field, const std::string& file, T min,
-                T max) {
-  XLME_CHECK(state[field].IsDefined(), "checkpoint file '{}' is damaged: field '{}' is missing",
-             file, field);
-  T value{};
-  try {
-    value = state[field].as<T>();
-  } catch (const YAML::Exception&) {
-    XLME_FAIL("checkpoint file '{}' is damaged: field '{}' has the malformed value '{}'", file,
-              field, state[field].IsScalar() ? state[field].Scalar() : "(not a value)");
-  }
-  XLME_CHECK(value >= min && value <= max,
-             "checkpoint file '{}' is damaged: field '{}' is {}, outside {}..{}; restore the "
-             "checkpoint from a copy, or resume from another checkpoint",
-             file, field, value, min, max);
-  return value;
-}
-
-// The largest step and token count a checkpoint may record: far beyond any run, and far enough
-// from INT64_MAX that the run's step and token arithmetic cannot overflow.
-constexpr int64_t kMaxCheckpointStep = 1'000'000'000'000'000;
-constexpr int64_t kMaxCheckpointTokens = 1'000'000'000'000'000'000;
-constexpr int kMaxCheckpointRanks = 1 << 16;
-
-}  // namespace
-
-TrainerState read_trainer_state(const std::string& file) {
-  YAML::Node state;
-  try {
-    state = config::load_yaml_file(file);
-  } catch (const YAML::Exception& e) {
-    XLME_FAIL("checkpoint file '{}' is damaged: {}", file, e.what());
-  }
-  XLME_CHECK(state.IsMap(), "checkpoint file '{}' is damaged: it is not a YAML map", file);
-  TrainerState t;
-  t.step = trainer_field<int64_t>(state, "step", file, 0, kMaxCheckpointStep);
-  t.tokens_seen = trainer_field<int64_t>(state, "tokens_seen", file, 0, kMaxCheckpointTokens);
-  t.skipped_steps = trainer_field<int64_t>(state, "skipped_steps", file, 0, t.step);
-  t.world_size = trainer_field<int>(state, "world_size", file, 1, kMaxCheckpointRanks);
-  return t;
-}
-
-}  // namespace xlme::train
+}  // namespace xlme::checkpoint

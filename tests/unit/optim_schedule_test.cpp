@@ -1,15 +1,12 @@
-// Learning-rate schedule, AdamW parameter groups, and the stop-signal flag.
-#include "xlme/train/optimizer.h"
-#include "xlme/train/schedule.h"
-#include "xlme/train/signals.h"
+// Learning-rate schedule and AdamW parameter groups.
+#include "xlme/optim/optimizer.h"
+#include "xlme/optim/schedule.h"
 
 #include "test_util.h"
 
 #include <torch/torch.h>
 
-#include <csignal>
-
-namespace xlme::train {
+namespace xlme::optim {
 namespace {
 
 using xlme::testing::contains_all;
@@ -57,17 +54,5 @@ TEST(AdamW, DecaysMatricesButNotBiasesOrNorms) {
   for (auto& group : optimizer->param_groups()) EXPECT_EQ(group.options().get_lr(), 0.25);
 }
 
-TEST(StopSignals, SetTheFlagInsteadOfKilling) {
-  install_stop_signal_handlers();
-  clear_stop_signal();
-  EXPECT_EQ(stop_signal(), 0);
-  std::raise(SIGUSR1);
-  EXPECT_EQ(stop_signal(), SIGUSR1);
-  std::raise(SIGTERM);
-  EXPECT_EQ(stop_signal(), SIGTERM);
-  clear_stop_signal();
-  EXPECT_EQ(stop_signal(), 0);
-}
-
 }  // namespace
-}  // namespace xlme::train
+}  // namespace xlme::optim

@@ -1,10 +1,10 @@
-#include "xlme/train/schedule.h"
+#include "xlme/optim/schedule.h"
 
 #include "xlme/common/error.h"
 
 #include <algorithm>
 
-namespace xlme::train {
+namespace xlme::optim {
 
 LinearSchedule::LinearSchedule(double peak, int64_t warmup, int64_t total)
     : peak_(peak), warmup_(warmup), total_(total) {
@@ -19,4 +19,4 @@ double LinearSchedule::lr(int64_t step) const {
   return peak_ * static_cast<double>(remaining) / static_cast<double>(total_ - warmup_);
 }
 
-}  // namespace xlme::train
+}  // namespace xlme::optim

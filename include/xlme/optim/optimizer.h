@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-namespace xlme::train {
+namespace xlme::optim {
 
 // True for the parameters that get weight decay: those with two or more dimensions.
 bool takes_weight_decay(const torch::Tensor& parameter);
@@ -39,4 +39,4 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
-}  // namespace xlme::train
+}  // namespace xlme::optim

@@ -1,0 +1,45 @@
+// Weights by name: a module's parameters and buffers under their dotted names
+// (discriminator.layers.0.attention.query.weight), which are also the keys of model.pt,
+// model.safetensors and every other weight file xlme reads or writes.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace xlme::checkpoint {
+
+// Every parameter and buffer of `module` by its dotted name: the module's own tensors.
+std::map<std::string, torch::Tensor> named_weights(const torch::nn::Module& module);
+
+// How a name -> tensor map matches the parameters and buffers of a module.
+struct WeightMatch {
+  struct Mismatch {
+    std::string name;
+    std::vector<int64_t> stored;    // the shape in the weights
+    std::vector<int64_t> expected;  // the shape in the module
+  };
+  std::vector<std::string> matched;       // same name and shape: what copy_weights copies
+  std::vector<std::string> missing;       // selected module tensors the weights lack
+  std::vector<std::string> unexpected;    // weights the module does not have
+  std::vector<std::string> not_selected;  // module tensors outside the selection
+  std::vector<Mismatch> mismatched;       // same name, another shape
+};
+
+// Matches `weights` against `module`'s parameters and buffers, considering only the module
+// tensors for which `selected` is true (all when it is empty). Names in sorted order.
+WeightMatch match_weights(const torch::nn::Module& module,
+                          const std::map<std::string, torch::Tensor>& weights,
+                          const std::function<bool(const std::string&)>& selected = {});
+
+// Copies the tensors that `match` matched from `weights` into `module` (without gradient
+// tracking, converted to each target's dtype and device).
+void copy_weights(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& weights,
+                  const WeightMatch& match);
+
+}  // namespace xlme::checkpoint
