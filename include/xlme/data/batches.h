@@ -101,7 +101,7 @@ struct ReaderState {
   std::vector<LanguageCursor> cursors;
 };
 
-struct Pool;  // one pool's sequences and micro-batches (private to batches.cpp)
+struct Pool;  // one pool's sequences and micro-batches (src/data/batches_internal.h)
 
 // What the next micro-batch of a rank is, decided by the schedule before it is built.
 struct BatchJob {
