@@ -8,7 +8,9 @@ namespace xlme::data {
 
 void mask_row(int64_t* input, bool* masked, int64_t length, const SpecialIds& ids,
               const MaskOptions& options, Rng& rng) {
-  std::vector<int64_t> candidates;
+  // Scratch reused across rows and batches: no allocation per row on a loader thread.
+  thread_local std::vector<int64_t> candidates;
+  candidates.clear();
   for (int64_t i = 0; i < length; ++i) {
     if (!ids.is_special(input[i])) candidates.push_back(i);
   }
