@@ -4,6 +4,7 @@
 
 #include "xlme/checkpoint/manager.h"
 #include "xlme/data/spm_trainer.h"
+#include "xlme/data/synthetic.h"
 #include "xlme/data/tokenizer.h"
 #include "xlme/train/trainer.h"
 
@@ -110,8 +111,8 @@ inline TinyCheckpoint make_tiny_checkpoint(const config::Config& c, const std::s
   TinyCheckpoint out;
   out.model = make_tiny_model(c, seed);
   const auto special = data::SpecialIds::for_vocab(c.model.vocab_size);
-  train::SyntheticBatches source(special, /*batch_size=*/2, /*length=*/16, /*mask_ratio=*/0.15,
-                                 seed);
+  data::SyntheticBatches source(special, /*batch_size=*/2, /*length=*/16, /*mask_ratio=*/0.15,
+                                seed);
   auto config = c;
   config.train.micro_batch_tokens = 32;
   config.train.tokens_per_task = 32;

@@ -6,6 +6,7 @@
 #include "xlme/checkpoint/archive.h"
 #include "xlme/checkpoint/manager.h"
 #include "xlme/data/batch_bench.h"
+#include "xlme/data/synthetic.h"
 #include "xlme/train/pretrain.h"
 #include "xlme/train/trainer.h"
 
@@ -36,7 +37,7 @@ inline config::Config fault_run_config(const std::string& out_dir, int64_t steps
 
 // pretrain() on synthetic batches in this process.
 inline int run_in_process(const config::Config& c, const train::PretrainOptions& options = {}) {
-  train::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 3);
+  data::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 3);
   return train::pretrain(c, options, source, single_process());
 }
 

@@ -1,6 +1,7 @@
 #include "xlme/train/benchmark.h"
 
 #include "xlme/common/error.h"
+#include "xlme/data/synthetic.h"
 #include "xlme/dist/communicator.h"
 #include "xlme/train/metrics.h"
 #include "xlme/train/performance.h"
@@ -21,8 +22,8 @@ std::string run_benchmark(const config::Config& config, int64_t steps) {
   model::ElectraModel model(config.model, model::architecture_for(config.objectives.set));
   int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
-  SyntheticBatches source(data::SpecialIds::for_vocab(config.model.vocab_size), batch, length,
-                          config.objectives.mask_ratio, config.run.seed);
+  data::SyntheticBatches source(data::SpecialIds::for_vocab(config.model.vocab_size), batch, length,
+                                config.objectives.mask_ratio, config.run.seed);
   const dist::LaunchInfo launch = dist::launch_info_from_env();
   const torch::Device device = dist::use_device(config.run.device, launch);
   auto comm = dist::Communicator::create(launch, device, config.dist.backend,

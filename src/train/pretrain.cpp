@@ -352,7 +352,7 @@ int run_pretraining(const config::Config& config, const PretrainOptions& options
     XLME_CHECK(tokenizer != nullptr,
                "data.heldout.dir is set but data.tokenizer is empty: the held-out text needs the "
                "tokenizer the shards were made with");
-    const auto pairs = read_heldout(config.data.heldout, *tokenizer);
+    const auto pairs = data::read_heldout(config.data.heldout, *tokenizer);
     validator = std::make_unique<Validator>(resolved, pairs, tokenizer->special_ids());
     spdlog::info(
         "validation on {} held-out pairs from {}: {} micro-batches, {} tokens; retrieval "

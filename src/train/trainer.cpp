@@ -6,12 +6,12 @@
 #include "xlme/common/io.h"
 #include "xlme/common/precision.h"
 #include "xlme/config/yaml_file.h"
+#include "xlme/data/synthetic.h"
 #include "xlme/optim/optimizer.h"
 #include "xlme/train/performance.h"
 #include "xlme/train/rng.h"
 #include "xlme/train/signals.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -25,7 +25,6 @@
 #include <fstream>
 #include <mutex>
 #include <set>
-#include <sstream>
 
 namespace xlme::train {
 
@@ -40,10 +39,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr data::Task kTasks[] = {data::Task::kMono, data::Task::kPara};
-
-int task_index(data::Task task) {
-  return task == data::Task::kMono ? 0 : 1;
-}
 
 // Wall-clock seconds per phase of a step, added into StepRecord::seconds. With `synchronize`, a
 // CUDA device is synchronized at each boundary so that the phases are exact.
@@ -105,63 +100,6 @@ torch::Tensor summed_over_ranks(dist::Communicator& comm, torch::Tensor t) {
 
 }  // namespace
 
-// --- SyntheticBatches ---------------------------------------------------------------------------
-
-SyntheticBatches::SyntheticBatches(const data::SpecialIds& special, int64_t batch_size,
-                                   int64_t length, double mask_ratio, uint64_t seed, int rank,
-                                   int world_size)
-    : special_(special),
-      batch_size_(batch_size),
-      length_(length),
-      mask_ratio_(mask_ratio),
-      seed_(seed),
-      rank_(rank),
-      world_size_(world_size) {
-  XLME_CHECK(length >= 6 && special.vocab_size > 5,
-             "synthetic batches need sequences of >= 6 tokens and a vocabulary of > 5 ids");
-}
-
-data::Batch SyntheticBatches::next(data::Task task) {
-  const int t = task_index(task);
-  const int64_t first = cursor_[t] + rank_ * batch_size_;
-  cursor_[t] += world_size_ * batch_size_;
-  auto labels = torch::empty({batch_size_, length_}, torch::kLong);  // [B, T]
-  auto masked = torch::empty({batch_size_, length_}, torch::kBool);  // [B, T]
-  for (int64_t i = 0; i < batch_size_; ++i) {
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(
-        seed_ * 1000003u + static_cast<uint64_t>(first + i) * 2 + static_cast<uint64_t>(t));
-    // Pieces only: ids 0-3 are <s> <pad> </s> <unk>, the last id is <mask>.
-    auto row = torch::randint(4, special_.vocab_size - 1, {length_}, generator, torch::kLong);
-    row[0] = special_.bos;
-    row[length_ - 1] = special_.eos;
-    if (task == data::Task::kPara) row[length_ / 2] = special_.eos;  // <s> e </s> f </s>
-    auto selected = torch::rand({length_}, generator) < mask_ratio_;
-    selected.masked_fill_(row == special_.bos, false).masked_fill_(row == special_.eos, false);
-    labels[i] = row;
-    masked[i] = selected;
-  }
-  data::Batch batch;
-  batch.task = task;
-  batch.labels = labels;
-  batch.masked = masked;
-  batch.input_ids = labels.masked_fill(masked, special_.mask);
-  batch.padding = torch::zeros({batch_size_, length_}, torch::kBool);
-  batch.positions = torch::arange(length_, torch::kLong).expand({batch_size_, length_}).clone();
-  batch.real_tokens = batch_size_ * length_;
-  return batch;
-}
-
-std::string SyntheticBatches::state() const {
-  return fmt::format("{} {}", cursor_[0], cursor_[1]);
-}
-
-void SyntheticBatches::restore(const std::vector<std::string>& saved) {
-  XLME_CHECK(!saved.empty(), "synthetic batches: no saved state to restore");
-  std::istringstream in(saved.front());
-  XLME_CHECK(static_cast<bool>(in >> cursor_[0] >> cursor_[1]),
-             "synthetic batches: malformed saved state '{}'", saved.front());
-}
-
 // --- Trainer ------------------------------------------------------------------------------------
 
 Trainer::Trainer(const config::Config& config, model::ElectraModel model, data::BatchSource& source,
@@ -208,8 +146,8 @@ void Trainer::dry_run() {
     const int64_t length = mono ? config_.data.mono.max_len : config_.data.para.max_len;
     const int64_t rows = std::max<int64_t>(1, config_.train.micro_batch_tokens / length);
     try {
-      SyntheticBatches synthetic(model_->special_ids(), rows, length, config_.objectives.mask_ratio,
-                                 config_.run.seed);
+      data::SyntheticBatches synthetic(model_->special_ids(), rows, length,
+                                       config_.objectives.mask_ratio, config_.run.seed);
       const data::Batch batch = synthetic.next(task);
       forward(batch, objectives_.normalizers(count_micro_batches({batch}))).loss.backward();
       if (device_.is_cuda()) torch::cuda::synchronize();  // asynchronous errors surface here

@@ -9,6 +9,7 @@
 #include "xlme/checkpoint/safetensors.h"
 #include "xlme/common/precision.h"
 #include "xlme/common/torch_compat.h"
+#include "xlme/data/synthetic.h"
 #include "xlme/dist/communicator.h"
 #include "xlme/model/attention.h"
 #include "xlme/model/electra.h"
@@ -298,9 +299,9 @@ class DeterministicCuda {
   bool was_;
 };
 
-train::SyntheticBatches cuda_test_batches(const config::Config& c) {
-  return train::SyntheticBatches(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15,
-                                 /*seed=*/11);
+data::SyntheticBatches cuda_test_batches(const config::Config& c) {
+  return data::SyntheticBatches(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15,
+                                /*seed=*/11);
 }
 
 TEST(CudaTrainer, ResumedRunEqualsTheUninterruptedRun) {
@@ -361,8 +362,8 @@ TEST(CudaDist, DISABLED_Worker) {
   const auto comm = dist::Communicator::create(launch, dist::use_device("cuda", launch), "gloo",
                                                std::chrono::seconds(60));
   const auto c = cuda_two_rank_config(2);
-  train::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 2, 16, 0.15, 21,
-                                 comm->rank(), comm->world_size());
+  data::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 2, 16, 0.15, 21,
+                                comm->rank(), comm->world_size());
   train::Trainer trainer(c, xlme::testing::make_tiny_model(c, 100 + comm->rank()), source, comm);
   ASSERT_TRUE(trainer.device().is_cuda());
   at::globalContext().setAllowTF32CuBLAS(false);  // exact fp32 (the trainer turned TF32 on)
@@ -389,7 +390,7 @@ TEST(CudaDist, TwoGlooRanksOnOneGpuEqualOneProcess) {
   for (const pid_t pid : pids) ASSERT_EQ(xlme::testing::wait_exit_code(pid), 0);
 
   const auto c = cuda_two_rank_config(4);  // one process, both ranks' 2 + 2 sequences
-  train::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 21);
+  data::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 21);
   train::Trainer single(c, xlme::testing::make_tiny_model(c, 100), source,
                         xlme::testing::single_process(kCuda));
   at::globalContext().setAllowTF32CuBLAS(false);

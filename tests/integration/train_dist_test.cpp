@@ -3,6 +3,8 @@
 // the counts of both.
 #include "xlme/train/trainer.h"
 
+#include "xlme/data/synthetic.h"
+
 #include "test_util.h"
 #include "train_fixtures.h"
 
@@ -36,8 +38,8 @@ TEST(TrainDist, DISABLED_Worker) {
   const auto comm =
       dist::Communicator::create(launch, torch::kCPU, "gloo", std::chrono::seconds(30));
   const auto c = two_rank_config(2);
-  SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 2, 16, 0.15, 21,
-                          comm->rank(), comm->world_size());
+  data::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 2, 16, 0.15, 21,
+                                comm->rank(), comm->world_size());
   // Different initial weights per rank: the trainer must broadcast rank 0's.
   Trainer trainer(c, xlme::testing::make_tiny_model(c, 100 + comm->rank()), source, comm);
   for (int i = 0; i < kSteps; ++i) trainer.train_step();
@@ -59,7 +61,7 @@ TEST(TrainDist, TwoRanksEqualOneProcessWithTheCombinedBatch) {
   for (const pid_t pid : pids) ASSERT_EQ(wait_exit_code(pid), 0);
 
   const auto c = two_rank_config(4);  // one process, micro-batches of both ranks' 2 + 2
-  SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 21);
+  data::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 21);
   Trainer single(c, xlme::testing::make_tiny_model(c, 100), source,
                  xlme::testing::single_process());
   ASSERT_EQ(single.micro_batches_per_task(), 2);

@@ -3,6 +3,7 @@
 #include "xlme/train/pretrain.h"
 
 #include "xlme/common/exit_codes.h"
+#include "xlme/data/synthetic.h"
 #include "xlme/train/signals.h"
 #include "xlme/train/trainer.h"
 
@@ -34,14 +35,14 @@ config::Config run_config(const std::string& out_dir, int64_t save_every) {
 }
 
 // Synthetic batches that raise SIGTERM while the `stop_at`-th micro-batch is read.
-class SignallingBatches : public SyntheticBatches {
+class SignallingBatches : public data::SyntheticBatches {
  public:
   SignallingBatches(const config::Config& c, int stop_at)
-      : SyntheticBatches(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 3),
+      : data::SyntheticBatches(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 3),
         stop_at_(stop_at) {}
   data::Batch next(data::Task task) override {
     if (++calls_ == stop_at_) std::raise(SIGTERM);
-    return SyntheticBatches::next(task);
+    return data::SyntheticBatches::next(task);
   }
 
  private:

@@ -1,6 +1,7 @@
 // Start-up and set-up: the dry run changes nothing and names the sizes when it fails; --init-from
 // loads weights with a report; the FLOPs count and the GPU peak table.
 #include "xlme/checkpoint/manager.h"
+#include "xlme/data/synthetic.h"
 #include "xlme/train/init.h"
 #include "xlme/train/performance.h"
 #include "xlme/train/trainer.h"
@@ -20,7 +21,7 @@ using xlme::testing::TempDir;
 TEST(DryRun, DoesNotChangeTrainingResults) {
   const auto c = xlme::testing::tiny_train_config(4, 2, /*dropout=*/0.1);
   auto run = [&](bool dry) {
-    SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 5);
+    data::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 5);
     Trainer trainer(c, xlme::testing::make_tiny_model(c, 8), source,
                     xlme::testing::single_process());
     torch::manual_seed(123);
@@ -37,7 +38,7 @@ TEST(DryRun, NamesTheTaskAndSizesWhenItDoesNotFit) {
   auto c = xlme::testing::tiny_train_config(4, 1, 0.0);
   c.train.micro_batch_tokens = int64_t{1} << 40;  // 2^36 sequences of 16: no machine has that
   c.train.tokens_per_task = c.train.micro_batch_tokens;
-  SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 5);
+  data::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 5);
   Trainer trainer(c, xlme::testing::make_tiny_model(c, 8), source, xlme::testing::single_process());
   EXPECT_TRUE(contains_all(error_message([&] { trainer.dry_run(); }),
                            {"start-up dry run", "MRTD micro-batch of 68719476736 sequences x 16",
@@ -48,7 +49,7 @@ TEST(DryRun, NamesTheTaskAndSizesWhenItDoesNotFit) {
 TEST(InitFrom, LoadsSelectedWeightsAndReports) {
   TempDir dir;
   const auto c = xlme::testing::tiny_train_config(4, 1, 0.0);
-  SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 5);
+  data::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 5);
   Trainer trainer(c, xlme::testing::make_tiny_model(c, 1), source, xlme::testing::single_process());
   trainer.train_step();
   const checkpoint::CheckpointManager manager(dir / "checkpoints", 2, 0);

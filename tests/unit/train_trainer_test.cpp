@@ -2,6 +2,7 @@
 // uninterrupted one bit for bit, non-finite updates are skipped and counted, and losses fall.
 #include "xlme/train/trainer.h"
 
+#include "xlme/data/synthetic.h"
 #include "xlme/train/performance.h"
 #include "xlme/train/rng.h"
 
@@ -32,9 +33,9 @@ model::ElectraModel make_model(const config::Config& c, uint64_t seed) {
   return xlme::testing::make_tiny_model(c, seed);
 }
 
-SyntheticBatches make_source(const config::Config& c, int64_t batch) {
-  return SyntheticBatches(data::SpecialIds::for_vocab(c.model.vocab_size), batch, 16, 0.15,
-                          /*seed=*/11);
+data::SyntheticBatches make_source(const config::Config& c, int64_t batch) {
+  return data::SyntheticBatches(data::SpecialIds::for_vocab(c.model.vocab_size), batch, 16, 0.15,
+                                /*seed=*/11);
 }
 
 TEST(Trainer, MicroBatchCountFollowsTheTokenBudget) {
@@ -272,11 +273,11 @@ TEST(Trainer, AllFourLossesFallOnALearnableStream) {
   c.train.lr = 3e-3;
   c.train.warmup_steps = 2;
   c.train.steps = 60;
-  struct Repeating : SyntheticBatches {
-    using SyntheticBatches::SyntheticBatches;
+  struct Repeating : data::SyntheticBatches {
+    using data::SyntheticBatches::SyntheticBatches;
     data::Batch next(data::Task task) override {
       restore({"0 0"});
-      return SyntheticBatches::next(task);
+      return data::SyntheticBatches::next(task);
     }
   } source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 11);
   Trainer trainer(c, make_model(c, 8), source, single_process());

@@ -3,6 +3,7 @@
 // steps changes nothing in training.
 #include "xlme/train/validation.h"
 
+#include "xlme/data/synthetic.h"
 #include "xlme/train/rng.h"
 
 #include "test_util.h"
@@ -55,7 +56,7 @@ data::Tokenizer* Validation::tokenizer_ = nullptr;
 
 TEST_F(Validation, ReadsPairsAndNamesWhatIsWrong) {
   auto c = config();
-  const auto pairs = read_heldout(c.data.heldout, *tokenizer_);
+  const auto pairs = data::read_heldout(c.data.heldout, *tokenizer_);
   ASSERT_EQ(pairs.size(), 2u);
   EXPECT_EQ(pairs[0].name, "en-de");
   EXPECT_EQ(pairs[1].second_language, "fr");
@@ -65,20 +66,21 @@ TEST_F(Validation, ReadsPairsAndNamesWhatIsWrong) {
   for (int i = 0; i < 4; ++i) std::getline(english, line);
   EXPECT_EQ(pairs[0].a[3], tokenizer_->encode(line));
   c.data.heldout.pairs = {"en-xx"};
-  EXPECT_TRUE(contains_all(error_message([&] { read_heldout(c.data.heldout, *tokenizer_); }),
+  EXPECT_TRUE(contains_all(error_message([&] { data::read_heldout(c.data.heldout, *tokenizer_); }),
                            {"data.heldout.pairs", "en-xx", dir_->path().string()}));
   TempDir bad;
   write_file(bad / "en-de.en", "a\nb\n");
   write_file(bad / "en-de.de", "a\n");
   c.data.heldout.pairs = {};
   c.data.heldout.dir = bad.path().string();
-  EXPECT_TRUE(contains_all(error_message([&] { read_heldout(c.data.heldout, *tokenizer_); }),
+  EXPECT_TRUE(contains_all(error_message([&] { data::read_heldout(c.data.heldout, *tokenizer_); }),
                            {"en-de", "en-de.en has 2 lines", "en-de.de has 1", "line-aligned"}));
 }
 
 TEST_F(Validation, BatchesCoverEveryPairAndMaskOnlyPieces) {
-  const auto c = config();
-  const auto pairs = read_heldout(c.data.heldout, *tokenizer_);
+  auto c = config();
+  c.data.too_long = "truncate";
+  const auto pairs = data::read_heldout(c.data.heldout, *tokenizer_);
   const auto special = tokenizer_->special_ids();
   const Validator validator(c, pairs, special);
   const Validator again(c, pairs, special);
@@ -112,14 +114,62 @@ TEST_F(Validation, BatchesCoverEveryPairAndMaskOnlyPieces) {
       seen_mono_pieces += (real & ~specials).sum().item<int64_t>();
     }
   }
-  EXPECT_EQ(para_rows, 60);  // every pair line of both pairs, once (none is over 24 tokens)
+  EXPECT_EQ(para_rows, 60);  // every pair line of both pairs, once (the long ones truncated)
+  // data.too_long=drop leaves out the pairs over data.para.max_len, as training does.
+  c.data.too_long = "drop";
+  int64_t fitting = 0, kept_rows = 0;
+  for (const auto& p : pairs) {
+    for (size_t i = 0; i < p.a.size(); ++i) {
+      fitting += static_cast<int64_t>(p.a[i].size() + p.b[i].size() + 3) <= c.data.para.max_len;
+    }
+  }
+  const Validator dropping(c, pairs, special);
+  for (const auto& b : dropping.batches()) {
+    if (b.task == data::Task::kPara) kept_rows += b.input_ids.size(0);
+  }
+  EXPECT_EQ(kept_rows, fitting);
+  EXPECT_LT(fitting, 60);
   EXPECT_EQ(seen_mono_pieces, mono_pieces);  // English once, de and fr
   EXPECT_EQ(validator.probe_layer(), 1);     // model.layers / 2
 }
 
+// TRTD pairs over data.para.max_len are cut (or dropped, data.too_long) by training's rule: the
+// longer side gives up tokens first, each side keeping at least half the room if it needs it.
+TEST(ValidationBatches, TruncateTrtdPairsAsTrainingDoesAndHonourTooLong) {
+  auto c = xlme::testing::tiny_train_config(4, 1, /*dropout=*/0);
+  c.data.para.max_len = 18;
+  c.train.micro_batch_tokens = 64;
+  const auto special = data::SpecialIds::for_vocab(c.model.vocab_size);
+  data::HeldoutPair pair;
+  pair.name = "en-de";
+  pair.first_language = "en";
+  pair.second_language = "de";
+  pair.a = {{10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, {40, 41, 42}};
+  pair.b = {{20, 21, 22, 23, 24, 25, 26, 27, 28, 29}, {50, 51}};
+  auto para_rows = [&](const std::string& too_long) {
+    c.data.too_long = too_long;
+    const Validator validator(c, {pair}, special);
+    std::vector<std::vector<int64_t>> rows;
+    for (const auto& b : validator.batches()) {
+      if (b.task != data::Task::kPara) continue;
+      for (int64_t r = 0; r < b.labels.size(0); ++r) {
+        const auto row = b.labels[r].masked_select(b.padding[r].logical_not()).contiguous();
+        rows.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+      }
+    }
+    return rows;
+  };
+  // 10 + 10 tokens in 18 - 3: e keeps 8, f 7 (training's make_pool keeps the same).
+  const std::vector<std::vector<int64_t>> truncated = {
+      {0, 40, 41, 42, 2, 50, 51, 2},
+      {0, 10, 11, 12, 13, 14, 15, 16, 17, 2, 20, 21, 22, 23, 24, 25, 26, 2}};
+  EXPECT_EQ(para_rows("truncate"), truncated);
+  EXPECT_EQ(para_rows("drop"), std::vector<std::vector<int64_t>>{truncated[0]});
+}
+
 TEST_F(Validation, EqualsADirectComputationAndLeavesTrainingUntouched) {
   const auto c = config();
-  const auto pairs = read_heldout(c.data.heldout, *tokenizer_);
+  const auto pairs = data::read_heldout(c.data.heldout, *tokenizer_);
   const Validator validator(c, pairs, tokenizer_->special_ids());
   auto model = xlme::testing::make_tiny_model(c, 4);
   auto comm = xlme::testing::single_process();
@@ -198,10 +248,10 @@ TEST_F(Validation, ValidatingBetweenStepsDoesNotChangeTraining) {
   auto c = config();
   c.train.micro_batch_tokens = 4 * 16;
   c.train.tokens_per_task = 4 * 16;
-  const auto pairs = read_heldout(c.data.heldout, *tokenizer_);
+  const auto pairs = data::read_heldout(c.data.heldout, *tokenizer_);
   const Validator validator(c, pairs, tokenizer_->special_ids());
   auto run = [&](bool validate) {
-    SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 5);
+    data::SyntheticBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 5);
     Trainer trainer(c, xlme::testing::make_tiny_model(c, 8), source,
                     xlme::testing::single_process());
     for (int step = 0; step < 3; ++step) {

@@ -26,6 +26,9 @@
 // independent of the number of ranks, so a state saved with N ranks continues with M ranks
 // without repeating or skipping anything. Masking is keyed by the micro-batch's place in its
 // language's sequence, so a micro-batch is the same whichever rank or thread builds it.
+//
+// Packing, framing and truncation (framing.h), bucketing (bucketing.h) and masking (masking.h)
+// are the ones the held-out (heldout.h) and synthetic (synthetic.h) batches use too.
 #pragma once
 
 #include "xlme/config/config.h"
@@ -101,7 +104,7 @@ struct ReaderState {
   std::vector<LanguageCursor> cursors;
 };
 
-struct Pool;  // one pool's sequences and micro-batches (private to batches.cpp)
+struct Pool;  // one pool's sequences and micro-batches (src/data/batches_internal.h)
 
 // What the next micro-batch of a rank is, decided by the schedule before it is built.
 struct BatchJob {

@@ -28,31 +28,6 @@
 
 namespace xlme::train {
 
-// Random tokens at a fixed shape, each sequence a function of (seed, task, its index in the
-// stream), for --benchmark and tests. Rank r of R takes sequences [c + rB, c + rB + B) of the
-// stream at cursor c, then all advance by RB: one process with batch RB reads what R ranks with
-// batch B read together, and a batch of 2B equals two consecutive batches of B.
-class SyntheticBatches : public data::BatchSource {
- public:
-  SyntheticBatches(const data::SpecialIds& special, int64_t batch_size, int64_t length,
-                   double mask_ratio, uint64_t seed, int rank = 0, int world_size = 1);
-
-  data::Batch next(data::Task task) override;
-  std::string state() const override;  // "<mono index> <para index>"
-  // The cursors are global, equal on every rank: any saved rank's state will do.
-  void restore(const std::vector<std::string>& saved) override;
-
- private:
-  data::SpecialIds special_;
-  int64_t batch_size_;
-  int64_t length_;
-  double mask_ratio_;
-  uint64_t seed_;
-  int rank_;
-  int world_size_;
-  int64_t cursor_[2] = {0, 0};  // per task: the stream position of the next micro-batch
-};
-
 struct StepRecord {
   int64_t step = 0;  // updates done, this one included
   double lr = 0;

@@ -7,15 +7,15 @@
 //     each held-out translation pair, from the mean-pooled states of a middle discriminator
 //     layer (train.probe_layer).
 // The held-out data is data.heldout: line-aligned pairs <a>-<b>.<a> / <a>-<b>.<b> (the demo
-// corpus's heldout/dev). The first data.heldout.max_pairs lines of each pair give its TRTD
-// sequences <s> e </s> f </s> and the probe's sentences; each language's distinct sentences over
-// all pairs, packed in order into <s> ... </s> of up to data.mono.max_len tokens, give MRTD.
+// corpus's heldout/dev). The first data.heldout.max_pairs lines of each pair give the probe's
+// sentences and, framed, truncated, bucketed and masked as training's, the micro-batches
+// (data/heldout.h).
 // Training's random streams are untouched (ForkedRng), so validating does not change a run.
 #pragma once
 
 #include "xlme/config/config.h"
 #include "xlme/data/batch.h"
-#include "xlme/data/tokenizer.h"
+#include "xlme/data/heldout.h"
 #include "xlme/dist/communicator.h"
 #include "xlme/eval/retrieval.h"
 #include "xlme/model/electra.h"
@@ -28,18 +28,6 @@
 #include <vector>
 
 namespace xlme::train {
-
-// One held-out translation pair, tokenized (pieces, no special ids); a[i] translates b[i].
-struct HeldoutPair {
-  std::string name;  // "en-de"
-  std::string first_language, second_language;
-  std::vector<std::vector<int32_t>> a, b;
-};
-
-// Reads data.heldout (every pair in dir, or data.heldout.pairs) with `tokenizer`. Errors name the
-// folder, the pair and the file (missing, or different line counts).
-std::vector<HeldoutPair> read_heldout(const config::HeldoutConfig& heldout,
-                                      const data::Tokenizer& tokenizer);
 
 struct ValidationResult {
   int64_t step = 0;
@@ -54,9 +42,10 @@ struct ValidationResult {
 
 class Validator {
  public:
-  // Builds the fixed micro-batches (train.micro_batch_tokens each, sorted by length) and the
-  // probe's sentences from `pairs`. The probe layer is train.probe_layer (-1: model.layers / 2).
-  Validator(const config::Config& config, const std::vector<HeldoutPair>& pairs,
+  // Builds the fixed micro-batches (data::heldout_batches of the tasks the objective set trains)
+  // and the probe's sentences from `pairs`. The probe layer is train.probe_layer (-1:
+  // model.layers / 2).
+  Validator(const config::Config& config, const std::vector<data::HeldoutPair>& pairs,
             const data::SpecialIds& special);
 
   // Every rank calls it at the same step (it all-reduces once): rank r evaluates the micro-batches
