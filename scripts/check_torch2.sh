@@ -12,7 +12,7 @@
 #        (XLME_WITH_CUDA) and the NCCL process group included. Nothing runs: Debian's
 #        nvidia-cudnn only downloads cuDNN from NVIDIA (out of reach here), and LibTorch's CUDA
 #        library needs libcudnn.so.9 to load; the links ignore its missing symbols. Running
-#        needs a GPU machine with PyTorch's wheel (README, "Building for GPUs").
+#        needs a GPU machine with PyTorch's wheel (docs/gpu.md#building-for-gpus).
 #   sid  Debian unstable's libtorch-dev (the newest LibTorch Debian has), like cpu.
 #
 # Environment: XLME_CHROOT_DIR (default /var/tmp/xlme-chroot-MODE) is kept and reused by the

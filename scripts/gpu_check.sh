@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one command a session with a lent GPU runs (README, "Checking on a GPU"): builds xlme
+# The one command a session with a lent GPU runs (docs/gpu.md#checking-on-a-gpu): builds xlme
 # against the CUDA LibTorch of PyTorch's wheel, runs the CUDA tests and the benchmarks, and writes
 # OUT_DIR/gpu_check.json plus the logs (7 files: the device tool brings back at most 8).
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the offline demo corpus (DESIGN section 4) from Debian packages: installs a fixed list of
+# Builds the offline demo corpus (docs/data.md#the-offline-demo-corpus) from Debian packages: installs a fixed list of
 # packages that carry gettext catalogs and translated man pages, then runs
 # `xlme-data demo-corpus`. Needs no network beyond Debian's package mirror.
 #

@@ -124,5 +124,5 @@ print()
 print(f"curves: {run}/plots/summary.png; export: {run}/export/; retrieval: {run}/retrieval/results.json")
 print("A ~12M-token CPU run is far too small for cross-lingual transfer: expect the trained")
 print("model's retrieval at or below the untrained one, whose random embeddings already match")
-print("shared sub-words (README.md, \"Fine-tuning and evaluation\", has a GPU command that trains enough).")
+print("shared sub-words (docs/finetuning.md, \"The demo retrieval evaluation\", has a GPU command that trains enough).")
 PY

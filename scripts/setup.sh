@@ -37,7 +37,7 @@ done
 # demo run less than half of glibc malloc's).
 # python3-torch, python3-numpy: the PyTorch reference loader and its parity test;
 # python3-matplotlib: scripts/plot_metrics.py; python3-sentencepiece and the modules that
-# transformers imports (yaml ... typing-extensions): the transformers export test (README "Export").
+# transformers imports (yaml ... typing-extensions): the transformers export test (docs/testing.md#the-transformers-export-test).
 # zlib1g-dev, liblzma-dev: .gz/.xz corpora (and checkpoint CRC32s); gettext: msgfmt for the
 # .mo tests; nlohmann-json3-dev: reading JSON (XTREME's SQuAD files, safetensors headers,
 # export config.json); sentencepiece: spm_encode/spm_train, the references of the tokenizer

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """A pure PyTorch reference for xlme's encoder: loads an xlme-export folder and computes every
-layer's hidden states, as the C++ model does (DESIGN section 5). Needs only torch and numpy;
+layer's hidden states, as the C++ model does (docs/ARCHITECTURE.md#model). Needs only torch and numpy;
 copy this file to use an exported model anywhere.
 
     scripts/xlme_reference.py --model DIR --ids "0 17 42 2" [--ids "0 5 2"]

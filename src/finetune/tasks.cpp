@@ -323,7 +323,7 @@ class QaTask : public TrainableTask {
     options_.doc_stride = settings.doc_stride;
     options_.max_query_len = settings.max_query_len;
     // XQuAD and MLQA are predicted by a model trained on SQuAD v1.1; TyDiQA by one trained on
-    // its English GoldP train set (XTREME.md §5).
+    // its English GoldP train set (docs/finetuning.md#fine-tuning-recipe-xtremes-scripts).
     const std::string& train_task = task_info(settings.task).train_data;
     auto data =
         read_squad_json(qa_file(settings.data_dir, train_task, "train", settings.train_language),

@@ -1,9 +1,9 @@
 // Preemption across ranks and a change of rank count: two Gloo ranks on real shards, one of them
 // signalled in the middle of a step, both stop after the same micro-batch and save the last
-// finished step; one process resumes from it. The data streams are re-split (DESIGN section 4):
-// every language's micro-batches trained on, over both runs, are exactly the first ones of its
-// global sequence (none twice, none skipped), and the abandoned step's micro-batches are trained
-// on after the resume.
+// finished step; one process resumes from it. The data streams are re-split
+// (docs/ARCHITECTURE.md#data): every language's micro-batches trained on, over both runs, are
+// exactly the first ones of its global sequence (none twice, none skipped), and the abandoned
+// step's micro-batches are trained on after the resume.
 #include "xlme/common/exit_codes.h"
 #include "xlme/data/batches.h"
 #include "xlme/data/binarize.h"

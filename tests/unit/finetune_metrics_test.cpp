@@ -1,6 +1,6 @@
 // finetune/metrics: each official XTREME metric against hand-computed cases, including the traps
-// of ../shared/XTREME.md (POS chunk merging, lenient IOB, MLQA's Arabic articles and Chinese
-// segmentation, unanswered questions, BUCC's threshold midpoint).
+// of docs/finetuning.md#xtremes-metric-quirks (POS chunk merging, lenient IOB, MLQA's Arabic
+// articles and Chinese segmentation, unanswered questions, BUCC's threshold midpoint).
 #include "xlme/finetune/metrics.h"
 
 #include "xlme/eval/retrieval.h"

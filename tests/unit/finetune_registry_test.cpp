@@ -51,7 +51,7 @@ TEST(TaskRegistry, UnknownNameListsTheKnownOnes) {
                                                                  "udpos panx"}));
 }
 
-// What each row says, against XTREME.md: the readers, heads, metrics and training data.
+// What each row says, against docs/finetuning.md: the readers, heads, metrics and training data.
 TEST(TaskRegistry, RowsSayWhatEachTaskDoes) {
   std::set<std::string> names;
   for (const auto& task : task_table()) {

@@ -65,7 +65,7 @@ double sigmoid(double x) {
   return 1.0 / (1.0 + std::exp(-x));
 }
 
-// The formulas of DESIGN section 5, one (b, h, i, j) at a time.
+// The formulas of docs/ARCHITECTURE.md#model, one (b, h, i, j) at a time.
 torch::Tensor naive(const AttentionCase& c, bool relative, bool gated) {
   const int64_t batch = c.q.size(0), heads = c.q.size(1), length = c.q.size(2), dk = c.q.size(3);
   auto q = c.q.accessor<double, 4>(), k = c.k.accessor<double, 4>(), v = c.v.accessor<double, 4>();
@@ -131,8 +131,9 @@ TEST(GatedAttention, MatchesNaiveLoopWithPadding) {
   EXPECT_FALSE(torch::allclose(run(c, true, false), run(c, false, false)));
 }
 
-// The formulas of DESIGN section 5 with one autograd op per (b, h, i) or (b, h, i, j), so that
-// autograd differentiates the naive loop itself. p: q, k, v, d, u, v_gate, w (as AttentionCase).
+// The formulas of docs/ARCHITECTURE.md#model with one autograd op per (b, h, i) or (b, h, i, j), so
+// that autograd differentiates the naive loop itself. p: q, k, v, d, u, v_gate, w (as
+// AttentionCase).
 torch::Tensor naive_differentiable(const std::vector<torch::Tensor>& p,
                                    const torch::Tensor& padding, bool relative, bool gated) {
   const auto &q = p[0], &k = p[1], &v = p[2], &d = p[3], &u = p[4], &gv = p[5], &w = p[6];

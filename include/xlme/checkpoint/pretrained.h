@@ -1,8 +1,8 @@
 // Pre-trained weights for fine-tuning, evaluation and export, from either a pre-training
 // checkpoint folder (<run>/checkpoints/step_<N>/) or an export folder (xlme-export), detected
-// from the files present. Loading is strict (DESIGN section 7): a missing or unexpected weight,
-// a shape that differs, or a vocabulary size / special id that disagrees between the weights, the
-// config and the tokenizer is an error that names them.
+// from the files present. Loading is strict (docs/export.md#loading-in-c-load_pretrained): a
+// missing or unexpected weight, a shape that differs, or a vocabulary size / special id that
+// disagrees between the weights, the config and the tokenizer is an error that names them.
 #pragma once
 
 #include "xlme/config/config.h"

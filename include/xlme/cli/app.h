@@ -1,4 +1,5 @@
-// The command-line contract every binary shares (DESIGN section 2): --config, repeatable --set,
+// The command-line contract every binary shares (docs/configuration.md#command-line-options):
+// --config, repeatable --set,
 // --print-config, --log-level, --threads, --version, --help; errors as one clear message and a
 // documented exit code.
 #pragma once

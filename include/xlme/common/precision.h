@@ -1,5 +1,5 @@
-// train.precision: fp32, or bf16 autocast with fp32 master weights (DESIGN section 6). The
-// parameters, gradients and optimizer state stay fp32; inside the forward pass autocast runs
+// train.precision: fp32, or bf16 autocast with fp32 master weights (docs/ARCHITECTURE.md#training).
+// The parameters, gradients and optimizer state stay fp32; inside the forward pass autocast runs
 // matrix products (and what it lists as safe) in bf16 and keeps reductions and losses in fp32.
 #pragma once
 

@@ -39,7 +39,7 @@ struct RunConfig {
   }
 };
 
-// Relative position bias of every attention layer (DESIGN section 5).
+// Relative position bias of every attention layer (docs/ARCHITECTURE.md#model).
 struct RelativePositionConfig {
   bool enabled = true;
   bool gated = true;
@@ -138,7 +138,7 @@ struct ModelConfig {
             "ALBERT's cross-layer parameter sharing in each encoder: all = one layer's weights at "
             "every depth; attention / ffn = only that sub-layer (with its LayerNorm) shared");
     v.section("relative_position", relative_position,
-              "gated relative position bias (DESIGN section 5)");
+              "gated relative position bias (docs/ARCHITECTURE.md#model)");
     v.section("generator", generator,
               "the generator encoder (shares the token and position embeddings)");
   }
@@ -205,10 +205,11 @@ struct TaskDataConfig {
   }
 };
 
-// Held-out translation pairs for validation during pre-training (DESIGN section 4): the demo
-// corpus writes them to heldout/{dev,test}/en-<lang>.{en,<lang>}, split off by a hash of the
-// English message so that they never enter mono/ or para/. Each pair's two sides are also the
-// held-out monolingual text of their languages.
+// Held-out translation pairs for validation during pre-training
+// (docs/pretraining.md#validation-and-the-retrieval-probe): the demo corpus writes them to
+// heldout/{dev,test}/en-<lang>.{en,<lang>}, split off by a hash of the English message so that they
+// never enter mono/ or para/. Each pair's two sides are also the held-out monolingual text of their
+// languages.
 struct HeldoutConfig {
   std::string dir;
   std::vector<std::string> pairs;
@@ -241,7 +242,7 @@ struct BinarizeConfig {
   }
 };
 
-// From raw text to batches (DESIGN section 4).
+// From raw text to batches (docs/ARCHITECTURE.md#data).
 struct DataConfig {
   std::string tokenizer;
   std::string vocab_layout = "own";

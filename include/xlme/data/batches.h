@@ -1,4 +1,4 @@
-// Training batches from binarized shards (DESIGN section 4): languages sampled with
+// Training batches from binarized shards (docs/ARCHITECTURE.md#data): languages sampled with
 // p_j ∝ m_j^alpha, MRTD sequences packed from whole sentences, TRTD pairs framed and bucketed by
 // length, token-budget micro-batches, masking, per-rank streams with an O(1) state that re-splits
 // over any number of ranks, and background prefetch.

@@ -1,4 +1,4 @@
-// The one token-budget bucketing (DESIGN section 4), for training's pools and the held-out
+// The one token-budget bucketing (docs/ARCHITECTURE.md#data), for training's pools and the held-out
 // batches: sequences of similar length share a micro-batch, so padding stays small.
 #pragma once
 

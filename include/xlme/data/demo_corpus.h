@@ -1,5 +1,5 @@
 // The offline demo corpus: Debian's gettext catalogs and translated manual pages turned into the
-// raw layout of DESIGN section 4 (mono/, para/, and a held-out dev/test split).
+// raw layout of docs/ARCHITECTURE.md#data (mono/, para/, and a held-out dev/test split).
 #pragma once
 
 #include <cstdint>

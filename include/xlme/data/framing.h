@@ -1,5 +1,5 @@
-// The one framing of sequences (DESIGN section 4), for training, the held-out batches and the
-// synthetic ones: MRTD packs whole sentences into <s> x </s>, TRTD frames a translation pair as
+// The one framing of sequences (docs/ARCHITECTURE.md#data), for training, the held-out batches and
+// the synthetic ones: MRTD packs whole sentences into <s> x </s>, TRTD frames a translation pair as
 // <s> e </s> f </s>, and a sequence over max_len is cut (or, for a pair, dropped: data.too_long)
 // by the rules below.
 #pragma once

@@ -1,4 +1,4 @@
-// The one masking rule of every micro-batch (DESIGN section 4): training's, the held-out
+// The one masking rule of every micro-batch (docs/ARCHITECTURE.md#data): training's, the held-out
 // batches' and the synthetic ones'.
 #pragma once
 

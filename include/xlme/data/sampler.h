@@ -33,7 +33,7 @@ class Rng {
   uint64_t s_[4];
 };
 
-// Picks languages (or pairs) with p_j ∝ m_j^alpha (DESIGN section 4), m_j their sizes.
+// Picks languages (or pairs) with p_j ∝ m_j^alpha (docs/ARCHITECTURE.md#data), m_j their sizes.
 class LanguageSampler {
  public:
   // `sizes` > 0, alpha in (0, 1]; throws xlme::Error otherwise.

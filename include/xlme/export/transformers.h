@@ -1,7 +1,8 @@
-// The HuggingFace `transformers` side of an export folder (README "Loading an export with
-// transformers"): config.json gains model_type, architectures, auto_map and torch_dtype; the
-// remote code that auto_map names (scripts/hf/*.py and scripts/xlme_reference.py, built into xlme)
-// and tokenizer_config.json for AutoTokenizer are written beside it.
+// The HuggingFace `transformers` side of an export folder
+// (docs/export.md#loading-an-export-with-huggingface-transformers): config.json gains model_type,
+// architectures, auto_map and torch_dtype; the remote code that auto_map names (scripts/hf/*.py and
+// scripts/xlme_reference.py, built into xlme) and tokenizer_config.json for AutoTokenizer are
+// written beside it.
 #pragma once
 
 #include "xlme/checkpoint/export_folder.h"

@@ -1,4 +1,4 @@
-// What XTREME's files hold, one struct per task kind (../shared/XTREME.md). Readers
+// What XTREME's files hold, one struct per task kind (docs/finetuning.md#xtremes-protocol). Readers
 // (finetune/{pair,tagging,qa,retrieval}_io.h) produce these, featurization (finetune/features.h)
 // turns them into model inputs, metrics (finetune/metrics.h) score predictions against them. All
 // text is UTF-8.

@@ -1,7 +1,8 @@
 // XTREME examples -> model inputs, and model outputs -> XTREME predictions, as XTREME's Python
-// code does it for XLM-R (../shared/XTREME.md §3-§5, §8): sentence pairs with longest_first
-// truncation, tagging with the label on each word's first sub-token and long sentences split at
-// word boundaries, extractive QA with HF run_squad's windows and n-best decoding.
+// code does it for XLM-R (docs/finetuning.md#input-encoding, #question-answering): sentence pairs
+// with longest_first truncation, tagging with the label on each word's first sub-token and long
+// sentences split at word boundaries, extractive QA with HF run_squad's windows and n-best
+// decoding.
 #pragma once
 
 #include "xlme/data/tokenizer.h"
@@ -165,8 +166,9 @@ struct QaPredictions {
 // sub-tokens. Pairs of all the example's windows are ranked by start + end logit; each one's text
 // is its context words joined with spaces, trimmed by get_final_text to the sub-tokens' text;
 // repeated texts are dropped; "empty" when nothing is kept. This word-level mapping is XTREME's,
-// kept to reproduce published numbers (XTREME.md §5): answers never start or end inside a word
-// unless get_final_text can align them. `logits[f]` belongs to features.features[f].
+// kept to reproduce published numbers (docs/finetuning.md#question-answering): answers never start
+// or end inside a word unless get_final_text can align them. `logits[f]` belongs to
+// features.features[f].
 QaPredictions decode_qa(const std::vector<QaExample>& examples, const QaFeatures& features,
                         const std::vector<QaLogits>& logits, const data::Tokenizer& tokenizer,
                         const QaDecodeOptions& options = {});

@@ -1,7 +1,7 @@
-// xlme-finetune's job (DESIGN section 7): load the pre-trained discriminator strictly, then
-// either fine-tune and evaluate a task over every seed (finetune/runner.h, finetune/tasks.h) or
-// run a probe that trains nothing (finetune/probes.h); results.json, prediction files and a
-// table of the main score.
+// xlme-finetune's job (docs/ARCHITECTURE.md#fine-tuning): load the pre-trained discriminator
+// strictly, then either fine-tune and evaluate a task over every seed (finetune/runner.h,
+// finetune/tasks.h) or run a probe that trains nothing (finetune/probes.h); results.json,
+// prediction files and a table of the main score.
 #pragma once
 
 #include "xlme/config/config.h"

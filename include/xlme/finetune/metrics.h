@@ -1,6 +1,7 @@
-// XTREME's official metrics, as the official scripts compute them (../shared/XTREME.md): accuracy,
-// seqeval 0.0.12 chunk F1 (udpos, panx), SQuAD v1.1 and MLQA EM/F1, Tatoeba accuracy, BUCC margin
-// mining with a dev-tuned threshold, and word-alignment extraction with AER. Scores are ×100.
+// XTREME's official metrics, as the official scripts compute them
+// (docs/finetuning.md#xtremes-metric-quirks): accuracy, seqeval 0.0.12 chunk F1 (udpos, panx),
+// SQuAD v1.1 and MLQA EM/F1, Tatoeba accuracy, BUCC margin mining with a dev-tuned threshold, and
+// word-alignment extraction with AER. Scores are ×100.
 #pragma once
 
 #include "xlme/finetune/examples.h"

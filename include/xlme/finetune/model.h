@@ -1,5 +1,5 @@
 // What fine-tuning trains: the pre-trained discriminator encoder with a task head on top
-// (DESIGN section 7), and the optimizer groups of layer-wise learning-rate decay.
+// (docs/ARCHITECTURE.md#fine-tuning), and the optimizer groups of layer-wise learning-rate decay.
 #pragma once
 
 #include "xlme/finetune/task_registry.h"

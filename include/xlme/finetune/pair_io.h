@@ -1,6 +1,6 @@
 // Readers of the sentence-pair classification tasks (xnli, pawsx; task_registry.h): XTREME's
-// processed TSVs and the upstream release files that carry the test gold (../shared/XTREME.md
-// sections 3, 4 and 9).
+// processed TSVs and the upstream release files that carry the test gold
+// (docs/finetuning.md#where-gold-comes-from sections 3, 4 and 9).
 #pragma once
 
 #include "xlme/finetune/examples.h"

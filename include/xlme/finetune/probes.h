@@ -1,6 +1,7 @@
-// The evaluations that train nothing (DESIGN section 7): Tatoeba and BUCC as XTREME runs them,
-// retrieval on line-aligned held-out pairs (the demo corpus), and the word-alignment probe (AER).
-// All read mean-pooled (or per-word) hidden states of one discriminator layer, or of every layer.
+// The evaluations that train nothing (docs/ARCHITECTURE.md#fine-tuning): Tatoeba and BUCC as XTREME
+// runs them, retrieval on line-aligned held-out pairs (the demo corpus), and the word-alignment
+// probe (AER). All read mean-pooled (or per-word) hidden states of one discriminator layer, or of
+// every layer.
 #pragma once
 
 #include "xlme/config/config.h"

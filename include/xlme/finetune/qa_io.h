@@ -1,6 +1,6 @@
 // Readers of the QA tasks (xquad, mlqa, tydiqa, and squad, which trains xquad and mlqa;
 // task_registry.h): where XTREME keeps each SQuAD-format file, and the JSON reader
-// (../shared/XTREME.md section 5).
+// (docs/finetuning.md#question-answering).
 #pragma once
 
 #include "xlme/finetune/examples.h"
@@ -14,9 +14,9 @@ namespace xlme::finetune {
 // The SQuAD-format file of QA dataset `dataset` (squad: train/dev; xquad: test; mlqa: dev/test,
 // context = question language; tydiqa: train/test, test being TyDiQA-GoldP dev; a task's
 // train_data names its training dataset) under `download_dir`, trying the names XTREME's scripts
-// and preprocessing use (XTREME.md section 5; one table in qa_io.cpp). Throws listing every path
-// tried, the dataset and the language when none exists, or the datasets' splits for a split
-// XTREME does not have.
+// and preprocessing use (docs/finetuning.md#where-gold-comes-from; one table in qa_io.cpp). Throws
+// listing every path tried, the dataset and the language when none exists, or the datasets' splits
+// for a split XTREME does not have.
 std::string qa_file(const std::string& download_dir, const std::string& dataset,
                     const std::string& split, const std::string& lang);
 

@@ -1,6 +1,6 @@
 // Readers of the probes (tatoeba, bucc, retrieval, alignment; task_registry.h): line-aligned
 // sentence files, LASER's and XTREME's Tatoeba, BUCC 2018 with its gold, and word-alignment gold
-// in Pharaoh format (../shared/XTREME.md sections 6 and 7).
+// in Pharaoh format (docs/finetuning.md#xtremes-protocol).
 #pragma once
 
 #include "xlme/finetune/examples.h"

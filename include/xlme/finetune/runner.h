@@ -1,6 +1,6 @@
-// Fine-tuning as XTREME does it (../shared/XTREME.md section 8): train on one language, keep the
-// weights with the best dev score of that language (or the last ones), evaluate every language,
-// once per seed; then mean and standard deviation over seeds.
+// Fine-tuning as XTREME does it (docs/finetuning.md#fine-tuning-recipe-xtremes-scripts): train on
+// one language, keep the weights with the best dev score of that language (or the last ones),
+// evaluate every language, once per seed; then mean and standard deviation over seeds.
 #pragma once
 
 #include "xlme/config/config.h"

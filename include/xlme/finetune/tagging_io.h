@@ -1,6 +1,7 @@
 // Readers of the tagging tasks (udpos, panx; task_registry.h): XTREME's processed CoNLL-style
 // TSVs, raw PAN-X and UD `.conllu` files (the upstream gold), and the commands that write XTREME's
-// processed layout from those downloads (../shared/XTREME.md sections 1, 2 and 9).
+// processed layout from those downloads (docs/finetuning.md#xtremes-protocol,
+// #where-gold-comes-from).
 #pragma once
 
 #include "xlme/finetune/examples.h"

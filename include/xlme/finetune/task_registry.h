@@ -57,7 +57,7 @@ struct TaskInfo {
   bool trains;    // fine-tunes a head (tasks.h make_task); false: probes the encoder (probes.h)
   HeadKind head;  // of a trained task
   // The dataset whose train split trains the head: the task itself, or squad for xquad and mlqa
-  // (XTREME.md section 5).
+  // (docs/finetuning.md#fine-tuning-recipe-xtremes-scripts).
   std::string train_data;
   bool has_dev;  // XTREME evaluates a dev set (not xquad, tydiqa: their models are not selected)
   TaskGold gold;

@@ -3,9 +3,10 @@
 // tagging_io.h, qa_io.h), featurization (finetune/features.h), loss, the official metric
 // (finetune/metrics.h) and the submission files (xtreme_io.h's writers).
 //
-// Where gold comes from (XTREME removed test labels from its processed files, XTREME.md §0, §9):
-// dev sets from finetune.data_dir; test sets from the processed file when it carries labels,
-// otherwise from finetune.gold_dir in the upstream layout: xnli `XNLI-1.0/xnli.test.tsv`, pawsx
+// Where gold comes from (XTREME removed test labels from its processed files,
+// docs/finetuning.md#conventions-shared-by-all-tasks, #where-gold-comes-from): dev sets from
+// finetune.data_dir; test sets from the processed file when it carries labels, otherwise from
+// finetune.gold_dir in the upstream layout: xnli `XNLI-1.0/xnli.test.tsv`, pawsx
 // `x-final/<lang>/test_2k.tsv`, udpos a UD release folder (`<lang>_*-test.conllu`), panx the
 // unpacked WikiAnn folders (`<lang>/test`), QA the SQuAD-format file of the same name as the
 // processed one, with its answers. A test set without gold is still predicted (the submission

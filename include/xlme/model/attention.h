@@ -1,4 +1,4 @@
-// Multi-head self-attention with XLM-E's gated relative position bias (DESIGN section 5):
+// Multi-head self-attention with XLM-E's gated relative position bias (docs/ARCHITECTURE.md#model):
 //   g_update = sigmoid(q_i . u_h), g_reset = sigmoid(q_i . v_h)
 //   r_{i-j}  = d_{h,b(i-j)} * (1 + g_update + (1 - g_update) * w_h * g_reset)
 //   a_ij     ~ exp(q_i . k_j / sqrt(d_k) + r_{i-j})

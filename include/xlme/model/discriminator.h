@@ -1,8 +1,8 @@
-// The part of XLM-E that is kept after pre-training (DESIGN section 7): the shared embeddings,
-// the discriminator encoder and, optionally, its replaced-token-detection head. Its parameter
-// names are ElectraModel's (embeddings.*, discriminator.*, discriminator_head.*), so a state
-// dict moves between the two by name; checkpoint::load_pretrained fills it from a checkpoint or an
-// export folder.
+// The part of XLM-E that is kept after pre-training (docs/ARCHITECTURE.md#model): the shared
+// embeddings, the discriminator encoder and, optionally, its replaced-token-detection head. Its
+// parameter names are ElectraModel's (embeddings.*, discriminator.*, discriminator_head.*), so a
+// state dict moves between the two by name; checkpoint::load_pretrained fills it from a checkpoint
+// or an export folder.
 #pragma once
 
 #include "xlme/config/config.h"

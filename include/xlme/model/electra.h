@@ -1,8 +1,8 @@
 // The XLM-E model (ELECTRA): a generator and a discriminator sharing token and position
 // embeddings, the generator head at masked positions, replacement sampling, the discriminator
-// head. It returns logits and what the objectives need; it never computes a loss (DESIGN 3, 5).
-// The same code builds the baselines: objectives.set mlm / mlm+tlm have no generator and put an
-// MLM head on the discriminator-sized encoder.
+// head. It returns logits and what the objectives need; it never computes a loss
+// (docs/ARCHITECTURE.md#model). The same code builds the baselines: objectives.set mlm / mlm+tlm
+// have no generator and put an MLM head on the discriminator-sized encoder.
 #pragma once
 
 #include "xlme/config/config.h"

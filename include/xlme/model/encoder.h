@@ -1,7 +1,7 @@
-// The Transformer encoder of the generator and the discriminator (DESIGN section 5): shared
-// token (+ absolute position) embeddings, embedding LayerNorm and dropout, an optional projection
-// of factorized embeddings, then L layers of self-attention with the gated relative position bias
-// and a GELU feed-forward block, post-LN by default (pre-LN: with a final LayerNorm).
+// The Transformer encoder of the generator and the discriminator (docs/ARCHITECTURE.md#model):
+// shared token (+ absolute position) embeddings, embedding LayerNorm and dropout, an optional
+// projection of factorized embeddings, then L layers of self-attention with the gated relative
+// position bias and a GELU feed-forward block, post-LN by default (pre-LN: with a final LayerNorm).
 #pragma once
 
 #include "xlme/config/config.h"

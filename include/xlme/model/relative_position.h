@@ -1,5 +1,5 @@
 // Relative-distance buckets and the per-head Toeplitz bias table of the gated relative position
-// bias (DESIGN section 5).
+// bias (docs/ARCHITECTURE.md#model).
 #pragma once
 
 #include <torch/types.h>

@@ -1,6 +1,6 @@
 // The objectives.set registry: one row per objective set, saying what the set trains and what it
-// needs (DESIGN section 1). Code asks the row for what it needs to know (the model's architecture,
-// the batch sources, the terms), never compares the name: adding a set is one row in
+// needs (docs/ARCHITECTURE.md#loss). Code asks the row for what it needs to know (the model's
+// architecture, the batch sources, the terms), never compares the name: adding a set is one row in
 // objective_set.cpp. No dependency beyond the standard library and common/, so that the config
 // (below objectives in the layering) validates objectives.set against this table.
 #pragma once

@@ -1,5 +1,5 @@
 // The losses of XLM-E and its baselines: L = L_MLM + L_TLM + lambda * (L_MRTD + L_TRTD)
-// (DESIGN sections 1 and 5). Each term of a micro-batch is returned as a loss *sum*, a count and
+// (docs/ARCHITECTURE.md#loss). Each term of a micro-batch is returned as a loss *sum*, a count and
 // statistic sums, all tensors on the model's device (no host synchronization), so that the
 // trainer can normalize by the counts summed over every micro-batch and rank of an optimizer step.
 #pragma once

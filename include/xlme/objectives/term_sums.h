@@ -1,7 +1,7 @@
 // The sums behind every reported loss and statistic: each term's loss sum, count and statistic
 // sums, added over micro-batches, ranks and steps, and turned into numbers only at the end, so
-// that a mean is sum / count over all of its tokens (DESIGN section 5). Training and validation
-// both add, all-reduce and summarize their terms here.
+// that a mean is sum / count over all of its tokens (docs/ARCHITECTURE.md#model). Training and
+// validation both add, all-reduce and summarize their terms here.
 #pragma once
 
 #include "xlme/objectives/objectives.h"

@@ -1,6 +1,6 @@
 // A whole pre-training run on one rank: resume, the step loop with its log lines and metrics,
-// periodic and final checkpoints, and preemption (DESIGN section 6). The trainer (trainer.h) does
-// the steps; this decides when to log, save and stop, like Marian's Scheduler.
+// periodic and final checkpoints, and preemption (docs/ARCHITECTURE.md#training). The trainer
+// (trainer.h) does the steps; this decides when to log, save and stop, like Marian's Scheduler.
 #pragma once
 
 #include "xlme/config/config.h"

@@ -1,4 +1,5 @@
-// One optimizer step of XLM-E, read top to bottom (DESIGN section 6):
+// One optimizer step of XLM-E, read top to bottom
+// (docs/ARCHITECTURE.md#one-training-step-through-the-code):
 //   fetch every micro-batch of the step -> all-reduce the term counts (the normalizers) ->
 //   forward (bf16 autocast when train.precision says so) + backward each micro-batch, agreeing
 //   on stop signals after each (read one micro-batch late: no host synchronization) -> all-reduce

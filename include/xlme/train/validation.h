@@ -1,5 +1,5 @@
-// Periodic validation during pre-training (DESIGN sections 4 and 6), so that a run that learns
-// nothing useful is visible early:
+// Periodic validation during pre-training (docs/pretraining.md#validation-and-the-retrieval-probe),
+// so that a run that learns nothing useful is visible early:
 //   - the objective terms (MLM, MRTD, TLM, TRTD: loss, generator and discriminator accuracy,
 //     replaced-token F1) on fixed held-out micro-batches, the same every time: masking seeded
 //     once, replacement sampling re-seeded per micro-batch, eval mode (no dropout), no gradient;
