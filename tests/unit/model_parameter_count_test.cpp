@@ -93,8 +93,8 @@ TEST(ParameterCounts, PaperSizes) {
   // embedding, 1,024 (Large) or 1,536 (XL) parameters, so 24,288 more ids add 24,870,912 and
   // 37,306,368: 839,768,448 (0.03% below 840M) and 2,166,194,304 (1.5% below 2.2B).
   large.vocab_size = xl.vocab_size = 524288;
-  EXPECT_EQ(kept(large), 814897536 + 24288 * 1024);
-  EXPECT_EQ(kept(xl), 2128887936 + 24288 * 1536);
+  EXPECT_EQ(kept(large), int64_t{814897536} + 24288 * 1024);
+  EXPECT_EQ(kept(xl), int64_t{2128887936} + 24288 * 1536);
   EXPECT_NEAR(static_cast<double>(kept(large)) / 840e6, 1.0, 0.03);
   EXPECT_NEAR(static_cast<double>(kept(xl)) / 2.2e9, 1.0, 0.03);
 }

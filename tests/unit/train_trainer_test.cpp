@@ -207,12 +207,12 @@ TEST(Trainer, ResumeReadsEachFileOnceAfterVerifyingItOnce) {
 
 // Batches whose reader state cannot be taken once `fail` is set: a save that fails while the
 // ranks write their own files.
-class FailingStateBatches : public SyntheticBatches {
+class FailingStateBatches : public data::SyntheticBatches {
  public:
-  using SyntheticBatches::SyntheticBatches;
+  using data::SyntheticBatches::SyntheticBatches;
   std::string state() const override {
     XLME_CHECK(!fail, "reader state unavailable");
-    return SyntheticBatches::state();
+    return data::SyntheticBatches::state();
   }
   bool fail = false;
 };
