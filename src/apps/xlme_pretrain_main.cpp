@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
       /*run_logs=*/true};
   bool print_model = false;
   int64_t benchmark_steps = 0;
+  std::string profile_path;
   xlme::train::PretrainOptions run_options;
   return xlme::run_app(
       argc, argv, spec,
@@ -35,7 +36,8 @@ int main(int argc, char** argv) {
           return xlme::kExitOk;
         }
         if (benchmark_steps > 0) {
-          std::cout << xlme::train::run_benchmark(config, benchmark_steps) << std::endl;
+          std::cout << xlme::train::run_benchmark(config, benchmark_steps, profile_path)
+                    << std::endl;
           return xlme::kExitOk;
         }
         return xlme::train::run_pretraining(config, run_options);
@@ -44,11 +46,18 @@ int main(int argc, char** argv) {
         cli.add_flag("--print-model", print_model,
                      "build the model from the config on the CPU, print its parameter count per "
                      "module, and exit");
-        cli.add_option("--benchmark", benchmark_steps,
-                       "run N optimizer steps on synthetic batches of the configured shapes and "
-                       "print tokens/s and the time split as one JSON line")
-            ->type_name("N")
-            ->check(CLI::PositiveNumber);
+        auto* benchmark =
+            cli.add_option(
+                   "--benchmark", benchmark_steps,
+                   "run N optimizer steps on synthetic batches of the configured shapes and "
+                   "print tokens/s and the time split as one JSON line")
+                ->type_name("N")
+                ->check(CLI::PositiveNumber);
+        cli.add_option("--profile", profile_path,
+                       "with --benchmark: run the N steps once more under LibTorch's profiler and "
+                       "write the time per operator (self and total ms per step) to FILE")
+            ->type_name("FILE")
+            ->needs(benchmark);
         cli.add_option("--resume", run_options.resume,
                        "auto: continue from the newest valid checkpoint in run.out_dir (default); "
                        "none: start fresh; or a checkpoint folder")

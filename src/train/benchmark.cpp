@@ -1,9 +1,11 @@
 #include "xlme/train/benchmark.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/io.h"
 #include "xlme/data/synthetic.h"
 #include "xlme/dist/communicator.h"
 #include "xlme/train/metrics.h"
+#include "xlme/train/op_profile.h"
 #include "xlme/train/performance.h"
 #include "xlme/train/trainer.h"
 
@@ -12,7 +14,8 @@
 
 namespace xlme::train {
 
-std::string run_benchmark(const config::Config& config, int64_t steps) {
+std::string run_benchmark(const config::Config& config, int64_t steps,
+                          const std::string& profile_path) {
   XLME_CHECK(steps >= 1, "--benchmark needs at least 1 step, got {}", steps);
   XLME_CHECK(config.model.vocab_size > 0,
              "--benchmark needs model.vocab_size (0 = the tokenizer's size); add e.g. --set "
@@ -46,6 +49,22 @@ std::string run_benchmark(const config::Config& config, int64_t steps) {
   }
   const double total =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  if (!profile_path.empty()) {
+    // A separate pass, so that the profiler's overhead stays out of the figures above.
+    const auto profile_start = std::chrono::steady_clock::now();
+    const auto ops = profile_ops([&] {
+      for (int64_t i = 0; i < steps; ++i) trainer.train_step();
+    });
+    const double wall_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - profile_start)
+            .count();
+    write_file_atomic(profile_path, format_op_table(ops, steps, wall_ms, ops.size()));
+    spdlog::info(
+        "where the time goes ({} profiled steps, {:.0f} ms per step with the profiler; "
+        "every operator in {}):\n{}",
+        steps, wall_ms / steps, profile_path, format_op_table(ops, steps, wall_ms, 20));
+  }
 
   const auto mfu =
       model_flops_utilization(flops / total, device_name(trainer.device()), comm->world_size());

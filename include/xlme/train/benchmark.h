@@ -13,6 +13,9 @@ namespace xlme::train {
 // returns one JSON line: tokens/s, ms per step and its split into data / forward / backward /
 // communication / optimizer, the shapes, the parameter count, the precision, the model FLOPs per
 // token, MFU (GPU; null on the CPU) and the peak memory (CPU: peak RSS; CUDA: peak allocated).
-std::string run_benchmark(const config::Config& config, int64_t steps);
+// With a `profile_path`, `steps` more steps then run under LibTorch's profiler: the time per
+// operator (self and total, per step) is written to that file and its top rows are logged.
+std::string run_benchmark(const config::Config& config, int64_t steps,
+                          const std::string& profile_path = "");
 
 }  // namespace xlme::train
