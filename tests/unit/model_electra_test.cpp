@@ -175,16 +175,17 @@ TEST(SampleReplacements, FollowsTheSoftmaxOfBf16LogitsUnderAutocast) {
 TEST(ElectraModel, SampleEqualToOriginalIsLabelledOriginal) {
   auto model = build(tiny_config());
   const auto in = tiny_inputs();
-  // Make the generator certain of the original token: its output bias dominates.
+  const auto originals = in.labels.view(-1).index_select(0, in.masked_index);
+  // Make the generator certain of the first masked position's original token: its output bias
+  // dominates, so every masked position samples it; there it is the original, elsewhere not.
+  const int64_t favoured = originals[0].item<int64_t>();
   {
     torch::NoGradGuard no_grad;
     model->generator_head->output_bias.fill_(-1e3);
-    model->generator_head->output_bias.index_fill_(
-        0, in.labels.view(-1).index_select(0, in.masked_index), 1e3);
+    model->generator_head->output_bias[favoured] = 1e3;
   }
-  // Several masked originals: the bias favours all of them; each position samples one of them.
   const auto out = model->forward(in);
-  const auto originals = in.labels.view(-1).index_select(0, in.masked_index);
+  EXPECT_TRUE(torch::all(out.sampled == favoured).item<bool>());
   const auto hits = out.sampled == originals;
   EXPECT_GT(hits.sum().item<int64_t>(), 0);
   EXPECT_TRUE(

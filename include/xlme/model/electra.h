@@ -80,7 +80,9 @@ class DiscriminatorHeadImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DiscriminatorHead);
 
-// Gumbel-max draw from softmax(logits / temperature) per row, never a special id; no gradient.
+// One draw per row from softmax(logits / temperature) computed in float32 (float64 logits stay
+// float64) whatever the logits' dtype, never a special id; no gradient. CPU: inverse CDF over the
+// softmax; other devices: Gumbel-max.
 // logits: [N, V] -> [N] int64.
 torch::Tensor sample_replacements(const torch::Tensor& logits, double temperature,
                                   const data::SpecialIds& special);

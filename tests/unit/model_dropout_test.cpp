@@ -1,0 +1,85 @@
+// Dropout's CPU path: the counter-based keep mask (rate, scale, independence of neighbouring
+// elements, seeding from LibTorch's generator, thread count) and its gradient.
+#include "xlme/model/dropout.h"
+
+#include "test_util.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace xlme::model {
+namespace {
+
+using xlme::testing::error_message;
+
+TEST(Dropout, DropsTheRateAskedAndScalesTheRest) {
+  constexpr double kP = 0.1;
+  const auto mask = dropout_mask({1000, 1000}, kP, /*seed=*/42, torch::kFloat32);
+  const double dropped = (mask == 0).to(torch::kDouble).mean().item<double>();
+  // 10^6 Bernoulli(0.1) draws: standard deviation 3e-4; 5 of them.
+  EXPECT_NEAR(dropped, kP, 0.0015);
+  const auto kept = mask.masked_select(mask != 0);
+  EXPECT_TRUE(torch::all(kept == static_cast<float>(1.0 / (1.0 - kP))).item<bool>());
+}
+
+TEST(Dropout, NeighbouringElementsAreIndependent) {
+  // Elements 2k and 2k + 1 take the two halves of one 64-bit draw: both dropped must have
+  // probability p^2, and an element must not predict the next pair's.
+  constexpr double kP = 0.3;
+  const auto dropped = (dropout_mask({1000000}, kP, 7, torch::kFloat32) == 0).to(torch::kDouble);
+  const auto pairs = dropped.view({-1, 2});
+  const double both = (pairs.select(1, 0) * pairs.select(1, 1)).mean().item<double>();
+  EXPECT_NEAR(both, kP * kP, 0.002);  // sd ~4e-4 over 5e5 pairs
+  const double across =
+      (dropped.slice(0, 1, -1, 2) * dropped.slice(0, 2, 1000000, 2)).mean().item<double>();
+  EXPECT_NEAR(across, kP * kP, 0.002);
+}
+
+TEST(Dropout, SeedDecidesTheMaskWhateverTheThreadCount) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const auto one = dropout_mask({333, 777}, 0.1, 123, torch::kFloat32);
+  at::set_num_threads(2);
+  const auto two = dropout_mask({333, 777}, 0.1, 123, torch::kFloat32);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(torch::equal(one, two));
+  EXPECT_FALSE(torch::equal(one, dropout_mask({333, 777}, 0.1, 124, torch::kFloat32)));
+}
+
+TEST(Dropout, ManualSeedReproducesTheMasks) {
+  const auto x = torch::ones({64, 64});
+  torch::manual_seed(5);
+  const auto a = model::dropout(x, 0.2, /*training=*/true);
+  const auto b = model::dropout(x, 0.2, true);
+  torch::manual_seed(5);
+  EXPECT_TRUE(torch::equal(a, model::dropout(x, 0.2, true)));
+  EXPECT_FALSE(torch::equal(a, b));  // the next call draws a new seed
+}
+
+TEST(Dropout, GradientIsTheMaskTimesTheScale) {
+  const auto x = torch::randn({50, 40}, torch::requires_grad());
+  const auto y = model::dropout(x, 0.25, true);
+  y.sum().backward();
+  const auto kept = (y != 0).to(torch::kFloat32);
+  EXPECT_TRUE(torch::allclose(x.grad(), kept / 0.75));
+  EXPECT_TRUE(torch::allclose(y, x.detach() * kept / 0.75));
+}
+
+TEST(Dropout, EvaluationAndZeroRateLeaveTheInputAndBf16StaysBf16) {
+  const auto x = torch::randn({8, 8});
+  EXPECT_TRUE(model::dropout(x, 0.1, /*training=*/false).is_same(x));
+  EXPECT_TRUE(model::dropout(x, 0.0, true).is_same(x));
+  EXPECT_EQ(model::dropout(x.to(torch::kBFloat16), 0.1, true).scalar_type(), torch::kBFloat16);
+}
+
+TEST(Dropout, RejectsARateOfOne) {
+  EXPECT_EQ(error_message([] { dropout_mask({4}, 1.0, 0, torch::kFloat32); }),
+            "dropout probability must be in [0, 1), got 1");
+}
+
+}  // namespace
+}  // namespace xlme::model
