@@ -2,6 +2,9 @@
 
 #include "xlme/common/error.h"
 #include "xlme/common/torch_compat.h"
+#include "xlme/model/batched_matmul.h"
+#include "xlme/model/dropout.h"
+#include "xlme/model/linear.h"
 #include "xlme/model/relative_position.h"
 
 #include <ATen/Dispatch.h>
@@ -35,7 +38,8 @@ AttentionKernel resolve_attention_kernel(const std::string& name, const torch::D
 
 torch::Tensor gate_factor(const torch::Tensor& q, const PositionBias& bias) {
   // Both gates with one product: [B, H, T, d_k] x [H, d_k, 2] -> [B, H, T, 2].
-  const auto gates = torch::sigmoid(torch::matmul(q, torch::stack({bias.gate_u, bias.gate_v}, -1)));
+  const auto uv = torch::stack({bias.gate_u, bias.gate_v}, -1);  // [H, d_k, 2]
+  const auto gates = torch::sigmoid(batched_matmul(q, uv.expand({q.size(0), -1, -1, -1})));
   const auto update = gates.narrow(-1, 0, 1);  // [B, H, T, 1]
   const auto reset = gates.narrow(-1, 1, 1);   // [B, H, T, 1]
   const auto w = bias.gate_w.view({1, -1, 1, 1});
@@ -253,15 +257,15 @@ torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, con
                              const torch::Tensor& padding, const PositionBias& bias, double dropout,
                              bool training, BiasImpl impl) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  auto scores = torch::matmul(q * scale, k.transpose(-2, -1));  // [B, H, T, T]
+  auto scores = batched_matmul(q * scale, k.transpose(-2, -1));  // [B, H, T, T]
   if (bias.table.defined()) {
     const auto factor = bias.gate_u.defined() ? gate_factor(q, bias) : torch::Tensor();
     scores = add_position_bias(scores, factor, bias.table, padding, /*write=*/false, impl);
   } else if (padding.defined()) {
     scores.add_(padding_bias(padding, scores.options()));
   }
-  auto probs = torch::dropout(torch::softmax(scores, -1), dropout, training);
-  return torch::matmul(probs, v);
+  auto probs = model::dropout(torch::softmax(scores, -1), dropout, training);
+  return batched_matmul(probs, v);
 }
 
 torch::Tensor sdpa_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -349,7 +353,12 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Te
   auto split = [&](const torch::Tensor& t) {  // [B, T, hidden] -> [B, H, T, d_k]
     return t.view({batch, length, heads, head_dim}).transpose(1, 2);
   };
-  const auto q = split(query(x)), k = split(key(x)), v = split(value(x));
+  // The three projections as one product, [B, T, hidden] -> [B, T, 3 * hidden], whose thirds the
+  // heads read through strides: one larger matrix product instead of three.
+  const auto qkv = torch::linear(x, torch::cat({query->weight, key->weight, value->weight}),
+                                 torch::cat({query->bias, key->bias, value->bias}))
+                       .chunk(3, -1);
+  const auto q = split(qkv[0]), k = split(qkv[1]), v = split(qkv[2]);
   PositionBias bias;
   bias.table = table;
   bias.gate_u = gate_u;
@@ -358,7 +367,7 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Te
   const auto kernel = resolve_attention_kernel(options_.kernel, x.device());
   const auto context = attention(q, k, v, padding, bias, options_.attention_dropout, is_training(),
                                  kernel);  // [B, H, T, d_k]
-  return output(context.transpose(1, 2).reshape({batch, length, options_.hidden_size}));
+  return linear(output, context.transpose(1, 2).reshape({batch, length, options_.hidden_size}));
 }
 
 }  // namespace xlme::model

@@ -1,6 +1,8 @@
 #include "xlme/model/encoder.h"
 
 #include "xlme/common/error.h"
+#include "xlme/model/dropout.h"
+#include "xlme/model/linear.h"
 
 #include <torch/torch.h>
 
@@ -89,7 +91,7 @@ FeedForwardImpl::FeedForwardImpl(int64_t hidden_size, int64_t ffn_size, double i
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  return output(torch::gelu(intermediate(x)));
+  return linear(output, torch::gelu(linear(intermediate, x)));
 }
 
 EncoderLayerImpl::EncoderLayerImpl(const EncoderOptions& options, const EncoderLayerImpl* first)
@@ -126,11 +128,11 @@ torch::Tensor EncoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
                                         const torch::Tensor& table) {
   const bool train = is_training();
   if (pre_norm_) {
-    auto h = x + torch::dropout(attention(attention_norm(x), padding, table), dropout_, train);
-    return h + torch::dropout(ffn(ffn_norm(h)), dropout_, train);
+    auto h = x + model::dropout(attention(attention_norm(x), padding, table), dropout_, train);
+    return h + model::dropout(ffn(ffn_norm(h)), dropout_, train);
   }
-  auto h = attention_norm(x + torch::dropout(attention(x, padding, table), dropout_, train));
-  return ffn_norm(h + torch::dropout(ffn(h), dropout_, train));
+  auto h = attention_norm(x + model::dropout(attention(x, padding, table), dropout_, train));
+  return ffn_norm(h + model::dropout(ffn(h), dropout_, train));
 }
 
 torch::Tensor EncoderLayerImpl::bias_table(const torch::Tensor& buckets) const {
@@ -222,7 +224,7 @@ torch::Tensor EncoderImpl::run(const torch::Tensor& input_ids, const torch::Tens
                                std::vector<torch::Tensor>* states) {
   const int64_t length = input_ids.size(1);
   auto x =
-      torch::dropout(embedding_norm(embed(input_ids, positions)), options_.dropout, is_training());
+      model::dropout(embedding_norm(embed(input_ids, positions)), options_.dropout, is_training());
   if (embedding_projection) x = embedding_projection(x);  // [B, T, E] -> [B, T, hidden]
   if (states) states->push_back(x);
   torch::Tensor buckets, shared_table;  // [T, T], [H, T, T]

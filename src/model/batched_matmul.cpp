@@ -1,0 +1,184 @@
+#include "xlme/model/batched_matmul.h"
+
+#include "xlme/common/error.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <dlfcn.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace xlme::model {
+
+namespace {
+
+// Fortran BLAS and OpenBLAS's thread control, looked up once in the process (LibTorch loads the
+// BLAS): no link-time dependency, and no fast path where they are absent.
+using SgemmFn = void (*)(const char*, const char*, const int*, const int*, const int*, const float*,
+                         const float*, const int*, const float*, const int*, const float*, float*,
+                         const int*);
+using DgemmFn = void (*)(const char*, const char*, const int*, const int*, const int*,
+                         const double*, const double*, const int*, const double*, const int*,
+                         const double*, double*, const int*);
+using GetThreadsFn = int (*)();
+using SetThreadsFn = void (*)(int);
+
+struct Blas {
+  SgemmFn sgemm = nullptr;
+  DgemmFn dgemm = nullptr;
+  GetThreadsFn get_threads = nullptr;
+  SetThreadsFn set_threads = nullptr;
+  bool usable() const { return sgemm && dgemm && get_threads && set_threads; }
+};
+
+const Blas& blas() {
+  static const Blas found = [] {
+    Blas b;
+    b.sgemm = reinterpret_cast<SgemmFn>(dlsym(RTLD_DEFAULT, "sgemm_"));
+    b.dgemm = reinterpret_cast<DgemmFn>(dlsym(RTLD_DEFAULT, "dgemm_"));
+    b.get_threads = reinterpret_cast<GetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+    b.set_threads = reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+    return b;
+  }();
+  return found;
+}
+
+// One matrix of a batch as BLAS sees it: row-major (unit stride along columns) or column-major
+// (unit stride along rows), with its leading dimension.
+struct MatrixLayout {
+  bool row_major = true;
+  int64_t ld = 0;
+};
+
+// The layout of the last two dimensions, if BLAS can read them as they are.
+bool blas_layout(const torch::Tensor& t, MatrixLayout* layout) {
+  const int64_t rows = t.size(-2), cols = t.size(-1);
+  if (t.stride(-1) == 1 && t.stride(-2) >= std::max<int64_t>(1, cols)) {
+    *layout = {true, t.stride(-2)};
+    return true;
+  }
+  if (t.stride(-2) == 1 && t.stride(-1) >= std::max<int64_t>(1, rows)) {
+    *layout = {false, t.stride(-1)};
+    return true;
+  }
+  return false;
+}
+
+// Offsets of every matrix of the batch (the leading dimensions, with their strides).
+std::vector<int64_t> batch_offsets(const torch::Tensor& t) {
+  const int64_t dims = t.dim() - 2;
+  std::vector<int64_t> offsets{0};
+  for (int64_t d = 0; d < dims; ++d) {
+    std::vector<int64_t> next;
+    next.reserve(offsets.size() * static_cast<size_t>(t.size(d)));
+    for (const int64_t o : offsets) {
+      for (int64_t i = 0; i < t.size(d); ++i) next.push_back(o + i * t.stride(d));
+    }
+    offsets = std::move(next);
+  }
+  return offsets;
+}
+
+// Keeps OpenBLAS on one thread while in scope (the batch is split over LibTorch's threads).
+class SingleBlasThread {
+ public:
+  SingleBlasThread() : previous_(blas().get_threads()) { blas().set_threads(1); }
+  ~SingleBlasThread() { blas().set_threads(previous_); }
+  SingleBlasThread(const SingleBlasThread&) = delete;
+  SingleBlasThread& operator=(const SingleBlasThread&) = delete;
+
+ private:
+  int previous_;
+};
+
+template <typename scalar_t>
+void gemm(const char* ta, const char* tb, int m, int n, int k, const scalar_t* a, int lda,
+          const scalar_t* b, int ldb, scalar_t* c, int ldc) {
+  const scalar_t one = 1, zero = 0;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    blas().sgemm(ta, tb, &m, &n, &k, &one, a, &lda, b, &ldb, &zero, c, &ldc);
+  } else {
+    blas().dgemm(ta, tb, &m, &n, &k, &one, a, &lda, b, &ldb, &zero, c, &ldc);
+  }
+}
+
+// c = a x b for every matrix of the batch; operands already in a BLAS layout.
+torch::Tensor product(torch::Tensor a, torch::Tensor b) {
+  MatrixLayout la, lb;
+  if (!blas_layout(a, &la)) {
+    a = a.contiguous();
+    blas_layout(a, &la);
+  }
+  if (!blas_layout(b, &lb)) {
+    b = b.contiguous();
+    blas_layout(b, &lb);
+  }
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  auto sizes = a.sizes().vec();
+  sizes.back() = n;
+  auto c = torch::empty(sizes, a.options());  // [..., M, N] contiguous
+  const auto a_offsets = batch_offsets(a), b_offsets = batch_offsets(b);
+  const auto count = static_cast<int64_t>(a_offsets.size());
+  if (c.numel() == 0) return c;
+  if (k == 0) return c.zero_();
+  // Column-major BLAS computes the row-major c as c^T = b^T a^T: b comes first. A row-major
+  // operand is its transpose in column-major terms ("N"); a column-major one needs "T".
+  const char* tb = lb.row_major ? "N" : "T";
+  const char* ta = la.row_major ? "N" : "T";
+  SingleBlasThread single;
+  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "batched_matmul", [&] {
+    const scalar_t* pa = a.data_ptr<scalar_t>();
+    const scalar_t* pb = b.data_ptr<scalar_t>();
+    scalar_t* pc = c.data_ptr<scalar_t>();
+    at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        gemm<scalar_t>(tb, ta, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+                       pb + b_offsets[i], static_cast<int>(lb.ld), pa + a_offsets[i],
+                       static_cast<int>(la.ld), pc + i * m * n, static_cast<int>(n));
+      }
+    });
+  });
+  return c;
+}
+
+class BatchedMatmulFunction : public torch::autograd::Function<BatchedMatmulFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& a,
+                               const torch::Tensor& b) {
+    ctx->save_for_backward({a, b});
+    return product(a, b);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& a = saved[0];
+    const auto& b = saved[1];
+    const auto& grad = grads[0];  // [..., M, N]
+    torch::Tensor da, db;
+    if (ctx->needs_input_grad(0)) da = product(grad, b.transpose(-2, -1));  // [..., M, K]
+    if (ctx->needs_input_grad(1)) db = product(a.transpose(-2, -1), grad);  // [..., K, N]
+    return {da, db};
+  }
+};
+
+}  // namespace
+
+bool batched_matmul_fast_path(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto dtype = a.scalar_type();
+  return blas().usable() && a.device().is_cpu() && b.device().is_cpu() &&
+         (dtype == torch::kFloat32 || dtype == torch::kFloat64) && b.scalar_type() == dtype &&
+         !at::autocast::is_cpu_enabled() && a.dim() >= 3 && a.dim() == b.dim() &&
+         a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2) &&
+         a.size(-1) == b.size(-2) &&
+         std::max({a.size(-2), a.size(-1), b.size(-1)}) <= std::numeric_limits<int>::max();
+}
+
+torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!batched_matmul_fast_path(a, b)) return torch::matmul(a, b);
+  return BatchedMatmulFunction::apply(a, b);
+}
+
+}  // namespace xlme::model
