@@ -21,6 +21,29 @@ TEST(PretrainBenchmark, PrintsOneJsonLineWithTheTimeSplit) {
               "\"objectives\": \"xlme-mono\"", "\"peak_memory_mib\": "}));
 }
 
+TEST(PretrainBenchmark, ProfileWritesTheTimePerOperator) {
+  const testing::TempDir run;
+  const std::string table = run / "ops.txt";
+  const auto r = testing::run_tool(
+      "xlme-pretrain",
+      {"--config", "configs/pretrain/benchmark/cpu_tiny.yaml", "--benchmark", "1", "--profile",
+       table, "--set", "model.vocab_size=500", "--set", "run.out_dir=" + (run / "run")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << r.out;  // still exactly one JSON line
+  const std::string text = testing::read_file(table);
+  // The header, the linear layers' products, their backward, and xlme's own autograd functions.
+  EXPECT_TRUE(testing::contains_all(text, {"operator", "calls/step", "self ms/step", "aten::addmm",
+                                           "AddmmBackward0", "torch::autograd::CppNode<"}))
+      << text;
+  EXPECT_TRUE(testing::contains_all(r.err, {"where the time goes (1 profiled steps"}));
+}
+
+TEST(PretrainBenchmark, ProfileNeedsBenchmark) {
+  const auto r = testing::run_tool("xlme-pretrain", {"--profile", "ops.txt"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(testing::contains_all(r.err, {"--profile requires --benchmark"})) << r.err;
+}
+
 TEST(PretrainBenchmark, NeedsAVocabularySize) {
   const testing::TempDir run;
   const auto r = testing::run_tool(
