@@ -1,9 +1,11 @@
 #include "xlme/model/batched_matmul.h"
 
 #include "xlme/common/error.h"
+#include "xlme/model/linear.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <dlfcn.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -164,19 +166,34 @@ class BatchedMatmulFunction : public torch::autograd::Function<BatchedMatmulFunc
   }
 };
 
-}  // namespace
-
-bool batched_matmul_fast_path(const torch::Tensor& a, const torch::Tensor& b) {
+// The operands the own path takes (whatever the autocast state): float32 or float64 CPU tensors
+// of the same dtype and leading dimensions, with OpenBLAS loaded.
+bool float_operands_fit(const torch::Tensor& a, const torch::Tensor& b) {
   const auto dtype = a.scalar_type();
   return blas().usable() && a.device().is_cpu() && b.device().is_cpu() &&
          (dtype == torch::kFloat32 || dtype == torch::kFloat64) && b.scalar_type() == dtype &&
-         !at::autocast::is_cpu_enabled() && a.dim() >= 3 && a.dim() == b.dim() &&
+         a.dim() >= 3 && a.dim() == b.dim() &&
          a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2) &&
          a.size(-1) == b.size(-2) &&
          std::max({a.size(-2), a.size(-1), b.size(-1)}) <= std::numeric_limits<int>::max();
 }
 
+}  // namespace
+
+bool batched_matmul_fast_path(const torch::Tensor& a, const torch::Tensor& b) {
+  return !at::autocast::is_cpu_enabled() && float_operands_fit(a, b);
+}
+
+torch::Tensor bf16_emulated_matmul(const torch::Tensor& a, const torch::Tensor& b) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+  const auto ra = bf16_rounded(a), rb = bf16_rounded(b);
+  const auto product =
+      float_operands_fit(ra, rb) ? BatchedMatmulFunction::apply(ra, rb) : torch::matmul(ra, rb);
+  return product.to(torch::kBFloat16);
+}
+
 torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b) {
+  if (emulate_bf16_products(a)) return bf16_emulated_matmul(a, b);
   if (!batched_matmul_fast_path(a, b)) return torch::matmul(a, b);
   return BatchedMatmulFunction::apply(a, b);
 }

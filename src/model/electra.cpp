@@ -55,7 +55,7 @@ torch::Tensor GeneratorHeadImpl::forward(const torch::Tensor& hidden,
   // Under bf16 autocast `dense` returns bf16; LibTorch 1.13's CPU LayerNorm does not take bf16
   // input with fp32 weights, so the input is brought to the weights' dtype (a no-op in fp32).
   const auto activated = torch::gelu(linear(dense, hidden)).to(norm->weight.scalar_type());
-  return torch::nn::functional::linear(norm(activated), token_table, output_bias);
+  return linear(norm(activated), token_table, output_bias);
 }
 
 DiscriminatorHeadImpl::DiscriminatorHeadImpl(int64_t hidden_size, double init_std) {

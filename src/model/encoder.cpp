@@ -225,7 +225,7 @@ torch::Tensor EncoderImpl::run(const torch::Tensor& input_ids, const torch::Tens
   const int64_t length = input_ids.size(1);
   auto x =
       model::dropout(embedding_norm(embed(input_ids, positions)), options_.dropout, is_training());
-  if (embedding_projection) x = embedding_projection(x);  // [B, T, E] -> [B, T, hidden]
+  if (embedding_projection) x = linear(embedding_projection, x);  // [B, T, E] -> [B, T, hidden]
   if (states) states->push_back(x);
   torch::Tensor buckets, shared_table;  // [T, T], [H, T, T]
   if (options_.relative_bias && up_to_layer > 0) {

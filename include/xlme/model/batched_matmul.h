@@ -12,8 +12,12 @@ namespace xlme::model {
 
 // a [..., M, K] x b [..., K, N] -> [..., M, N] (the same leading dimensions, no broadcasting),
 // with autograd. The fast path runs for float32 / float64 CPU tensors outside autocast when the
-// BLAS is OpenBLAS (found at run time); anything else is torch::matmul.
+// BLAS is OpenBLAS (found at run time); under bf16 CPU autocast on a CPU without fast bf16
+// products it runs on the bf16-rounded operands (see linear.h); anything else is torch::matmul.
 torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b);
+
+// The emulated bf16 product itself, whatever the CPU (tests; see linear.h).
+torch::Tensor bf16_emulated_matmul(const torch::Tensor& a, const torch::Tensor& b);
 
 // Whether batched_matmul takes its own path for these operands (tests and benchmarks).
 bool batched_matmul_fast_path(const torch::Tensor& a, const torch::Tensor& b);

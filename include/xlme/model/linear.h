@@ -1,15 +1,42 @@
-// A torch::nn::Linear applied through ATen's linear. LibTorch 1.13's C++ torch::nn::Linear (its
-// functional::linear) multiplies an input of more than 2 dimensions and then adds the bias in a
-// second pass over the output; ATen's linear, which PyTorch calls, folds the bias into the product
-// (addmm) for contiguous 3-D inputs.
+// The model's matrix products: linear layers and (in batched_matmul.h) attention's batched ones.
+// - Through ATen's linear: LibTorch 1.13's C++ torch::nn::Linear (its functional::linear)
+//   multiplies an input of more than 2 dimensions and then adds the bias in a second pass over the
+//   output; ATen's linear, which PyTorch calls, folds the bias into the product (addmm) for
+//   contiguous 3-D inputs.
+// - bf16 autocast on a CPU without a fast bf16 product: LibTorch 1.13 hands bf16 products to
+//   oneDNN only on CPUs with AVX512 (BW, VL, DQ); elsewhere it runs a scalar loop, ~20x slower
+//   than its float32 product (measured on a 2-core AMD EPYC with AVX2). There the products run in
+//   float32 on operands rounded to bf16, and the result is rounded to bf16: what a bf16 product
+//   with float32 accumulation computes (the products of bf16 values are exact in float32), up to
+//   the order of the sums. Gradients take the same path.
 #pragma once
 
 #include <torch/nn/modules/linear.h>
 
 namespace xlme::model {
 
+// Whether this CPU runs LibTorch's bf16 products fast (AVX512 BW, VL and DQ).
+bool cpu_has_fast_bf16_products();
+
+// Whether products of `x` run as float32 products of bf16-rounded operands: `x` on the CPU, bf16
+// CPU autocast enabled, and no fast bf16 products on this CPU.
+bool emulate_bf16_products(const torch::Tensor& x);
+
+// x w^T + b (b may be undefined), as torch::linear under the current autocast state, or emulated
+// as above where emulate_bf16_products(x).
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
+                     const torch::Tensor& bias);
+
 inline torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
-  return torch::linear(x, layer->weight, layer->bias);
+  return linear(x, layer->weight, layer->bias);
 }
+
+// The emulated product itself, whatever the CPU (tests): float32 linear of the bf16-rounded
+// operands outside autocast, rounded to bf16.
+torch::Tensor bf16_emulated_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                                   const torch::Tensor& bias);
+
+// t rounded to bf16 and held in float32 (differentiable).
+torch::Tensor bf16_rounded(const torch::Tensor& t);
 
 }  // namespace xlme::model
