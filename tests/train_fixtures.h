@@ -2,6 +2,7 @@
 #pragma once
 
 #include "xlme/data/spm_trainer.h"
+#include "xlme/train/distill.h"
 #include "xlme/train/trainer.h"
 
 #include "test_util.h"
@@ -26,9 +27,10 @@ inline config::Config tiny_train_config(int64_t batch, int64_t micro_batches, do
   return c;
 }
 
+// The model of objectives.set (a distillation student with its teacher from distill.teacher).
 inline model::ElectraModel make_tiny_model(const config::Config& c, uint64_t seed) {
   torch::manual_seed(seed);
-  return model::ElectraModel(c.model, model::architecture_for(c.objectives.set));
+  return train::build_model(c);
 }
 
 // One process on `device` (the trainer computes on its communicator's device).

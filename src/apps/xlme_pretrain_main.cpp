@@ -4,9 +4,11 @@
 #include "xlme/model/electra.h"
 #include "xlme/model/parameter_count.h"
 #include "xlme/train/benchmark.h"
+#include "xlme/train/distill.h"
 #include "xlme/train/pretrain.h"
 #include "xlme/train/signals.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <iostream>
@@ -30,9 +32,15 @@ int main(int argc, char** argv) {
           XLME_CHECK(config.model.vocab_size > 0,
                      "--print-model needs model.vocab_size (0 = the tokenizer's size, read only "
                      "when training starts); add e.g. --set model.vocab_size=250002");
-          xlme::model::ElectraModel model(config.model,
-                                          xlme::model::architecture_for(config.objectives.set));
+          const xlme::model::ElectraModel model = xlme::train::build_model(config);
           std::cout << xlme::model::format_parameter_table(xlme::model::parameter_counts(*model));
+          if (const auto* teacher = model->teacher()) {
+            std::cout << fmt::format(
+                "teacher (frozen, not trained or saved): {} parameters, {} layers; relations of "
+                "layer {}\n",
+                xlme::train::teacher_parameter_count(*teacher), teacher->encoder->options().layers,
+                teacher->layer);
+          }
           return xlme::kExitOk;
         }
         if (benchmark_steps > 0) {

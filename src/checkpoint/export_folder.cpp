@@ -193,8 +193,12 @@ std::string to_json(const ExportedConfig& e) {
   j["format"] = kExportFormat;
   j["format_version"] = kExportFormatVersion;
   j["xlme_version"] = XLME_VERSION;
-  // electra: generator + discriminator with the RTD head; masked-lm: the mlm baselines.
-  j["architecture"] = e.rtd_head ? "electra" : "masked-lm";
+  // electra: generator + discriminator with the RTD head; masked-lm: the mlm baselines; encoder:
+  // a distilled student (the encoder alone).
+  j["architecture"] = e.rtd_head ? "electra"
+                      : model::architecture_for(e.objective_set) == model::Architecture::kEncoder
+                          ? "encoder"
+                          : "masked-lm";
   j["objective_set"] = e.objective_set;
   j["dtype"] = e.dtype;
   j["vocab_layout"] = e.vocab_layout;

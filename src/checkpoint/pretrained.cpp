@@ -235,6 +235,10 @@ Pretrained load_pretrained(const std::string& path, const PretrainedOptions& opt
   check_vocabulary(p, weights, weights_file, config_file);
 
   const auto architecture = model::architecture_for(p.objective_set);
+  XLME_CHECK(!options.with_generator || architecture != model::Architecture::kEncoder,
+             "'{}' is a student distilled with objectives.set={}: it has no generator or MLM "
+             "head; load or export it without the generator (no --with-generator)",
+             path, p.objective_set);
   check_model_fits_weights(p, architecture, weights, weights_file, config_file);
   p.discriminator =
       model::DiscriminatorModel(p.model, architecture == model::Architecture::kElectra);

@@ -14,8 +14,9 @@
 namespace xlme::model {
 
 Architecture architecture_for(const std::string& objective_set) {
-  return objectives::objective_set(objective_set).discriminator ? Architecture::kElectra
-                                                                : Architecture::kMaskedLm;
+  const auto& set = objectives::objective_set(objective_set);
+  if (set.distillation) return Architecture::kEncoder;
+  return set.discriminator ? Architecture::kElectra : Architecture::kMaskedLm;
 }
 
 ModelInputs ModelInputs::from(const data::Batch& batch) {
@@ -168,6 +169,8 @@ ElectraModelImpl::ElectraModelImpl(const config::ModelConfig& config, Architectu
                                         gen.layer_norm_eps, gen.init_std));
     discriminator_head =
         register_module("discriminator_head", DiscriminatorHead(disc.hidden_size, disc.init_std));
+  } else if (architecture == Architecture::kEncoder) {
+    discriminator = register_module("discriminator", Encoder(disc, embeddings, buckets));
   } else {
     discriminator = register_module("discriminator", Encoder(disc, embeddings, buckets));
     mlm_head = register_module("mlm_head",
@@ -178,6 +181,17 @@ ElectraModelImpl::ElectraModelImpl(const config::ModelConfig& config, Architectu
 
 namespace {
 
+// What distillation reads from `encoder` on input_ids: the projections of layer `layer` (1-based)
+// and, with `hidden`, the last hidden states. Without `hidden` the layers from `layer` up are not
+// run: the projections need only the layer's input.
+void distillation_view(EncoderImpl& encoder, const ModelInputs& in, int64_t layer, bool hidden,
+                       AttentionProjections& attention, torch::Tensor& last) {
+  const int64_t run = hidden ? encoder.options().layers : layer - 1;
+  const auto states = encoder.hidden_states(in.labels, in.positions, in.padding, run);
+  attention = encoder.layer(layer - 1).projections(states[static_cast<size_t>(layer - 1)]);
+  if (hidden) last = states.back();
+}
+
 // hidden: [B, T, H], masked_index: [N] -> [N, H]. Gathering before the head keeps the vocabulary
 // projection to the masked positions (~15% of the tokens).
 torch::Tensor gather_masked(const torch::Tensor& hidden, const torch::Tensor& masked_index) {
@@ -186,9 +200,38 @@ torch::Tensor gather_masked(const torch::Tensor& hidden, const torch::Tensor& ma
 
 }  // namespace
 
+void ElectraModelImpl::set_teacher(Teacher teacher) {
+  XLME_CHECK(architecture_ == Architecture::kEncoder,
+             "only a distillation student (objectives.set=distill) takes a teacher");
+  XLME_CHECK(teacher.model && teacher.encoder,
+             "the teacher needs its model and its discriminator encoder");
+  const int64_t layers = teacher.encoder->options().layers;
+  XLME_CHECK(teacher.layer >= 1 && teacher.layer <= layers,
+             "teacher layer {} is not one of the teacher's layers 1..{}", teacher.layer, layers);
+  for (auto& p : teacher.model->parameters()) p.set_requires_grad(false);
+  teacher.model->eval();
+  teacher_device_ = teacher.model->parameters().front().device();
+  teacher_ = std::move(teacher);
+}
+
 ModelOutput ElectraModelImpl::forward(const ModelInputs& in) {
   ModelOutput out;
   out.padding = in.padding;
+  if (architecture_ == Architecture::kEncoder) {
+    XLME_CHECK(teacher_.model,
+               "objectives.set=distill: the student has no teacher; train::build_model loads "
+               "distill.teacher");
+    distillation_view(*discriminator, in, discriminator->options().layers, teacher_.hidden,
+                      out.student_attention, out.student_hidden);
+    if (teacher_device_ != in.labels.device()) {
+      teacher_.model->to(in.labels.device());
+      teacher_device_ = in.labels.device();
+    }
+    torch::NoGradGuard no_grad;
+    distillation_view(*teacher_.encoder, in, teacher_.layer, teacher_.hidden, out.teacher_attention,
+                      out.teacher_hidden);
+    return out;
+  }
   out.generator_targets = in.labels.reshape(-1).index_select(0, in.masked_index);
   const auto& table = embeddings->token->weight;
   if (architecture_ == Architecture::kMaskedLm) {

@@ -135,6 +135,11 @@ torch::Tensor EncoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
   return ffn_norm(h + model::dropout(ffn(h), dropout_, train));
 }
 
+AttentionProjections EncoderLayerImpl::projections(const torch::Tensor& x) {
+  const auto input = pre_norm_ ? attention_norm(x) : x;
+  return {attention->query(input), attention->key(input), attention->value(input)};
+}
+
 torch::Tensor EncoderLayerImpl::bias_table(const torch::Tensor& buckets) const {
   return attention->bias_table(buckets);
 }

@@ -52,6 +52,9 @@ std::vector<ModuleParameters> analytic_parameter_counts(const config::ModelConfi
   const auto disc = EncoderOptions::discriminator(config);
   int64_t embeddings = disc.vocab_size * disc.embedding_size;
   if (disc.absolute_positions) embeddings += disc.max_positions * disc.embedding_size;
+  if (architecture == Architecture::kEncoder) {
+    return {{"embeddings", embeddings}, {"discriminator", encoder_count(disc)}};
+  }
   if (architecture == Architecture::kMaskedLm) {
     return {{"embeddings", embeddings},
             {"discriminator", encoder_count(disc)},

@@ -9,6 +9,7 @@ namespace xlme::objectives {
 
 std::vector<std::string> ObjectiveSet::monolingual_terms() const {
   if (!monolingual) return {};
+  if (distillation) return {"qq_kl", "kk_kl", "vv_kl"};
   if (!discriminator) return {"mlm"};
   return {"mlm", "mrtd"};
 }
@@ -21,11 +22,12 @@ std::vector<std::string> ObjectiveSet::translation_pair_terms() const {
 
 const std::vector<ObjectiveSet>& objective_sets() {
   static const std::vector<ObjectiveSet> sets = {
-      // name, description, discriminator, monolingual, translation_pairs
-      {"xlme", "MLM+TLM+MRTD+TRTD", true, true, true},
-      {"xlme-mono", "MLM+MRTD", true, true, false},
-      {"mlm", "XLM-R-style MLM", false, true, false},
-      {"mlm+tlm", "XLM-style MLM+TLM", false, true, true},
+      // name, description, discriminator, monolingual, translation_pairs, distillation
+      {"xlme", "MLM+TLM+MRTD+TRTD", true, true, true, false},
+      {"xlme-mono", "MLM+MRTD", true, true, false, false},
+      {"mlm", "XLM-R-style MLM", false, true, false, false},
+      {"mlm+tlm", "XLM-style MLM+TLM", false, true, true, false},
+      {"distill", "MiniLMv2-style distillation of distill.teacher", false, true, false, true},
   };
   return sets;
 }

@@ -43,8 +43,60 @@ Term discriminator_term(const std::string& name, double weight, const torch::Ten
   return term;
 }
 
+namespace {
+
+// a: [B, T, width] -> [B, R, T, T] float32 (or wider): log softmax(A_r A_r^T / sqrt(d_r)) per
+// relation head r, over the real keys.
+torch::Tensor log_relations(const torch::Tensor& a, const torch::Tensor& padding,
+                            int64_t relation_heads) {
+  const int64_t batch = a.size(0), length = a.size(1), width = a.size(2);
+  XLME_CHECK(width % relation_heads == 0,
+             "distill.relation_heads ({}) must divide the width of the projections ({})",
+             relation_heads, width);
+  const int64_t d = width / relation_heads;
+  const auto dtype = a.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const auto heads = a.to(dtype).view({batch, length, relation_heads, d}).transpose(1, 2);
+  // Under bf16 autocast the product runs in bf16, as the attention's own scores do; the rest in
+  // float32.
+  auto scores =
+      torch::matmul(heads, heads.transpose(-1, -2)).to(dtype) / std::sqrt(static_cast<double>(d));
+  // A finite fill: a padded key gets probability 0 exactly and its KL summand 0 * finite, where
+  // -inf would make it 0 * (-inf - -inf) = NaN.
+  scores = scores.masked_fill(padding.view({batch, 1, 1, length}), -1e9);
+  return torch::log_softmax(scores, -1);
+}
+
+}  // namespace
+
+torch::Tensor relation_kl_sum(const torch::Tensor& student, const torch::Tensor& teacher,
+                              const torch::Tensor& padding, int64_t relation_heads) {
+  XLME_CHECK(student.dim() == 3 && teacher.dim() == 3 &&
+                 student.sizes().slice(0, 2).equals(teacher.sizes().slice(0, 2)),
+             "relations need [B, T, width] projections of the same B and T, got [{}] and [{}]",
+             fmt::join(student.sizes(), ", "), fmt::join(teacher.sizes(), ", "));
+  const auto log_student = log_relations(student, padding, relation_heads);  // [B, R, T, T]
+  const auto log_teacher = log_relations(teacher.detach(), padding, relation_heads);
+  const auto kl = (log_teacher.exp() * (log_teacher - log_student)).sum(-1);  // [B, R, T]
+  const auto real = padding.logical_not().to(kl.scalar_type()).unsqueeze(1);  // [B, 1, T]
+  return (kl * real).sum() / static_cast<double>(relation_heads);
+}
+
+torch::Tensor hidden_cosine_sum(const torch::Tensor& student, const torch::Tensor& teacher,
+                                const torch::Tensor& padding) {
+  XLME_CHECK(student.sizes() == teacher.sizes(),
+             "distill.hidden_cosine compares hidden states of equal widths, got [{}] and [{}]",
+             fmt::join(student.sizes(), ", "), fmt::join(teacher.sizes(), ", "));
+  const auto dtype = student.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const auto cosine = torch::cosine_similarity(student.to(dtype), teacher.detach().to(dtype), -1);
+  return ((1 - cosine) * padding.logical_not().to(dtype)).sum();
+}
+
 bool is_generator_term(const std::string& name) {
   return name == "mlm" || name == "tlm";
+}
+
+bool is_distillation_term(const std::string& name) {
+  return name == "qq_kl" || name == "kk_kl" || name == "vv_kl" || name == "hidden_cos";
 }
 
 int64_t term_count(const std::string& name, const data::Batch& batch) {
@@ -53,24 +105,33 @@ int64_t term_count(const std::string& name, const data::Batch& batch) {
 }
 
 std::vector<std::string> statistic_names(const std::string& name) {
+  if (is_distillation_term(name)) return {};
   if (is_generator_term(name)) return {"correct"};
   return {"correct", "predicted_positive", "replaced", "true_positive"};
 }
 
-Objectives::Objectives(const config::ObjectivesConfig& config)
-    : set_(&objective_set(config.set)), rtd_weight_(config.rtd_weight) {}
+Objectives::Objectives(const config::ObjectivesConfig& config, const config::DistillConfig& distill)
+    : set_(&objective_set(config.set)),
+      rtd_weight_(config.rtd_weight),
+      relation_heads_(distill.relation_heads),
+      hidden_cosine_(distill.hidden_cosine) {}
 
 std::vector<std::string> Objectives::term_names(data::Task task) const {
-  return task == data::Task::kMono ? set_->monolingual_terms() : set_->translation_pair_terms();
+  if (task != data::Task::kMono) return set_->translation_pair_terms();
+  auto names = set_->monolingual_terms();
+  if (set_->distillation && hidden_cosine_ > 0) names.push_back("hidden_cos");
+  return names;
 }
 
 std::vector<std::string> Objectives::term_names() const {
-  auto names = set_->monolingual_terms();
-  for (auto& name : set_->translation_pair_terms()) names.push_back(std::move(name));
+  auto names = term_names(data::Task::kMono);
+  for (auto& name : term_names(data::Task::kPara)) names.push_back(std::move(name));
   return names;
 }
 
 double Objectives::weight(const std::string& name) const {
+  if (name == "hidden_cos") return hidden_cosine_;
+  if (is_distillation_term(name)) return 1.0 / 3.0;
   return is_generator_term(name) ? 1.0 : rtd_weight_;
 }
 
@@ -96,7 +157,35 @@ std::map<std::string, torch::Tensor> Objectives::normalizers(const torch::Tensor
   return out;
 }
 
+std::vector<Term> Objectives::distillation_terms(const model::ModelOutput& output) const {
+  XLME_CHECK(output.student_attention.query.defined() && output.teacher_attention.query.defined(),
+             "objectives.set={} distills a teacher, but the model's output has no attention "
+             "projections; build the student with a teacher (train::build_model)",
+             set_->name);
+  const auto real_tokens = output.padding.logical_not().sum();
+  const auto& s = output.student_attention;
+  const auto& t = output.teacher_attention;
+  std::vector<Term> terms;
+  auto add = [&](const char* name, torch::Tensor loss_sum) {
+    Term term;
+    term.name = name;
+    term.weight = weight(name);
+    term.loss_sum = std::move(loss_sum);
+    term.count = real_tokens;
+    terms.push_back(std::move(term));
+  };
+  add("qq_kl", relation_kl_sum(s.query, t.query, output.padding, relation_heads_));
+  add("kk_kl", relation_kl_sum(s.key, t.key, output.padding, relation_heads_));
+  add("vv_kl", relation_kl_sum(s.value, t.value, output.padding, relation_heads_));
+  if (hidden_cosine_ > 0) {
+    add("hidden_cos",
+        hidden_cosine_sum(output.student_hidden, output.teacher_hidden, output.padding));
+  }
+  return terms;
+}
+
 std::vector<Term> Objectives::compute(const model::ModelOutput& output, data::Task task) const {
+  if (set_->distillation) return distillation_terms(output);
   std::vector<Term> terms;
   for (const auto& name : term_names(task)) {
     if (is_generator_term(name)) {
@@ -134,6 +223,7 @@ std::map<std::string, double> summarize(const Term& reduced) {
   std::map<std::string, double> out;
   const double count = value(reduced.count);
   out["loss"] = ratio(value(reduced.loss_sum.detach()), count);
+  if (!reduced.statistics.count("correct")) return out;  // distillation terms
   out["accuracy"] = ratio(value(reduced.statistics.at("correct")), count);
   if (reduced.statistics.count("true_positive")) {
     const double tp = value(reduced.statistics.at("true_positive"));

@@ -122,7 +122,8 @@ std::vector<std::string> TermSums::names() const {
 std::string log_text(const TermSummaries& terms) {
   std::string text;
   for (const auto& [name, s] : terms) {
-    text += fmt::format(" | {} {:.4g} acc {:.3f}", name, s.at("loss"), s.at("accuracy"));
+    text += fmt::format(" | {} {:.4g}", name, s.at("loss"));
+    if (s.count("accuracy")) text += fmt::format(" acc {:.3f}", s.at("accuracy"));
     if (s.count("f1")) text += fmt::format(" f1 {:.3f}", s.at("f1"));
   }
   return text;
@@ -132,7 +133,7 @@ std::vector<std::pair<std::string, double>> log_fields(const TermSummaries& term
   std::vector<std::pair<std::string, double>> fields;
   for (const auto& [name, s] : terms) {
     fields.emplace_back("loss/" + name, s.at("loss"));
-    fields.emplace_back("accuracy/" + name, s.at("accuracy"));
+    if (s.count("accuracy")) fields.emplace_back("accuracy/" + name, s.at("accuracy"));
     if (s.count("f1")) fields.emplace_back("f1/" + name, s.at("f1"));
   }
   return fields;

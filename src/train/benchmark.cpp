@@ -4,6 +4,7 @@
 #include "xlme/common/io.h"
 #include "xlme/data/synthetic.h"
 #include "xlme/dist/communicator.h"
+#include "xlme/train/distill.h"
 #include "xlme/train/metrics.h"
 #include "xlme/train/op_profile.h"
 #include "xlme/train/performance.h"
@@ -22,7 +23,7 @@ std::string run_benchmark(const config::Config& config, int64_t steps,
              "model.vocab_size=8000");
   const int64_t length = config.data.mono.max_len;
   const int64_t batch = config.train.micro_batch_tokens / length;
-  model::ElectraModel model(config.model, model::architecture_for(config.objectives.set));
+  model::ElectraModel model = build_model(config);
   int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
   data::SyntheticBatches source(data::SpecialIds::for_vocab(config.model.vocab_size), batch, length,
@@ -81,7 +82,7 @@ std::string run_benchmark(const config::Config& config, int64_t steps,
       .add("ranks", static_cast<int64_t>(comm->world_size()))
       .add("parameters", parameters)
       .add("precision", std::string(trainer.bf16() ? "bf16" : "fp32"))
-      .add("flops_per_token", step_flops_per_token(config))
+      .add("flops_per_token", step_flops_per_token(config, model->teacher()))
       .add("mfu", mfu ? *mfu : std::nan(""))
       .add("peak_memory_mib", peak_memory_mib(trainer.device()))
       .add("device", device_name(trainer.device()));

@@ -1,5 +1,6 @@
 #include "xlme/train/performance.h"
 
+#include "xlme/common/error.h"
 #include "xlme/common/torch_compat.h"
 #include "xlme/model/electra.h"
 #include "xlme/model/encoder.h"
@@ -15,12 +16,29 @@
 namespace xlme::train {
 namespace {
 
-double encoder_flops(const model::EncoderOptions& o, int64_t length) {
+double layer_flops(const model::EncoderOptions& o, int64_t length) {
   const auto h = static_cast<double>(o.hidden_size), f = static_cast<double>(o.ffn_size);
-  const auto e = static_cast<double>(o.embedding_size), t = static_cast<double>(length);
-  const double projection = o.embedding_size != o.hidden_size ? 2 * e * h : 0.0;
-  const double layer = 2 * 4 * h * h + 2 * 2 * h * f + 2 * 2 * t * h;
-  return projection + static_cast<double>(o.layers) * layer;
+  return 2 * 4 * h * h + 2 * 2 * h * f + 2 * 2 * static_cast<double>(length) * h;
+}
+
+double embedding_projection_flops(const model::EncoderOptions& o) {
+  const auto h = static_cast<double>(o.hidden_size), e = static_cast<double>(o.embedding_size);
+  return o.embedding_size != o.hidden_size ? 2 * e * h : 0.0;
+}
+
+double encoder_flops(const model::EncoderOptions& o, int64_t length) {
+  return embedding_projection_flops(o) + static_cast<double>(o.layers) * layer_flops(o, length);
+}
+
+// One side of distillation, forward: the layers below the distilled `layer`, then its Q, K, V
+// projections (with `hidden`, every layer from it up instead), then the three relations.
+double distillation_flops(const model::EncoderOptions& o, int64_t layer, bool hidden,
+                          int64_t length) {
+  const auto h = static_cast<double>(o.hidden_size);
+  const double top =
+      hidden ? static_cast<double>(o.layers - layer + 1) * layer_flops(o, length) : 2 * 3 * h * h;
+  return embedding_projection_flops(o) + static_cast<double>(layer - 1) * layer_flops(o, length) +
+         top + 3 * 2 * static_cast<double>(length) * h;
 }
 
 double lm_head_flops(const model::EncoderOptions& o, double mask_ratio) {
@@ -45,11 +63,20 @@ double peak_memory_mib(const torch::Device& device) {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux: KiB
 }
 
-double training_flops_per_token(const config::Config& config, int64_t length) {
+double training_flops_per_token(const config::Config& config, int64_t length,
+                                const model::Teacher* teacher) {
   const auto disc = model::EncoderOptions::discriminator(config.model);
+  const auto architecture = model::architecture_for(config.objectives.set);
+  if (architecture == model::Architecture::kEncoder) {
+    XLME_CHECK(teacher != nullptr,
+               "the FLOPs of objectives.set=distill need the teacher (distill.teacher)");
+    const auto& t = teacher->encoder->options();
+    return 3 * distillation_flops(disc, disc.layers, teacher->hidden, length) +
+           distillation_flops(t, teacher->layer, teacher->hidden, length);
+  }
   const double r = config.objectives.mask_ratio;
   double forward = encoder_flops(disc, length);
-  if (model::architecture_for(config.objectives.set) == model::Architecture::kElectra) {
+  if (architecture == model::Architecture::kElectra) {
     const auto gen = model::EncoderOptions::generator(config.model);
     const auto h = static_cast<double>(disc.hidden_size);
     forward += encoder_flops(gen, length) + lm_head_flops(gen, r) + 2 * (h * h + h);
@@ -59,14 +86,14 @@ double training_flops_per_token(const config::Config& config, int64_t length) {
   return 3 * forward;
 }
 
-double step_flops_per_token(const config::Config& config) {
+double step_flops_per_token(const config::Config& config, const model::Teacher* teacher) {
   const auto& set = objectives::objective_set(config.objectives.set);
   double flops = 0;
   int tasks = 0;
   for (const auto& [trained, task] : {std::pair(set.monolingual, &config.data.mono),
                                       std::pair(set.translation_pairs, &config.data.para)}) {
     if (!trained) continue;
-    flops += training_flops_per_token(config, task->max_len);
+    flops += training_flops_per_token(config, task->max_len, teacher);
     ++tasks;
   }
   return flops / tasks;

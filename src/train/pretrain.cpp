@@ -2,13 +2,14 @@
 
 #include "xlme/checkpoint/layout.h"
 #include "xlme/checkpoint/manager.h"
-#include "xlme/common/exit_codes.h"
 #include "xlme/common/error.h"
+#include "xlme/common/exit_codes.h"
 #include "xlme/common/io.h"
 #include "xlme/common/runtime.h"
 #include "xlme/data/batches.h"
 #include "xlme/data/tokenizer.h"
 #include "xlme/objectives/term_sums.h"
+#include "xlme/train/distill.h"
 #include "xlme/train/init.h"
 #include "xlme/train/metrics.h"
 #include "xlme/train/performance.h"
@@ -198,7 +199,7 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
   comm->barrier();
 
   torch::manual_seed(config.run.seed);
-  model::ElectraModel model(config.model, model::architecture_for(config.objectives.set));
+  model::ElectraModel model = build_model(config);
   const std::optional<VerifiedFiles> resume = resume_from(options, manager, *comm);
   if (leader) {
     // The run's lineage: drawn at step 0, carried through every resume.

@@ -108,7 +108,7 @@ Trainer::Trainer(const config::Config& config, model::ElectraModel model, data::
       model_(std::move(model)),
       source_(source),
       comm_(std::move(comm)),
-      objectives_(config.objectives),
+      objectives_(config.objectives, config.distill),
       schedule_(config.train.lr, config.train.warmup_steps, config.train.steps),
       device_(comm_->device()) {
   model_->to(device_);
@@ -255,7 +255,8 @@ torch::Tensor Trainer::count_micro_batches(const std::vector<data::Batch>& batch
     for (std::size_t n = 0; n < terms; ++n) counts[n] += term_counts[n];
     const auto tokens = static_cast<double>(batch.real_tokens);
     counts[terms] += tokens;
-    counts[terms + 1] += tokens * training_flops_per_token(config_, batch.input_ids.size(1));
+    counts[terms + 1] +=
+        tokens * training_flops_per_token(config_, batch.input_ids.size(1), model_->teacher());
   }
   return torch::tensor(counts, torch::kFloat64).to(device_);
 }

@@ -13,7 +13,9 @@ namespace xlme::train {
 
 Validator::Validator(const config::Config& config, const std::vector<data::HeldoutPair>& pairs,
                      const data::SpecialIds& special)
-    : objectives_(config.objectives), pad_(special.pad), seed_(config.run.seed * 0x5eed + 17) {
+    : objectives_(config.objectives, config.distill),
+      pad_(special.pad),
+      seed_(config.run.seed * 0x5eed + 17) {
   probe_layer_ = config.train.probe_layer >= 0 ? config.train.probe_layer : config.model.layers / 2;
   data::BatchOptions options = data::BatchOptions::from_config(config, nullptr, 0, 1);
   options.ids = special;

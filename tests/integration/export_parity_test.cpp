@@ -165,6 +165,16 @@ TEST_F(ExportParity, MaskedLmBaseline) {
   parity("mlm baseline", {"objectives.set=mlm"});
 }
 
+TEST_F(ExportParity, DistilledStudent) {
+  // A student half as wide as its teacher (objectives.set=distill): the encoder alone, exported
+  // and loaded like any discriminator; the teacher is not part of it.
+  TempDir dir;
+  const auto teacher = xlme::testing::make_tiny_checkpoint(
+      xlme::testing::tiny_export_config(*tokenizer_, {}), dir / "teacher");
+  parity("distilled student", {"objectives.set=distill", "distill.teacher=" + teacher.path,
+                               "distill.relation_heads=4", "model.hidden_size=16"});
+}
+
 TEST_F(ExportParity, Bf16Export) {
   // Both sides run the same bf16-rounded weights in fp32.
   parity("bf16 export", {}, {"--dtype", "bf16"});

@@ -60,6 +60,7 @@ TEST(ParameterCounts, AnalyticEqualsBuiltModules) {
     apply(m);
     expect_counts_match(m, Architecture::kElectra, "tiny " + name);
     expect_counts_match(m, Architecture::kMaskedLm, "tiny mlm " + name);
+    expect_counts_match(m, Architecture::kEncoder, "tiny distillation student " + name);
   }
   expect_counts_match(model_config("small", 8000), Architecture::kElectra, "small");
   // Base's layers with a small vocabulary (the vocabulary only adds V x E and V).

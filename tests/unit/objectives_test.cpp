@@ -118,18 +118,18 @@ TEST(ObjectiveSets, UnknownNameListsTheKnownOnes) {
 
 // The config accepts exactly the table's names, and its error lists them.
 TEST(ObjectiveSets, ConfigValidatesAgainstTheTable) {
-  EXPECT_EQ(objective_set_names(), (Strings{"xlme", "xlme-mono", "mlm", "mlm+tlm"}));
+  EXPECT_EQ(objective_set_names(), (Strings{"xlme", "xlme-mono", "mlm", "mlm+tlm", "distill"}));
   for (const auto& name : objective_set_names()) {
     EXPECT_EQ(config::load_config("", {"objectives.set=" + name}).objectives.set, name);
   }
   EXPECT_TRUE(testing::contains_all(
       testing::error_message([] { config::load_config("", {"objectives.set=tlm"}); }),
-      {"objectives.set", "got 'tlm'", "one of: xlme, xlme-mono, mlm, mlm+tlm"}));
+      {"objectives.set", "got 'tlm'", "one of: xlme, xlme-mono, mlm, mlm+tlm, distill"}));
   // The config reference describes every set from its row.
   EXPECT_TRUE(testing::contains_all(
       config::to_yaml(config::Config{}, /*docs=*/true),
       {"xlme = MLM+TLM+MRTD+TRTD; xlme-mono = MLM+MRTD; mlm = XLM-R-style MLM; mlm+tlm = "
-       "XLM-style MLM+TLM"}));
+       "XLM-style MLM+TLM; distill = MiniLMv2-style distillation of distill.teacher"}));
 }
 
 // What each row needs: the generator-discriminator pair for the RTD terms, and the data.
@@ -138,8 +138,10 @@ TEST(ObjectiveSets, RowsSayWhatEachSetNeeds) {
   for (const auto& set : objective_sets()) {
     EXPECT_TRUE(names.insert(set.name).second) << set.name;
     EXPECT_TRUE(set.monolingual || set.translation_pairs) << set.name << " trains on nothing";
-    EXPECT_EQ(model::architecture_for(set.name),
-              set.discriminator ? model::Architecture::kElectra : model::Architecture::kMaskedLm);
+    EXPECT_EQ(model::architecture_for(set.name), set.distillation ? model::Architecture::kEncoder
+                                                 : set.discriminator
+                                                     ? model::Architecture::kElectra
+                                                     : model::Architecture::kMaskedLm);
   }
   const auto& xlme = objective_set("xlme");
   EXPECT_TRUE(xlme.discriminator && xlme.monolingual && xlme.translation_pairs);
@@ -153,6 +155,10 @@ TEST(ObjectiveSets, RowsSayWhatEachSetNeeds) {
   EXPECT_EQ(xlme.translation_pair_terms(), (Strings{"tlm", "trtd"}));
   EXPECT_EQ(xlm.translation_pair_terms(), Strings{"tlm"});
   EXPECT_EQ(mono.translation_pair_terms(), Strings{});
+  const auto& distill = objective_set("distill");
+  EXPECT_TRUE(distill.distillation && !distill.discriminator && distill.monolingual &&
+              !distill.translation_pairs);
+  EXPECT_EQ(distill.monolingual_terms(), (Strings{"qq_kl", "kk_kl", "vv_kl"}));
 }
 
 // The step's counts per term: a batch counts for its own task's terms only, and the normalizers

@@ -165,6 +165,30 @@ struct ObjectivesConfig {
   }
 };
 
+// objectives.set=distill: MiniLMv2's self-attention relation distillation of a frozen teacher
+// into the discriminator-sized student that `model` describes (docs/pretraining.md#distillation).
+struct DistillConfig {
+  std::string teacher;
+  int64_t teacher_layer = -1;
+  int64_t relation_heads = 48;
+  double hidden_cosine = 0.0;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("teacher", teacher,
+            "the teacher: an xlme run, checkpoint or export folder (its discriminator, frozen)");
+    v.field("teacher_layer", teacher_layer, IntRange{-1024, 1024},
+            "teacher layer whose self-attention relations the student's last layer mimics: "
+            "1..layers, or negative counting from the end (-1 = the last)");
+    v.field("relation_heads", relation_heads, IntRange{1, 65536},
+            "relation heads the Q, K, V projections are split into (must divide the student's "
+            "and the teacher's hidden sizes; MiniLMv2: 48 for a base teacher)");
+    v.field("hidden_cosine", hidden_cosine, RealRange{0.0, 1e6},
+            "weight of DistilBERT's 1 - cos(student, teacher) on the last hidden states (needs "
+            "equal widths); 0 = relations only");
+  }
+};
+
 // SentencePiece training (xlme-data train-spm).
 struct TokenizerTrainingConfig {
   int64_t vocab_size = 32000;
@@ -512,6 +536,7 @@ struct Config {
   ModelConfig model;
   DataConfig data;
   ObjectivesConfig objectives;
+  DistillConfig distill;
   TrainConfig train;
   DistConfig dist;
   FinetuneConfig finetune;
@@ -523,6 +548,7 @@ struct Config {
     v.section("model", model, "generator and discriminator encoders");
     v.section("data", data, "tokenizer, shards, batches");
     v.section("objectives", objectives, "losses and masking");
+    v.section("distill", distill, "distillation of a teacher (objectives.set=distill)");
     v.section("train", train, "optimizer, schedule, checkpoints");
     v.section("dist", dist, "multi-process training over c10d");
     v.section("finetune", finetune, "XTREME fine-tuning and evaluation");

@@ -22,8 +22,9 @@
 namespace xlme::model {
 
 // kElectra: generator + discriminator (objectives.set xlme, xlme-mono); kMaskedLm: one encoder
-// with an MLM head (mlm, mlm+tlm).
-enum class Architecture { kElectra, kMaskedLm };
+// with an MLM head (mlm, mlm+tlm); kEncoder: the discriminator-sized encoder alone, the student
+// of a frozen teacher (distill).
+enum class Architecture { kElectra, kMaskedLm, kEncoder };
 
 // objectives.set -> architecture, from its row of objectives::objective_sets(); throws on an
 // unknown set, listing the known ones.
@@ -52,6 +53,24 @@ struct ModelOutput {
   torch::Tensor replaced;              // [B, T] bool: discriminator input != original
   torch::Tensor discriminator_logits;  // [B, T]: one logit per token (replaced vs original)
   torch::Tensor padding;               // [B, T] bool: true at <pad>
+  // kEncoder (distillation), on the unmasked input (ModelInputs::labels): the projections of the
+  // student's last layer and of the teacher's distilled layer (the teacher's without gradient),
+  // and both last hidden states [B, T, width] when the teacher reads them (Teacher::hidden).
+  AttentionProjections student_attention;
+  AttentionProjections teacher_attention;
+  torch::Tensor student_hidden;
+  torch::Tensor teacher_hidden;
+};
+
+// The frozen teacher of a distillation student (docs/pretraining.md#distillation): a pre-trained
+// discriminator whose parameters require no gradient, run in eval mode under no-grad. It is not
+// a registered module of the student: not in its parameters (the optimizer), checkpoints or
+// broadcasts.
+struct Teacher {
+  std::shared_ptr<torch::nn::Module> model;  // the whole teacher: embeddings and encoder
+  Encoder encoder{nullptr};                  // its discriminator encoder
+  int64_t layer = 0;    // 1..layers: the layer whose relations the student's last layer mimics
+  bool hidden = false;  // also the last hidden states of both (distill.hidden_cosine > 0)
 };
 
 // dense [hidden -> E] -> GELU -> LayerNorm -> tied projection onto the token table + bias.
@@ -88,7 +107,8 @@ torch::Tensor sample_replacements(const torch::Tensor& logits, double temperatur
                                   const data::SpecialIds& special);
 
 // Registered modules (export-key prefixes): embeddings, generator, discriminator, generator_head
-// (kElectra) or mlm_head (kMaskedLm), discriminator_head (kElectra).
+// (kElectra) or mlm_head (kMaskedLm), discriminator_head (kElectra); kEncoder: embeddings and
+// discriminator only.
 class ElectraModelImpl : public torch::nn::Module {
  public:
   // model.vocab_size must be resolved (non-zero); special ids default to the XLM-R layout.
@@ -101,6 +121,12 @@ class ElectraModelImpl : public torch::nn::Module {
   Architecture architecture() const { return architecture_; }
   const data::SpecialIds& special_ids() const { return special_; }
 
+  // kEncoder only: freezes `teacher` (no gradient, eval mode) and runs it beside the student in
+  // every forward(), on the inputs' device (it is moved there at the first forward on another).
+  void set_teacher(Teacher teacher);
+  // The teacher; null without one.
+  const Teacher* teacher() const { return teacher_.model ? &teacher_ : nullptr; }
+
   SharedEmbeddings embeddings{nullptr};
   Encoder generator{nullptr};  // kElectra only
   Encoder discriminator{nullptr};
@@ -112,6 +138,8 @@ class ElectraModelImpl : public torch::nn::Module {
   Architecture architecture_;
   data::SpecialIds special_;
   double temperature_;
+  Teacher teacher_;
+  torch::Device teacher_device_ = torch::kCPU;
 };
 TORCH_MODULE(ElectraModel);
 

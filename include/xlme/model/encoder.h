@@ -86,6 +86,14 @@ class FeedForwardImpl : public torch::nn::Module {
 };
 TORCH_MODULE(FeedForward);
 
+// The query, key and value projections of one self-attention layer, heads concatenated (head h
+// is columns h*d_k .. (h+1)*d_k - 1), before any position bias: what MiniLMv2's relations read.
+struct AttentionProjections {
+  torch::Tensor query;  // [B, T, hidden]
+  torch::Tensor key;    // [B, T, hidden]
+  torch::Tensor value;  // [B, T, hidden]
+};
+
 // One layer: attention, attention_norm, ffn, ffn_norm. With `first` (the encoder's layer at
 // depth 1) and sharing, the shared sub-layers are first's modules, used but not registered here,
 // so that every parameter is registered (saved, exported, optimized) once.
@@ -99,6 +107,10 @@ class EncoderLayerImpl : public torch::nn::Module {
 
   // buckets: [T, T] -> [H, T, T]: the bias table of this layer's attention, when it has its own.
   torch::Tensor bias_table(const torch::Tensor& buckets) const;
+
+  // x: the layer's input [B, T, hidden] -> the projections its attention computes from it (pre-LN:
+  // of attention_norm(x)).
+  AttentionProjections projections(const torch::Tensor& x);
 
   SelfAttention attention{nullptr};
   torch::nn::LayerNorm attention_norm{nullptr};

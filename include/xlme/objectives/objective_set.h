@@ -18,9 +18,13 @@ struct ObjectiveSet {
   bool discriminator = true;
   bool monolingual = true;        // trains on monolingual text: MLM (and MRTD)
   bool translation_pairs = true;  // trains on translation pairs <s> e </s> f </s>: TLM (and TRTD)
+  // MiniLMv2-style distillation (distill.*): the discriminator-sized encoder alone, no head,
+  // mimicking a frozen teacher's self-attention relations; `discriminator` is false.
+  bool distillation = false;
 
   // The terms of a monolingual / translation-pair micro-batch, the generator's first; empty when
-  // the set does not train on that data.
+  // the set does not train on that data. Distillation: the query-query, key-key and value-value
+  // relation terms (the hidden-state cosine term, when weighted, is objectives::Objectives's).
   std::vector<std::string> monolingual_terms() const;
   std::vector<std::string> translation_pair_terms() const;
 };

@@ -55,8 +55,8 @@ class TermSums {
 // " | mlm 7.12 acc 0.051 | mrtd 0.421 acc 0.800 f1 0.120": the terms' part of a log line.
 std::string log_text(const TermSummaries& terms);
 
-// The terms' fields of a metrics record, in order: per term loss/<term>, accuracy/<term> and, for
-// the discriminator terms, f1/<term>.
+// The terms' fields of a metrics record, in order: per term loss/<term>, accuracy/<term> (not for
+// the distillation terms) and, for the discriminator terms, f1/<term>.
 std::vector<std::pair<std::string, double>> log_fields(const TermSummaries& terms);
 
 }  // namespace xlme::objectives

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "xlme/config/config.h"
+#include "xlme/model/electra.h"
 
 #include <torch/types.h>
 
@@ -24,12 +25,20 @@ double peak_memory_mib(const torch::Device& device);
 //   generator head at the masked share r (objectives.mask_ratio): r * 2*(H_g*E + E*V)
 //   discriminator head: 2*(H^2 + H)
 // The MLM baselines (objectives.set mlm, mlm+tlm) have one encoder with the generator-style head.
+// Distillation (objectives.set distill) trains the student (its forward x 3) and runs the frozen
+// `teacher` forward only, each through the layers it needs; with R the relation FLOPs
+// 3 * 2*length*H (the Q-Q, K-K and V-V scores of every relation head) and P = 2*3*H^2 the Q, K,
+// V projections of one layer:
+//   student: 2*E*H + (L-1) * layer + (P, or a whole layer with distill.hidden_cosine > 0) + R
+//   teacher: 2*E*H + (l-1) * layer + (P, or the layers l..L with hidden_cosine) + R
+//   training: 3 * student + teacher              (l = the teacher's distilled layer)
 // Embedding look-ups, softmax, LayerNorm and sampling are left out (a few percent).
-double training_flops_per_token(const config::Config& config, int64_t length);
+double training_flops_per_token(const config::Config& config, int64_t length,
+                                const model::Teacher* teacher = nullptr);
 // The mean over the tasks of the step at their maximum lengths (MRTD at data.mono.max_len, TRTD
 // at data.para.max_len, equal token budgets): a configuration's nominal figure (--print-model,
 // --benchmark). Training counts each micro-batch at its own length (StepRecord::flops).
-double step_flops_per_token(const config::Config& config);
+double step_flops_per_token(const config::Config& config, const model::Teacher* teacher = nullptr);
 
 // Dense bf16 peak FLOP/s of a GPU from its name: H100 (SXM) and H200 989e12, H100 PCIe 756e12,
 // A100 312e12; nullopt for other names.
