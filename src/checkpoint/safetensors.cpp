@@ -3,6 +3,7 @@
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
 #include "xlme/common/json.h"
+#include "xlme/common/shape_text.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -112,11 +113,6 @@ struct SafetensorsEntry {
   uint64_t begin = 0, end = 0;
 };
 
-// "[2, 3]" for a shape whose sizes are checked integers.
-std::string safetensors_shape_text(const std::vector<int64_t>& shape) {
-  return fmt::format("[{}]", fmt::join(shape, ", "));
-}
-
 SafetensorsEntry safetensors_entry(const std::string& file, const std::string& name,
                                    const nlohmann::json& spec) {
   XLME_CHECK(spec.is_object() && spec.contains("dtype") && spec.contains("shape") &&
@@ -159,7 +155,7 @@ SafetensorsEntry safetensors_entry(const std::string& file, const std::string& n
   XLME_CHECK(!overflow,
              "safetensors file '{}': tensor '{}' ({} of shape {}) would need more than 2^63 bytes "
              "(its size overflows); the header is damaged or was made to break readers",
-             file, name, found->name, safetensors_shape_text(e.shape));
+             file, name, found->name, shape_text(e.shape));
   const auto& offsets = spec["data_offsets"];
   XLME_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
                  offsets[1].is_number_unsigned() && offsets[0] <= offsets[1],
@@ -172,8 +168,7 @@ SafetensorsEntry safetensors_entry(const std::string& file, const std::string& n
   XLME_CHECK(e.end - e.begin == bytes,
              "safetensors file '{}': tensor '{}' ({} of shape {}) needs {} bytes but its "
              "data_offsets [{}, {}] span {}",
-             file, name, found->name, safetensors_shape_text(e.shape), bytes, e.begin, e.end,
-             e.end - e.begin);
+             file, name, found->name, shape_text(e.shape), bytes, e.begin, e.end, e.end - e.begin);
   return e;
 }
 

@@ -22,7 +22,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <set>
 
@@ -340,10 +339,8 @@ std::string Trainer::save_checkpoint(const CheckpointManager& manager) {
                                       {step_, tokens_seen_, skipped_steps_, comm_->world_size()});
       config::save_config(config_, file(checkpoint::kConfigFile));
       if (!config_.data.tokenizer.empty() && fs::is_regular_file(config_.data.tokenizer)) {
-        std::ifstream in(config_.data.tokenizer, std::ios::binary);
-        write_file_atomic(
-            file(checkpoint::kTokenizerFile),
-            std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
+        write_file_atomic(file(checkpoint::kTokenizerFile),
+                          read_file(config_.data.tokenizer, "tokenizer"));
       }
     });
   } else {

@@ -290,7 +290,7 @@ TEST_F(PretrainedWeights, MissingUnexpectedAndMisshapenWeightsAreNamed) {
   edit_weights(out, [](auto& t) { t["discriminator.embedding_norm.weight"] = torch::ones({31}); });
   EXPECT_TRUE(contains_all(error_message([&] { load_pretrained(out); }),
                            {"whose shape differs from the model of its config: "
-                            "discriminator.embedding_norm.weight (31 stored, 32 expected)"}));
+                            "discriminator.embedding_norm.weight ([31] stored, [32] expected)"}));
 }
 
 TEST_F(PretrainedWeights, VocabularyAndSpecialIdMismatchesAreNamed) {
