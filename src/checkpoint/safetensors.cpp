@@ -5,9 +5,6 @@
 #include "xlme/common/json.h"
 #include "xlme/common/shape_text.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
@@ -267,35 +264,15 @@ std::string safetensors_bytes(const SafetensorsContent& content) {
 
 void write_safetensors(const std::string& path, const SafetensorsContent& content) {
   const std::string header = safetensors_header(content);
-  const fs::path target(path);
-  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::error_code ec;
-  fs::create_directories(folder, ec);
-  XLME_CHECK(!ec, "cannot create folder '{}' for '{}': {}", folder.string(), path, ec.message());
-  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    XLME_CHECK(out.good(), "cannot create '{}': {}", tmp, std::strerror(errno));
-    out << safetensors_size_prefix(header.size()) << header;
+  write_file_streamed(path, [&](const ByteSink& sink) {
+    const std::string prefix = safetensors_size_prefix(header.size());
+    sink(prefix.data(), prefix.size());
+    sink(header.data(), header.size());
     for (const auto& [name, tensor] : content.tensors) {
       const auto payload = safetensors_payload(tensor);
-      out.write(static_cast<const char*>(payload.data_ptr()),
-                static_cast<std::streamsize>(safetensors_nbytes(payload)));
+      sink(payload.data_ptr(), safetensors_nbytes(payload));
     }
-    out.close();
-    if (!out) {
-      fs::remove(tmp, ec);
-      XLME_FAIL("cannot write '{}' (is the disk full?)", tmp);
-    }
-  }
-  fsync_path(tmp, O_RDONLY);
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    XLME_FAIL("cannot rename '{}' to '{}': {}", tmp, path, ec.message());
-  }
-  fsync_path(folder.string(), O_RDONLY | O_DIRECTORY);
+  });
 }
 
 SafetensorsContent read_safetensors(const std::string& path) {
