@@ -28,16 +28,10 @@ using xlme::parse_json;
 using xlme::testing::contains_all;
 using xlme::testing::error_message;
 using xlme::testing::nested_json_array;
+using xlme::testing::raw_safetensors;
 using xlme::testing::read_file;
 using xlme::testing::TempDir;
 using xlme::testing::write_file;
-
-// 8-byte little-endian size, then the header as given (no padding added), then the data.
-std::string raw_safetensors(const std::string& header, const std::string& data) {
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  return out + header + data;
-}
 
 std::string parse_error(const std::string& bytes) {
   return error_message([&] { parse_safetensors(bytes, "m.safetensors"); });
