@@ -15,6 +15,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 #include <utility>
@@ -98,6 +99,66 @@ inline ParityBatch parity_batch(const data::SpecialIds& special, int64_t length)
   return b;
 }
 
+// An architecture variant of the tiny model that the export tests run (export_parity_test.cpp
+// against the PyTorch reference, hf_export_test.cpp through transformers).
+struct ExportVariant {
+  std::string name;                      // the test's name: "PreLn"
+  std::string label;                     // what the test prints: "pre-LN"
+  std::vector<std::string> overrides;    // on top of tiny_export_config
+  std::vector<std::string> export_args;  // xlme-export's extra arguments
+};
+
+// Every variant, for INSTANTIATE_TEST_SUITE_P (export_variant_name names the tests).
+inline const std::vector<ExportVariant>& export_variants() {
+  static const std::vector<ExportVariant> variants = {
+      {"PostLnGatedPerLayerTable", "post-LN gated", {}, {}},
+      {"PreLn", "pre-LN", {"model.norm=pre"}, {}},
+      {"PlainRelativeBiasWithoutAbsolutePositions",
+       "plain bias, no absolute positions",
+       {"model.relative_position.gated=false", "model.absolute_positions=false"},
+       {}},
+      // 16 buckets up to distance 12 < T = 24: the last buckets take every longer distance.
+      {"SharedTableWithFewBuckets",
+       "shared table",
+       {"model.relative_position.shared_across_layers=true",
+        "model.relative_position.num_buckets=16", "model.relative_position.max_distance=12"},
+       {}},
+      {"NoRelativeBias", "no relative bias", {"model.relative_position.enabled=false"}, {}},
+      {"FactorizedEmbeddingsWithGdes",
+       "factorized + gdes",
+       {"model.embedding_size=16", "model.embedding_sharing=gdes"},
+       {}},
+      // ALBERT's sharing: the weights of layers.0 serve every depth, stored once.
+      {"AlbertAllLayersShared",
+       "all layers shared",
+       {"model.share_layers=all", "model.embedding_size=16"},
+       {}},
+      {"AlbertAttentionShared", "attention shared", {"model.share_layers=attention"}, {}},
+      {"AlbertFfnSharedPreLn",
+       "ffn shared, pre-LN",
+       {"model.share_layers=ffn", "model.norm=pre"},
+       {}},
+      {"MaskedLmBaseline", "mlm baseline", {"objectives.set=mlm"}, {}},
+      {"Bf16Export", "bf16 export", {}, {"--dtype", "bf16"}},
+      {"WithGenerator",
+       "with generator",
+       {"model.generator.hidden_size=16", "model.generator.heads=2"},
+       {"--with-generator"}},
+  };
+  return variants;
+}
+
+// The test name of a variant (the third argument of INSTANTIATE_TEST_SUITE_P).
+inline std::string export_variant_name(const ::testing::TestParamInfo<ExportVariant>& info) {
+  return info.param.name;
+}
+
+// Whether the variant exports the generator too.
+inline bool exports_generator(const ExportVariant& v) {
+  return std::find(v.export_args.begin(), v.export_args.end(), "--with-generator") !=
+         v.export_args.end();
+}
+
 struct TinyCheckpoint {
   std::string path;  // <run>/checkpoints/step_<N>
   model::ElectraModel model{nullptr};
@@ -132,36 +193,50 @@ inline TinyCheckpoint make_tiny_checkpoint(const config::Config& c, const std::s
   return out;
 }
 
-// A test suite that shares one tiny trained checkpoint of tiny_export_config (a tokenizer and a
-// few training steps take a moment): `class MySuite : public TinyCheckpointSuite<MySuite>`, with
-// `checkpoint()` its folder; an own SetUp() calls TinyCheckpointSuite::SetUp() first. Each Suite
-// has its own statics.
+// A test suite that shares one tiny tokenizer (in suite_dir()/tok) and one tiny trained checkpoint
+// of tiny_export_config (in suite_dir()/run), made once (a tokenizer and a few training steps take
+// a moment): `class MySuite : public TinyCheckpointSuite<MySuite>`. A suite may declare, public,
+// `static constexpr double kPerturb` (the N(0, kPerturb) that make_tiny_checkpoint moves the
+// trained weights by; 0.02 otherwise) and `static void prepare()` (its own set-up in suite_dir(),
+// run once after the checkpoint). An own SetUp() calls TinyCheckpointSuite::SetUp() first. Each
+// Suite has its own statics.
 template <class Suite>
 class TinyCheckpointSuite : public ::testing::Test {
+ public:
+  static constexpr double kPerturb = 0.02;
+  static void prepare() {}
+
  protected:
   static void SetUpTestSuite() {
     setup_.run([] {
       dir_ = new TempDir();
-      const auto tokenizer = train_tiny_tokenizer((dir_->path() / "tok").string());
-      const auto c = tiny_export_config(tokenizer, {});
-      checkpoint_ =
-          new std::string(make_tiny_checkpoint(c, (dir_->path() / "run").string(), 0.02).path);
+      tokenizer_ = new std::string(train_tiny_tokenizer((dir_->path() / "tok").string()));
+      const auto c = tiny_export_config(*tokenizer_, {});
+      checkpoint_ = new TinyCheckpoint(
+          make_tiny_checkpoint(c, (dir_->path() / "run").string(), Suite::kPerturb));
+      Suite::prepare();
     });
   }
   static void TearDownTestSuite() {
     delete checkpoint_;
     checkpoint_ = nullptr;
+    delete tokenizer_;
+    tokenizer_ = nullptr;
     delete dir_;
     dir_ = nullptr;
   }
   void SetUp() override { setup_.check(); }
 
-  static const std::string& checkpoint() { return *checkpoint_; }
+  static const TempDir& suite_dir() { return *dir_; }
+  static const std::string& tokenizer() { return *tokenizer_; }
+  static const std::string& checkpoint() { return checkpoint_->path; }
+  static TinyCheckpoint& tiny_checkpoint() { return *checkpoint_; }
 
  private:
   inline static SuiteSetUp setup_;
   inline static TempDir* dir_ = nullptr;
-  inline static std::string* checkpoint_ = nullptr;
+  inline static std::string* tokenizer_ = nullptr;
+  inline static TinyCheckpoint* checkpoint_ = nullptr;
 };
 
 }  // namespace xlme::testing

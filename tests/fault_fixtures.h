@@ -5,6 +5,7 @@
 
 #include "xlme/checkpoint/archive.h"
 #include "xlme/checkpoint/manager.h"
+#include "xlme/common/checksum.h"
 #include "xlme/data/batch_bench.h"
 #include "xlme/data/synthetic.h"
 #include "xlme/train/pretrain.h"
@@ -131,7 +132,7 @@ inline std::map<std::string, uint32_t> snapshot(const std::string& dir) {
   for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
     if (entry.is_regular_file()) {
       const std::string path = entry.path().string();
-      files[path] = checkpoint::file_crc32(path);
+      files[path] = file_crc32(path);
     }
   }
   return files;
@@ -146,7 +147,7 @@ inline ::testing::AssertionResult nothing_lost(const std::map<std::string, uint3
     if (!std::filesystem::is_regular_file(path)) {
       return ::testing::AssertionFailure() << path << " is gone";
     }
-    if (checkpoint::file_crc32(path) != crc) {
+    if (file_crc32(path) != crc) {
       return ::testing::AssertionFailure() << path << " was changed";
     }
   }

@@ -134,14 +134,19 @@ inline std::string nested_json_array(int64_t depth) {
          std::string(static_cast<size_t>(depth), ']');
 }
 
-// A safetensors file from its raw parts: the 8-byte little-endian header length, `header` as
-// given (not checked: it may be made to break the reader), then `data`.
+// A safetensors file's bytes from its raw parts: the 8-byte little-endian header length, `header`
+// as given (not checked, no padding added: it may be made to break the reader), then `data`.
+inline std::string raw_safetensors(const std::string& header, const std::string& data) {
+  std::string bytes(8, '\0');
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return bytes + header + data;
+}
+
+// raw_safetensors written to `path`.
 inline void write_raw_safetensors(const std::string& path, const std::string& header,
                                   const std::string& data) {
-  std::string bytes(8, '\0');
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  write_file(path, bytes + header + data);
+  write_file(path, raw_safetensors(header, data));
 }
 
 }  // namespace xlme::testing

@@ -3,18 +3,17 @@
 #include "messages.h"
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
+#include "xlme/common/shape_text.h"
 
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/csrc/jit/api/compilation_unit.h>
 #include <torch/csrc/jit/serialization/unpickler.h>
 #include <torch/serialize.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 namespace xlme::checkpoint {
 namespace {
@@ -76,9 +75,9 @@ void check_archive_tensor(const torch::Tensor& tensor, const std::string& name,
   overflow = overflow || __builtin_add_overflow(last, 1, &end) ||
              __builtin_mul_overflow(end, static_cast<int64_t>(tensor.element_size()), &end);
   XLME_CHECK(!overflow && static_cast<uint64_t>(end) <= storage.nbytes(),
-             "'{}': tensor {} (shape [{}], offset {}) reaches past the {} bytes of its data "
+             "'{}': tensor {} (shape {}, offset {}) reaches past the {} bytes of its data "
              "record; {}",
-             path, shown(name), fmt::join(tensor.sizes(), ", "), tensor.storage_offset(),
+             path, shown(name), shape_text(tensor.sizes()), tensor.storage_offset(),
              storage.nbytes(), kDamagedHint);
 }
 
@@ -183,12 +182,7 @@ void load_archive(torch::serialize::InputArchive& archive, const std::string& pa
                   const torch::Device& device) {
   XLME_CHECK(fs::is_regular_file(path), "'{}' not found", path);
   // Read once: the bytes that are checked are the bytes that are loaded.
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  XLME_CHECK(in.good(), "cannot read '{}'", path);
-  std::string bytes(static_cast<std::size_t>(in.tellg()), '\0');
-  in.seekg(0);
-  XLME_CHECK(in.read(bytes.data(), static_cast<std::streamsize>(bytes.size())).good(),
-             "cannot read '{}'", path);
+  const std::string bytes = read_file(path, "checkpoint file");
   try {
     check_archive_records(bytes, path);
     archive.load_from(bytes.data(), bytes.size(), device);
@@ -204,19 +198,6 @@ std::map<std::string, torch::Tensor> read_module_archive(const std::string& path
   std::map<std::string, torch::Tensor> out;
   flatten_module_archive(archive, "", out);
   return out;
-}
-
-uint32_t file_crc32(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  XLME_CHECK(in.good(), "cannot read '{}'", path);
-  std::vector<char> buffer(1 << 20);
-  uLong crc = crc32_z(0L, Z_NULL, 0);
-  while (in) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    crc = crc32_z(crc, reinterpret_cast<const Bytef*>(buffer.data()),
-                  static_cast<z_size_t>(in.gcount()));
-  }
-  return static_cast<uint32_t>(crc);
 }
 
 void save_archive(torch::serialize::OutputArchive& archive, const std::string& path) {

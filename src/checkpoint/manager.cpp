@@ -1,8 +1,8 @@
 #include "xlme/checkpoint/manager.h"
 
 #include "messages.h"
-#include "xlme/checkpoint/archive.h"
 #include "xlme/checkpoint/layout.h"
+#include "xlme/common/checksum.h"
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
 #include "xlme/common/json.h"

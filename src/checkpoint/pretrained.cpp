@@ -7,6 +7,8 @@
 #include "xlme/checkpoint/safetensors.h"
 #include "xlme/checkpoint/weights.h"
 #include "xlme/common/error.h"
+#include "xlme/common/io.h"
+#include "xlme/common/shape_text.h"
 #include "xlme/config/yaml_file.h"
 #include "xlme/data/tokenizer.h"
 #include "xlme/model/parameter_count.h"
@@ -17,7 +19,6 @@
 #include <yaml-cpp/yaml.h>
 
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <vector>
 
@@ -49,9 +50,7 @@ std::string read_export_config(const std::string& path) {
              "export config '{}' is {} bytes long; an export's config.json is a few kilobytes "
              "(at most {} accepted): it is not an xlme export's",
              path, size, kMaxExportConfigBytes);
-  std::ifstream in(path, std::ios::binary);
-  XLME_CHECK(in.good(), "cannot read '{}'", path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return read_file(path, "export config");
 }
 
 // Copies `weights` into `module` by name. Every parameter and buffer of the module must be there
@@ -75,8 +74,8 @@ void copy_weights_strictly(torch::nn::Module& module,
              source, match.missing.size(), list_weight_names(match.missing));
   std::vector<std::string> mismatched;
   for (const auto& m : match.mismatched) {
-    mismatched.push_back(fmt::format("{} ({} stored, {} expected)", m.name,
-                                     fmt::join(m.stored, "x"), fmt::join(m.expected, "x")));
+    mismatched.push_back(fmt::format("{} ({} stored, {} expected)", m.name, shape_text(m.stored),
+                                     shape_text(m.expected)));
   }
   XLME_CHECK(mismatched.empty(),
              "'{}' has weights whose shape differs from the model of its config: {}", source,

@@ -3,9 +3,7 @@
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
 #include "xlme/common/json.h"
-
-#include <fcntl.h>
-#include <unistd.h>
+#include "xlme/common/shape_text.h"
 
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -112,11 +110,6 @@ struct SafetensorsEntry {
   uint64_t begin = 0, end = 0;
 };
 
-// "[2, 3]" for a shape whose sizes are checked integers.
-std::string safetensors_shape_text(const std::vector<int64_t>& shape) {
-  return fmt::format("[{}]", fmt::join(shape, ", "));
-}
-
 SafetensorsEntry safetensors_entry(const std::string& file, const std::string& name,
                                    const nlohmann::json& spec) {
   XLME_CHECK(spec.is_object() && spec.contains("dtype") && spec.contains("shape") &&
@@ -159,7 +152,7 @@ SafetensorsEntry safetensors_entry(const std::string& file, const std::string& n
   XLME_CHECK(!overflow,
              "safetensors file '{}': tensor '{}' ({} of shape {}) would need more than 2^63 bytes "
              "(its size overflows); the header is damaged or was made to break readers",
-             file, name, found->name, safetensors_shape_text(e.shape));
+             file, name, found->name, shape_text(e.shape));
   const auto& offsets = spec["data_offsets"];
   XLME_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
                  offsets[1].is_number_unsigned() && offsets[0] <= offsets[1],
@@ -172,8 +165,7 @@ SafetensorsEntry safetensors_entry(const std::string& file, const std::string& n
   XLME_CHECK(e.end - e.begin == bytes,
              "safetensors file '{}': tensor '{}' ({} of shape {}) needs {} bytes but its "
              "data_offsets [{}, {}] span {}",
-             file, name, found->name, safetensors_shape_text(e.shape), bytes, e.begin, e.end,
-             e.end - e.begin);
+             file, name, found->name, shape_text(e.shape), bytes, e.begin, e.end, e.end - e.begin);
   return e;
 }
 
@@ -272,35 +264,15 @@ std::string safetensors_bytes(const SafetensorsContent& content) {
 
 void write_safetensors(const std::string& path, const SafetensorsContent& content) {
   const std::string header = safetensors_header(content);
-  const fs::path target(path);
-  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::error_code ec;
-  fs::create_directories(folder, ec);
-  XLME_CHECK(!ec, "cannot create folder '{}' for '{}': {}", folder.string(), path, ec.message());
-  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    XLME_CHECK(out.good(), "cannot create '{}': {}", tmp, std::strerror(errno));
-    out << safetensors_size_prefix(header.size()) << header;
+  write_file_streamed(path, [&](const ByteSink& sink) {
+    const std::string prefix = safetensors_size_prefix(header.size());
+    sink(prefix.data(), prefix.size());
+    sink(header.data(), header.size());
     for (const auto& [name, tensor] : content.tensors) {
       const auto payload = safetensors_payload(tensor);
-      out.write(static_cast<const char*>(payload.data_ptr()),
-                static_cast<std::streamsize>(safetensors_nbytes(payload)));
+      sink(payload.data_ptr(), safetensors_nbytes(payload));
     }
-    out.close();
-    if (!out) {
-      fs::remove(tmp, ec);
-      XLME_FAIL("cannot write '{}' (is the disk full?)", tmp);
-    }
-  }
-  fsync_path(tmp, O_RDONLY);
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    XLME_FAIL("cannot rename '{}' to '{}': {}", tmp, path, ec.message());
-  }
-  fsync_path(folder.string(), O_RDONLY | O_DIRECTORY);
+  });
 }
 
 SafetensorsContent read_safetensors(const std::string& path) {

@@ -106,6 +106,37 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   write_file_streamed(path, [&](const ByteSink& sink) { sink(content.data(), content.size()); });
 }
 
+std::string read_file(const std::string& path, const std::string& what) {
+  // O_NONBLOCK: a FIFO in the file's place opens without waiting for a writer, and is refused
+  // below; regular files ignore the flag.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  XLME_CHECK(fd >= 0, "cannot read {} '{}': {}; check the path and the file's permissions", what,
+             path, std::strerror(errno));
+  struct stat info {};
+  const int err = ::fstat(fd, &info) != 0 ? errno : 0;
+  if (err != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    XLME_CHECK(err == 0, "cannot read {} '{}': {}", what, path, std::strerror(err));
+    XLME_FAIL("cannot read {} '{}': it is {}, not a regular file; pass the path of a file", what,
+              path, file_type_name(info.st_mode));
+  }
+  std::string bytes;
+  bytes.reserve(static_cast<std::size_t>(info.st_size));
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int read_err = n < 0 ? errno : 0;
+      ::close(fd);
+      XLME_CHECK(read_err == 0, "cannot read {} '{}': {}; check the disk and the file", what, path,
+                 std::strerror(read_err));
+      return bytes;
+    }
+    bytes.append(buffer, static_cast<std::size_t>(n));
+  }
+}
+
 std::string host_name() {
   char name[256] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown host";

@@ -1,5 +1,6 @@
 #include "xlme/data/demo_corpus.h"
 
+#include "xlme/common/checksum.h"
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
 #include "xlme/data/line_reader.h"

@@ -1,11 +1,10 @@
 #include "xlme/data/mo_file.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/io.h"
 
 #include <cstdint>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 namespace xlme::data {
 namespace {
@@ -111,10 +110,7 @@ std::vector<MoEntry> parse_mo(const std::string& bytes, const std::string& name)
 }
 
 std::vector<MoEntry> read_mo(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  XLME_CHECK(in.good(), "cannot open .mo file '{}'", path);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return parse_mo(bytes, path);
+  return parse_mo(read_file(path, ".mo file"), path);
 }
 
 }  // namespace xlme::data

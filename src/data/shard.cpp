@@ -1,5 +1,6 @@
 #include "xlme/data/shard.h"
 
+#include "xlme/common/checksum.h"
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
 
@@ -7,7 +8,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,17 +18,6 @@
 #include <string>
 
 namespace xlme::data {
-
-uint32_t crc32_update(uint32_t crc, const void* data, size_t size) {
-  const auto* bytes = static_cast<const Bytef*>(data);
-  while (size > 0) {  // zlib takes 32-bit lengths
-    const auto chunk = static_cast<uInt>(std::min<size_t>(size, size_t{1} << 30));
-    crc = static_cast<uint32_t>(::crc32(crc, bytes, chunk));
-    bytes += chunk;
-    size -= chunk;
-  }
-  return crc;
-}
 
 // A read-only mmap of a whole file (an empty file maps to nothing).
 struct Shard::Mapping {

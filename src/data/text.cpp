@@ -43,21 +43,6 @@ bool valid_utf8(std::string_view text) {
   return true;
 }
 
-uint64_t hash64(std::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const char c : bytes) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001b3ull;
-  }
-  // FNV's low bits mix poorly; the SplitMix64 finalizer spreads every input bit over all 64.
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  h ^= h >> 31;
-  return h;
-}
-
 std::string collapse_whitespace(std::string_view text) {
   std::string out;
   out.reserve(text.size());

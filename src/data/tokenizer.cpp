@@ -1,10 +1,8 @@
 #include "xlme/data/tokenizer.h"
 
+#include "xlme/common/checksum.h"
 #include "xlme/common/error.h"
-#include "xlme/data/text.h"
-
-#include <fstream>
-#include <iterator>
+#include "xlme/common/io.h"
 
 namespace xlme::data {
 
@@ -35,9 +33,8 @@ Tokenizer::Tokenizer(const std::string& model_path, VocabLayout layout)
                model_path, found);
     ids_ = SpecialIds::for_vocab(pieces + 2);
   }
-  std::ifstream in(model_path, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  hash_ = hash64(bytes + (layout == VocabLayout::kOwn ? "|own" : "|xlmr"));
+  hash_ =
+      hash64(read_file(model_path, "tokenizer") + (layout == VocabLayout::kOwn ? "|own" : "|xlmr"));
 }
 
 int32_t Tokenizer::from_spm(int spm_id) const {

@@ -1,6 +1,7 @@
 #include "xlme/eval/retrieval.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/shape_text.h"
 
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -9,13 +10,7 @@
 #include <numeric>
 
 namespace xlme::eval {
-namespace {
-
-std::string shape_of(const torch::Tensor& t) {
-  return fmt::format("[{}]", fmt::join(t.sizes(), ", "));
-}
-
-}  // namespace
+namespace {}  // namespace
 
 std::vector<int64_t> sentence_ids(const data::Tokenizer& tokenizer, const std::string& text,
                                   int64_t max_len) {
@@ -117,7 +112,7 @@ torch::Tensor nearest_neighbours(const torch::Tensor& queries, const torch::Tens
   XLME_CHECK(queries.dim() == 2 && candidates.dim() == 2 && queries.size(1) == candidates.size(1),
              "nearest_neighbours needs [N, H] queries and [M, H] candidates of the same width; got "
              "{} and {}",
-             shape_of(queries), shape_of(candidates));
+             shape_text(queries.sizes()), shape_text(candidates.sizes()));
   XLME_CHECK(candidates.size(0) > 0, "nearest_neighbours: no candidates");
   auto unit = [](const torch::Tensor& x) {
     const auto d = x.detach().to(torch::kCPU, torch::kFloat64);
@@ -142,7 +137,7 @@ RetrievalAccuracy retrieval_accuracy(const torch::Tensor& a, const torch::Tensor
   XLME_CHECK(a.dim() == 2 && a.sizes() == b.sizes() && a.size(0) > 0,
              "retrieval_accuracy needs two non-empty [N, H] tensors of the same shape (row i of "
              "one translates row i of the other); got {} and {}",
-             shape_of(a), shape_of(b));
+             shape_text(a.sizes()), shape_text(b.sizes()));
   const auto expected = torch::arange(a.size(0), torch::kLong);
   auto share = [&](const torch::Tensor& found) {
     return found.eq(expected).to(torch::kFloat64).mean().item<double>();

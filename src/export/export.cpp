@@ -186,10 +186,7 @@ std::string model_card(const checkpoint::Pretrained& p, const checkpoint::Export
 
 // Copies a file's bytes atomically (write_file_atomic: temporary file, fsync, rename).
 void copy_file_synced(const std::string& from, const std::string& to) {
-  std::ifstream in(from, std::ios::binary);
-  XLME_CHECK(in.good(), "cannot read '{}'", from);
-  write_file_atomic(
-      to, std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
+  write_file_atomic(to, read_file(from));
 }
 
 bool is_non_empty_directory(const fs::path& path) {

@@ -6,8 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 namespace xlme::export_ {
 
@@ -15,10 +13,7 @@ void write_transformers_files(const std::string& folder,
                               const checkpoint::ExportedConfig& exported) {
   const std::filesystem::path dir(folder);
   const auto config_path = (dir / checkpoint::kExportConfigFile).string();
-  std::ifstream in(config_path);
-  XLME_CHECK(in.good(), "cannot read '{}'", config_path);
-  auto config = nlohmann::ordered_json::parse(
-      std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
+  auto config = nlohmann::ordered_json::parse(read_file(config_path, "export config"));
   // AutoConfig / AutoModel*.from_pretrained(folder, trust_remote_code=True) follow auto_map.
   config["model_type"] = "xlme";
   config["architectures"] = {"XlmeModel"};

@@ -1,6 +1,7 @@
 #include "xlme/finetune/metrics.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/shape_text.h"
 #include "xlme/finetune/text.h"
 
 #include <fmt/ranges.h>
@@ -162,7 +163,7 @@ torch::Tensor l2_normalized(const torch::Tensor& t, const char* what) {
   XLME_CHECK(t.dim() == 2 && t.size(0) > 0,
              "{} embeddings must be a non-empty [N, H] tensor, got "
              "shape {}",
-             what, t.sizes().vec());
+             what, shape_text(t.sizes()));
   const auto f = t.to(torch::kFloat);
   return f / f.norm(2, 1, true).clamp_min(1e-12);
 }
@@ -406,8 +407,8 @@ std::vector<BuccCandidate> bucc_candidates(const BuccCorpus& corpus,
                  english_embeddings.size(0) == static_cast<int64_t>(corpus.english.size()),
              "bucc {}: embeddings have shapes {} and {} but the corpus has {} source and {} "
              "English sentences",
-             corpus.language, source_embeddings.sizes().vec(), english_embeddings.sizes().vec(),
-             corpus.source.size(), corpus.english.size());
+             corpus.language, shape_text(source_embeddings.sizes()),
+             shape_text(english_embeddings.sizes()), corpus.source.size(), corpus.english.size());
   std::vector<std::string> src_sents, en_sents;
   std::vector<int64_t> src_rows, en_rows;
   xmetric::unify(corpus.source, src_sents, src_rows);
@@ -491,7 +492,7 @@ PrfScores pair_scores(const std::vector<std::pair<std::string, std::string>>& pr
 std::vector<Link> align_argmax(const torch::Tensor& similarity) {
   XLME_CHECK(similarity.dim() == 2 && similarity.size(0) > 0 && similarity.size(1) > 0,
              "alignment: the similarity matrix must be [m, n] with m, n > 0, got shape {}",
-             similarity.sizes().vec());
+             shape_text(similarity.sizes()));
   const auto sim = similarity.to(torch::kCPU, torch::kDouble);
   const auto row_best = sim.argmax(1).contiguous();  // [m]
   const auto col_best = sim.argmax(0).contiguous();  // [n]
@@ -507,7 +508,7 @@ std::vector<Link> align_optimal_transport(const torch::Tensor& similarity, doubl
                                           double epsilon, int64_t iterations) {
   XLME_CHECK(similarity.dim() == 2 && similarity.size(0) > 0 && similarity.size(1) > 0,
              "alignment: the similarity matrix must be [m, n] with m, n > 0, got shape {}",
-             similarity.sizes().vec());
+             shape_text(similarity.sizes()));
   XLME_CHECK(epsilon > 0 && iterations > 0,
              "optimal transport: epsilon ({}) and iterations ({}) "
              "must be positive",

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <functional>
 
 namespace xlme::finetune {
 
@@ -59,54 +60,66 @@ std::vector<PairExample> read_pair_split(const std::string& download_dir, const 
   return read_pair_tsv(pair_file(download_dir, task, split, lang), task, split, quoting);
 }
 
-std::vector<PairExample> read_xnli_gold(const std::string& path, const std::string& lang) {
-  io::require_file(path, "XNLI-1.0 gold for language '" + lang + "'");
+namespace {
+
+// Reads one row of a gold release: checks the TAB-separated `fields` of the line at `at`
+// ("path:line") and fills the pair; false skips the row.
+using GoldRowReader = std::function<bool(const std::vector<std::string>& fields,
+                                         const std::string& at, PairExample& ex)>;
+
+// The pairs of a gold release's TSV `path` (`what` names it when it is missing): a header line,
+// then one pair a line, empty lines skipped, each row read by `read_row`.
+std::vector<PairExample> read_gold_tsv(const std::string& path, const std::string& what,
+                                       const GoldRowReader& read_row) {
+  io::require_file(path, what);
   data::LineReader reader(path, io::reader_options());
   std::vector<PairExample> examples;
   std::string line;
   reader.next(line);  // header
   while (reader.next(line)) {
     if (line.empty()) continue;
-    const std::string at = io::where(path, reader.lines_read());
-    const auto f = text::split_tabs(line);
-    XLME_CHECK(f.size() >= 8,
-               "{}: expected XNLI-1.0's columns (language, gold_label, ..., "
-               "sentence1 at 6, sentence2 at 7), found {} columns",
-               at, f.size());
-    if (text::strip_ascii(f[0]) != lang) continue;
     PairExample ex;
-    ex.label =
-        io::check_label(canonical_label(task_info("xnli"), text::strip_ascii(f[1])), "xnli", at);
-    ex.text_a = text::strip_ascii(f[6]);
-    ex.text_b = text::strip_ascii(f[7]);
+    if (!read_row(text::split_tabs(line), io::where(path, reader.lines_read()), ex)) continue;
     ex.source = {path, reader.lines_read()};
     examples.push_back(std::move(ex));
   }
+  return examples;
+}
+
+}  // namespace
+
+std::vector<PairExample> read_xnli_gold(const std::string& path, const std::string& lang) {
+  auto examples =
+      read_gold_tsv(path, "XNLI-1.0 gold for language '" + lang + "'",
+                    [&](const std::vector<std::string>& f, const std::string& at, PairExample& ex) {
+                      XLME_CHECK(f.size() >= 8,
+                                 "{}: expected XNLI-1.0's columns (language, gold_label, ..., "
+                                 "sentence1 at 6, sentence2 at 7), found {} columns",
+                                 at, f.size());
+                      if (text::strip_ascii(f[0]) != lang) return false;
+                      ex.label = io::check_label(
+                          canonical_label(task_info("xnli"), text::strip_ascii(f[1])), "xnli", at);
+                      ex.text_a = text::strip_ascii(f[6]);
+                      ex.text_b = text::strip_ascii(f[7]);
+                      return true;
+                    });
   XLME_CHECK(!examples.empty(), "{}: no pairs for language '{}'; is it an XNLI language ({})?",
              path, lang, io::join(task_languages("xnli")));
   return examples;
 }
 
 std::vector<PairExample> read_pawsx_gold(const std::string& path) {
-  io::require_file(path, "PAWS-X gold");
-  data::LineReader reader(path, io::reader_options());
-  std::vector<PairExample> examples;
-  std::string line;
-  reader.next(line);  // header
-  while (reader.next(line)) {
-    if (line.empty()) continue;
-    const std::string at = io::where(path, reader.lines_read());
-    const auto f = text::split_tabs(line);
-    XLME_CHECK(f.size() == 4, "{}: expected 4 columns (id, sentence1, sentence2, label), found {}",
-               at, f.size());
-    PairExample ex;
-    ex.text_a = text::strip_ascii(f[1]);
-    ex.text_b = text::strip_ascii(f[2]);
-    ex.label = io::check_label(text::strip_ascii(f[3]), "pawsx", at);
-    ex.source = {path, reader.lines_read()};
-    examples.push_back(std::move(ex));
-  }
-  return examples;
+  return read_gold_tsv(
+      path, "PAWS-X gold",
+      [](const std::vector<std::string>& f, const std::string& at, PairExample& ex) {
+        XLME_CHECK(f.size() == 4,
+                   "{}: expected 4 columns (id, sentence1, sentence2, label), found {}", at,
+                   f.size());
+        ex.text_a = text::strip_ascii(f[1]);
+        ex.text_b = text::strip_ascii(f[2]);
+        ex.label = io::check_label(text::strip_ascii(f[3]), "pawsx", at);
+        return true;
+      });
 }
 
 std::string pair_gold_file(const std::string& gold_dir, const std::string& task,

@@ -1,6 +1,7 @@
 #include "xlme/finetune/qa_io.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/io.h"
 #include "xlme/common/json.h"
 #include "xlme/finetune/text.h"
 #include "xlme/finetune/xtreme_io.h"
@@ -11,7 +12,6 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <string_view>
 
@@ -134,9 +134,8 @@ std::string qa_gold_file(const std::string& gold_dir, const std::string& dataset
 
 QaData read_squad_json(const std::string& path, bool skip_mismatched) {
   io::require_file(path, "SQuAD-format QA data");
-  std::ifstream in(path, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto root = parse_json<nlohmann::json>(bytes, fmt::format("SQuAD-format file '{}'", path));
+  const auto root = parse_json<nlohmann::json>(read_file(path, "SQuAD-format QA data"),
+                                               fmt::format("SQuAD-format file '{}'", path));
   using T = nlohmann::json::value_t;
   XLME_CHECK(root.is_object(), "{}: the top level is {}, not a JSON object with a 'data' list",
              path, describe_json(root));

@@ -1,6 +1,7 @@
 #include "xlme/model/attention.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/shape_text.h"
 #include "xlme/common/torch_compat.h"
 #include "xlme/model/batched_matmul.h"
 #include "xlme/model/dropout.h"
@@ -293,8 +294,8 @@ torch::Tensor add_position_bias(torch::Tensor scores, const torch::Tensor& facto
   XLME_CHECK(scores.dim() == 4 && scores.size(2) == scores.size(3) && table.dim() == 3 &&
                  table.size(0) == scores.size(1) && table.size(1) == scores.size(2) &&
                  table.size(2) == scores.size(3),
-             "add_position_bias: scores [{}] and table [{}] must be [B, H, T, T] and [H, T, T]",
-             fmt::join(scores.sizes(), ", "), fmt::join(table.sizes(), ", "));
+             "add_position_bias: scores {} and table {} must be [B, H, T, T] and [H, T, T]",
+             shape_text(scores.sizes()), shape_text(table.sizes()));
   const bool aten = impl == BiasImpl::kAten || !scores.device().is_cpu();
   return PositionBiasFunction::apply(std::move(scores), empty_if_undefined(factor, table.options()),
                                      table, empty_if_undefined(padding, torch::kBool), write, aten);

@@ -137,7 +137,8 @@ torch::Tensor EncoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
 
 AttentionProjections EncoderLayerImpl::projections(const torch::Tensor& x) {
   const auto input = pre_norm_ ? attention_norm(x) : x;
-  return {attention->query(input), attention->key(input), attention->value(input)};
+  return {linear(attention->query, input), linear(attention->key, input),
+          linear(attention->value, input)};
 }
 
 torch::Tensor EncoderLayerImpl::bias_table(const torch::Tensor& buckets) const {

@@ -1,6 +1,7 @@
 #include "xlme/objectives/objectives.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/shape_text.h"
 
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -148,8 +149,8 @@ std::vector<double> Objectives::counts(const data::Batch& batch) const {
 std::map<std::string, torch::Tensor> Objectives::normalizers(const torch::Tensor& counts) const {
   const auto names = term_names();
   XLME_CHECK(counts.dim() == 1 && counts.size(0) >= static_cast<int64_t>(names.size()),
-             "normalizers need a count per objective term ({} terms), got a tensor of shape [{}]",
-             names.size(), fmt::join(counts.sizes(), ", "));
+             "normalizers need a count per objective term ({} terms), got a tensor of shape {}",
+             names.size(), shape_text(counts.sizes()));
   std::map<std::string, torch::Tensor> out;
   for (std::size_t n = 0; n < names.size(); ++n) {
     out[names[n]] = counts[static_cast<int64_t>(n)].clamp_min(1.0).to(torch::kFloat32);

@@ -1,6 +1,7 @@
 #include "xlme/objectives/term_sums.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/shape_text.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -82,8 +83,8 @@ int64_t TermSums::flat_size() const {
 TermSums TermSums::unflatten(const torch::Tensor& flat) const {
   XLME_CHECK(flat.dim() == 1 && flat.size(0) == flat_size(),
              "term sums: expected [{}] values laid out by flatten() for the terms {}, got a tensor "
-             "of shape [{}]",
-             flat_size(), fmt::join(names(), ", "), fmt::join(flat.sizes(), ", "));
+             "of shape {}",
+             flat_size(), fmt::join(names(), ", "), shape_text(flat.sizes()));
   TermSums out;
   int64_t at = 0;
   for (const auto& [name, term] : terms_) {

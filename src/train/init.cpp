@@ -6,6 +6,7 @@
 #include "xlme/checkpoint/safetensors.h"
 #include "xlme/checkpoint/weights.h"
 #include "xlme/common/error.h"
+#include "xlme/common/shape_text.h"
 
 #include <fmt/ranges.h>
 #include <torch/serialize.h>
@@ -21,10 +22,6 @@ namespace xlme::train {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string shape_text(const torch::Tensor& t) {
-  return fmt::format("[{}]", fmt::join(t.sizes(), ", "));
-}
 
 // Tensors of a module archive and of its submodule archives, as dotted names.
 bool in_parts(const std::string& name, const std::string& parts) {
@@ -96,7 +93,7 @@ std::map<std::string, torch::Tensor> xlmr_weights(const std::string& folder) {
     XLME_CHECK(positions->second.dim() == 2 && positions->second.size(0) > 2,
                "--init-from {}: embeddings.position_embeddings.weight has shape {}; expected "
                "[max_positions + 2, hidden] (XLM-R's positions start at 2)",
-               folder, shape_text(positions->second));
+               folder, shape_text(positions->second.sizes()));
     auto table = positions->second.narrow(0, 2, positions->second.size(0) - 2).to(torch::kFloat);
     const auto types = hf.find("embeddings.token_type_embeddings.weight");
     if (types != hf.end()) table = table + types->second[0].to(torch::kFloat);
@@ -133,9 +130,9 @@ InitReport init_weights(model::ElectraModel& model,
   if (!match.mismatched.empty()) {
     const auto& m = match.mismatched.front();
     XLME_FAIL(
-        "init from {}: {} has shape [{}] there but [{}] in this model; the model config must "
+        "init from {}: {} has shape {} there but {} in this model; the model config must "
         "match the source's (compare model.* with its config.yaml)",
-        source, m.name, fmt::join(m.stored, ", "), fmt::join(m.expected, ", "));
+        source, m.name, shape_text(m.stored), shape_text(m.expected));
   }
   checkpoint::copy_weights(*model, weights, match);
   return {match.matched, match.missing, match.unexpected, match.not_selected};

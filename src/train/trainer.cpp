@@ -22,7 +22,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <set>
 
@@ -39,6 +38,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr data::Task kTasks[] = {data::Task::kMono, data::Task::kPara};
+
+}  // namespace
 
 // Wall-clock seconds per phase of a step, added into StepRecord::seconds. With `synchronize`, a
 // CUDA device is synchronized at each boundary so that the phases are exact.
@@ -60,6 +61,8 @@ class PhaseClock {
   bool synchronize_;
   std::chrono::steady_clock::time_point mark_ = std::chrono::steady_clock::now();
 };
+
+namespace {
 
 // The ranks' agreement on stop signals during a step: after each micro-batch every rank starts a
 // sum of the ranks' flags and reads the previous micro-batch's (the last one's at once), so that
@@ -182,8 +185,7 @@ StepRecord Trainer::train_step() {
   model_->train();
   StepRecord record;
   PhaseClock clock(record.seconds, device_, phase_timing_);
-  reader_before_step_ = source_.state();
-  rng_before_step_ = generator_states(device_);
+  remember_state_before_step();
 
   // 1. Every micro-batch of the step, and the counts its terms are normalized by (all ranks).
   const std::vector<data::Batch> batches = next_micro_batches();
@@ -193,26 +195,19 @@ StepRecord Trainer::train_step() {
   clock.lap("communication");
   const auto normalizers = objectives_.normalizers(counts);
 
-  // 2. Forward and backward, one micro-batch at a time; gradients and term sums accumulate.
+  // 2. Forward and backward, one micro-batch at a time; gradients and term sums accumulate. A
+  // stop signal on any rank abandons the step.
   objectives::TermSums sums(objectives_);
   StopVote stop(*comm_);
   for (std::size_t b = 0; b < batches.size(); ++b) {
-    {
-      const MicroBatchLoss micro = forward(batches[b], normalizers);
-      clock.lap("forward");
-      micro.loss.backward();
-      sums.add(micro.terms);
-    }  // the micro-batch's activations and outputs are freed here, inside the backward phase
-    clock.lap("backward");
+    forward_backward(batches[b], normalizers, sums, clock);
     const bool stopping = stop.after_micro_batch(b + 1 == batches.size());
     clock.lap("communication");
     if (stopping) return abandon_step(std::move(record));
   }
 
-  // 3. Gradients and term sums summed over ranks: losses were divided by global counts, so the
-  // sum of the ranks' gradients is the gradient of the step's L.
-  dist::all_reduce_gradients(*comm_, parameters_, config_.dist.bucket_mb << 20, /*average=*/false);
-  const torch::Tensor reduced_sums = summed_over_ranks(*comm_, sums.flatten(device_));
+  // 3. Gradients and term sums summed over ranks.
+  const torch::Tensor reduced_sums = sum_over_ranks(sums);
   clock.lap("communication");
 
   // 4. The step's one host synchronization: term sums, tokens, FLOPs, global gradient norm.
@@ -222,17 +217,51 @@ StepRecord Trainer::train_step() {
   tokens_seen_ += record.tokens;
 
   // 5. Skip a non-finite update; otherwise clip, step with the scheduled lr, zero the gradients.
-  if (!std::isfinite(record.grad_norm) || !std::isfinite(record.loss)) {
-    skip_update(record);
-  } else {
-    bad_in_a_row_ = 0;
-    clip_gradients(parameters_, config_.train.clip_norm, record.grad_norm);
-    set_learning_rate(*optimizer_, record.lr);
-    optimizer_->step();
-    optimizer_->zero_grad();
-  }
+  update_parameters(record);
   clock.lap("optimizer");
   return record;
+}
+
+// The reader and RNG state before the step, saved instead of the current ones should the step be
+// interrupted (the resumed run then reads and draws it again).
+void Trainer::remember_state_before_step() {
+  reader_before_step_ = source_.state();
+  rng_before_step_ = generator_states(device_);
+}
+
+// One micro-batch forward and backward: its gradients add to the parameters', its terms to
+// `sums`; its activations and outputs are freed inside the backward phase.
+void Trainer::forward_backward(const data::Batch& batch,
+                               const std::map<std::string, torch::Tensor>& normalizers,
+                               objectives::TermSums& sums, PhaseClock& clock) {
+  {
+    const MicroBatchLoss micro = forward(batch, normalizers);
+    clock.lap("forward");
+    micro.loss.backward();
+    sums.add(micro.terms);
+  }
+  clock.lap("backward");
+}
+
+// All-reduces the gradients and returns `sums` flattened and summed over the ranks: losses were
+// divided by global counts, so the sum of the ranks' gradients is the gradient of the step's L.
+torch::Tensor Trainer::sum_over_ranks(const objectives::TermSums& sums) {
+  dist::all_reduce_gradients(*comm_, parameters_, config_.dist.bucket_mb << 20, /*average=*/false);
+  return summed_over_ranks(*comm_, sums.flatten(device_));
+}
+
+// The optimizer step with `record`'s lr after gradient clipping, or skip_update when the loss or
+// the gradient norm is not finite.
+void Trainer::update_parameters(StepRecord& record) {
+  if (!std::isfinite(record.grad_norm) || !std::isfinite(record.loss)) {
+    skip_update(record);
+    return;
+  }
+  bad_in_a_row_ = 0;
+  clip_gradients(parameters_, config_.train.clip_norm, record.grad_norm);
+  set_learning_rate(*optimizer_, record.lr);
+  optimizer_->step();
+  optimizer_->zero_grad();
 }
 
 std::vector<data::Batch> Trainer::next_micro_batches() {
@@ -341,10 +370,8 @@ std::string Trainer::save_checkpoint(const CheckpointManager& manager) {
                                       {step_, tokens_seen_, skipped_steps_, comm_->world_size()});
       config::save_config(config_, file(checkpoint::kConfigFile));
       if (!config_.data.tokenizer.empty() && fs::is_regular_file(config_.data.tokenizer)) {
-        std::ifstream in(config_.data.tokenizer, std::ios::binary);
-        write_file_atomic(
-            file(checkpoint::kTokenizerFile),
-            std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
+        write_file_atomic(file(checkpoint::kTokenizerFile),
+                          read_file(config_.data.tokenizer, "tokenizer"));
       }
     });
   } else {

@@ -25,6 +25,7 @@ using checkpoint::PretrainedOptions;
 using checkpoint::SafetensorsContent;
 using checkpoint::write_safetensors;
 using xlme::testing::contains_all;
+using xlme::testing::ExportVariant;
 using xlme::testing::parity_batch;
 using xlme::testing::quote;
 using xlme::testing::run_tool;
@@ -57,13 +58,16 @@ class ExportParity : public ::testing::Test {
                        << out;
   }
 
-  // Exports a checkpoint of `overrides` with `export_args`, runs both sides on a padded batch
-  // and returns the reference's largest |difference| per hidden state.
-  std::vector<double> parity(const std::string& name, const std::vector<std::string>& overrides,
-                             const std::vector<std::string>& export_args = {},
-                             const std::string& encoder = "discriminator") {
+  // Exports a checkpoint of the variant, runs both sides on a padded batch (the generator where
+  // the variant exports it, the discriminator otherwise) and returns the reference's largest
+  // |difference| per hidden state.
+  std::vector<double> parity(const ExportVariant& variant) {
+    const std::string& name = variant.label;
+    const std::vector<std::string>& export_args = variant.export_args;
+    const std::string encoder =
+        xlme::testing::exports_generator(variant) ? "generator" : "discriminator";
     TempDir dir;
-    const auto config = xlme::testing::tiny_export_config(*tokenizer_, overrides);
+    const auto config = xlme::testing::tiny_export_config(*tokenizer_, variant.overrides);
     auto checkpoint = xlme::testing::make_tiny_checkpoint(config, dir / "run");
     std::vector<std::string> args{"--checkpoint", checkpoint.path, "--out", dir / "export"};
     args.insert(args.end(), export_args.begin(), export_args.end());
@@ -126,44 +130,18 @@ class ExportParity : public ::testing::Test {
 TempDir* ExportParity::dir_ = nullptr;
 std::string* ExportParity::tokenizer_ = nullptr;
 
-TEST_F(ExportParity, PostLnGatedPerLayerTable) {
-  parity("post-LN gated", {});
+// Each variant of export_variants(); a bf16 export runs the same bf16-rounded weights in fp32 on
+// both sides.
+class ExportParityOfVariant : public ExportParity,
+                              public ::testing::WithParamInterface<ExportVariant> {};
+
+TEST_P(ExportParityOfVariant, MatchesTheReference) {
+  parity(GetParam());
 }
 
-TEST_F(ExportParity, PreLn) {
-  parity("pre-LN", {"model.norm=pre"});
-}
-
-TEST_F(ExportParity, PlainRelativeBiasWithoutAbsolutePositions) {
-  parity("plain bias, no absolute positions",
-         {"model.relative_position.gated=false", "model.absolute_positions=false"});
-}
-
-TEST_F(ExportParity, SharedTableWithFewBuckets) {
-  // 16 buckets up to distance 12 < T = 24: the last buckets take every longer distance.
-  parity("shared table",
-         {"model.relative_position.shared_across_layers=true",
-          "model.relative_position.num_buckets=16", "model.relative_position.max_distance=12"});
-}
-
-TEST_F(ExportParity, NoRelativeBias) {
-  parity("no relative bias", {"model.relative_position.enabled=false"});
-}
-
-TEST_F(ExportParity, FactorizedEmbeddingsWithGdes) {
-  parity("factorized + gdes", {"model.embedding_size=16", "model.embedding_sharing=gdes"});
-}
-
-TEST_F(ExportParity, AlbertSharedLayers) {
-  // ALBERT's sharing: the weights of layers.0 serve every depth, stored once.
-  parity("all layers shared", {"model.share_layers=all", "model.embedding_size=16"});
-  parity("attention shared", {"model.share_layers=attention"});
-  parity("ffn shared, pre-LN", {"model.share_layers=ffn", "model.norm=pre"});
-}
-
-TEST_F(ExportParity, MaskedLmBaseline) {
-  parity("mlm baseline", {"objectives.set=mlm"});
-}
+INSTANTIATE_TEST_SUITE_P(Variants, ExportParityOfVariant,
+                         ::testing::ValuesIn(xlme::testing::export_variants()),
+                         xlme::testing::export_variant_name);
 
 TEST_F(ExportParity, DistilledStudent) {
   // A student half as wide as its teacher (objectives.set=distill): the encoder alone, exported
@@ -171,18 +149,11 @@ TEST_F(ExportParity, DistilledStudent) {
   TempDir dir;
   const auto teacher = xlme::testing::make_tiny_checkpoint(
       xlme::testing::tiny_export_config(*tokenizer_, {}), dir / "teacher");
-  parity("distilled student", {"objectives.set=distill", "distill.teacher=" + teacher.path,
-                               "distill.relation_heads=4", "model.hidden_size=16"});
-}
-
-TEST_F(ExportParity, Bf16Export) {
-  // Both sides run the same bf16-rounded weights in fp32.
-  parity("bf16 export", {}, {"--dtype", "bf16"});
-}
-
-TEST_F(ExportParity, Generator) {
-  parity("generator", {"model.generator.hidden_size=16", "model.generator.heads=2"},
-         {"--with-generator"}, "generator");
+  parity({"DistilledStudent",
+          "distilled student",
+          {"objectives.set=distill", "distill.teacher=" + teacher.path, "distill.relation_heads=4",
+           "model.hidden_size=16"},
+          {}});
 }
 
 TEST_F(ExportParity, TheBinaryRefusesToOverwriteAndNamesBadInput) {

@@ -31,6 +31,7 @@ using checkpoint::Pretrained;
 using checkpoint::SafetensorsContent;
 using checkpoint::write_safetensors;
 using xlme::testing::contains_all;
+using xlme::testing::ExportVariant;
 using xlme::testing::parity_batch;
 using xlme::testing::quote;
 using xlme::testing::read_file;
@@ -117,13 +118,14 @@ class TransformersExport : public ::testing::Test {
                        << out;
   }
 
-  // Exports a checkpoint of `overrides`, runs the C++ encoder and the transformers checks on a
-  // padded batch; returns the largest |difference| per hidden state (from_config).
-  std::vector<double> check(const std::string& name, const std::vector<std::string>& overrides,
-                            const std::vector<std::string>& export_args = {},
-                            bool xlmr_layout = false) {
+  // Exports a checkpoint of the variant, runs the C++ encoder and the transformers checks on a
+  // padded batch; returns the largest |difference| per hidden state (from_config). With a
+  // generator exported too, the transformers model ignores its tensors.
+  std::vector<double> check(const ExportVariant& variant, bool xlmr_layout = false) {
+    const std::string& name = variant.label;
+    const std::vector<std::string>& export_args = variant.export_args;
     TempDir dir;
-    auto config = xlme::testing::tiny_export_config(*own_tokenizer_, overrides);
+    auto config = xlme::testing::tiny_export_config(*own_tokenizer_, variant.overrides);
     if (xlmr_layout) {
       config.data.tokenizer = *xlmr_tokenizer_;
       config.data.vocab_layout = "xlmr";
@@ -187,56 +189,20 @@ TempDir* TransformersExport::dir_ = nullptr;
 std::string* TransformersExport::own_tokenizer_ = nullptr;
 std::string* TransformersExport::xlmr_tokenizer_ = nullptr;
 
-TEST_F(TransformersExport, PostLnGatedPerLayerTable) {
-  check("post-LN gated", {});
+// Each variant of export_variants().
+class TransformersExportOfVariant : public TransformersExport,
+                                    public ::testing::WithParamInterface<ExportVariant> {};
+
+TEST_P(TransformersExportOfVariant, MatchesTheCppEncoder) {
+  check(GetParam());
 }
 
-TEST_F(TransformersExport, PreLn) {
-  check("pre-LN", {"model.norm=pre"});
-}
-
-TEST_F(TransformersExport, PlainRelativeBiasWithoutAbsolutePositions) {
-  check("plain bias, no absolute positions",
-        {"model.relative_position.gated=false", "model.absolute_positions=false"});
-}
-
-TEST_F(TransformersExport, SharedTableWithFewBuckets) {
-  check("shared table",
-        {"model.relative_position.shared_across_layers=true",
-         "model.relative_position.num_buckets=16", "model.relative_position.max_distance=12"});
-}
-
-TEST_F(TransformersExport, NoRelativeBias) {
-  check("no relative bias", {"model.relative_position.enabled=false"});
-}
-
-TEST_F(TransformersExport, FactorizedEmbeddingsWithGdes) {
-  check("factorized + gdes", {"model.embedding_size=16", "model.embedding_sharing=gdes"});
-}
-
-TEST_F(TransformersExport, AlbertSharedLayers) {
-  // ALBERT's sharing: the weights of layers.0 serve every depth, stored once.
-  check("all layers shared", {"model.share_layers=all", "model.embedding_size=16"});
-  check("attention shared", {"model.share_layers=attention"});
-  check("ffn shared, pre-LN", {"model.share_layers=ffn", "model.norm=pre"});
-}
-
-TEST_F(TransformersExport, MaskedLmBaseline) {
-  check("mlm baseline", {"objectives.set=mlm"});
-}
-
-TEST_F(TransformersExport, Bf16Export) {
-  check("bf16 export", {}, {"--dtype", "bf16"});
-}
-
-TEST_F(TransformersExport, WithGeneratorExported) {
-  // The generator's tensors are in the file; the transformers model ignores them.
-  check("with generator", {"model.generator.hidden_size=16", "model.generator.heads=2"},
-        {"--with-generator"});
-}
+INSTANTIATE_TEST_SUITE_P(Variants, TransformersExportOfVariant,
+                         ::testing::ValuesIn(xlme::testing::export_variants()),
+                         xlme::testing::export_variant_name);
 
 TEST_F(TransformersExport, XlmrVocabularyLayout) {
-  check("xlmr layout", {}, {}, /*xlmr_layout=*/true);
+  check({"XlmrVocabularyLayout", "xlmr layout", {}, {}}, /*xlmr_layout=*/true);
 }
 
 // Needs no transformers: what xlme-export writes for it.

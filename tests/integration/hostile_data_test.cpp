@@ -7,6 +7,7 @@
 #include "fault_fixtures.h"
 #include "hostile_fixtures.h"
 
+#include "xlme/common/checksum.h"
 #include "xlme/data/shard.h"
 
 #include <sys/stat.h>
@@ -68,8 +69,7 @@ class HostileShards : public ::testing::Test {
     std::memcpy(idx.data() + at, &value, 8);
     data::ShardHeader header;
     std::memcpy(&header, idx.data(), sizeof(header));
-    header.index_crc32 =
-        data::crc32_update(0, idx.data() + sizeof(header), idx.size() - sizeof(header));
+    header.index_crc32 = crc32_update(0, idx.data() + sizeof(header), idx.size() - sizeof(header));
     std::memcpy(idx.data(), &header, sizeof(header));
     write_file(stem + ".idx", idx);
   }
@@ -155,9 +155,8 @@ TEST_F(HostileShards, TokenPastTheVocabularyWithValidChecksumsIsNamed) {
   const uint16_t id = 64;
   std::memcpy(bin.data() + 2 * 7, &id, 2);  // token 7: sentence 1 (sentence 0 has 5 tokens)
   write_file(mono() + ".bin", bin);
-  edit_header(mono(), [&](data::ShardHeader& h) {
-    h.bin_crc32 = data::crc32_update(0, bin.data(), bin.size());
-  });
+  edit_header(mono(),
+              [&](data::ShardHeader& h) { h.bin_crc32 = crc32_update(0, bin.data(), bin.size()); });
   EXPECT_TRUE(fails_cleanly(inspect(), 1,
                             {"shard '" + mono() +
                              ".bin' is corrupt: token 7 (byte 14, segment 1) is "

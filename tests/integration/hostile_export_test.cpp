@@ -39,38 +39,31 @@ constexpr int64_t kHostileExportLimitKiB = 6 * 1024 * 1024;
 
 constexpr const char* kHostileReferencePython = "/usr/bin/python3";
 
-class HostileExport : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    setup_.run([] {
-      dir_ = new TempDir();
-      const auto tokenizer = xlme::testing::train_tiny_tokenizer(*dir_ / "tok");
-      const auto config = xlme::testing::tiny_export_config(tokenizer, {});
-      const auto checkpoint = xlme::testing::make_tiny_checkpoint(config, *dir_ / "run");
-      step_ = "checkpoints/" + fs::path(checkpoint.path).filename().string();
-      ExportOptions options;
-      options.checkpoint = checkpoint.path;
-      options.out_dir = *dir_ / "export";
-      export_model(options);
-    });
+class HostileExport : public xlme::testing::TinyCheckpointSuite<HostileExport> {
+ public:
+  static constexpr double kPerturb = 0.1;
+  // The suite's checkpoint exported to suite_dir()/export.
+  static void prepare() {
+    step_ = "checkpoints/" + fs::path(checkpoint()).filename().string();
+    ExportOptions options;
+    options.checkpoint = checkpoint();
+    options.out_dir = suite_dir() / "export";
+    export_model(options);
   }
-  static void TearDownTestSuite() { delete dir_; }
-  inline static xlme::testing::SuiteSetUp setup_;
-  inline static TempDir* dir_ = nullptr;
-  inline static std::string step_;  // the checkpoint in the run folder: checkpoints/step_<N>
 
-  void SetUp() override { ASSERT_NO_FATAL_FAILURE(setup_.check()); }
+ protected:
+  inline static std::string step_;  // the checkpoint in the run folder: checkpoints/step_<N>
 
   // A copy of the suite's run folder (its checkpoint step_, metrics) at `to`.
   static void copy_run(const std::string& to) {
-    fs::copy(*dir_ / "run", to, fs::copy_options::recursive);
+    fs::copy(suite_dir() / "run", to, fs::copy_options::recursive);
   }
 
   // A copy of the suite's export at `to`, with the JSON text `value` put in config.json under the
   // dotted `key` ("heads", "generator.heads"); no edit when `key` is empty.
   static std::string export_copy(const std::string& to, const std::string& key = "",
                                  const std::string& value = "") {
-    fs::copy(*dir_ / "export", to, fs::copy_options::recursive);
+    fs::copy(suite_dir() / "export", to, fs::copy_options::recursive);
     if (key.empty()) return to;
     const std::string path = to + "/" + kExportConfigFile;
     auto config = nlohmann::ordered_json::parse(read_file(path));

@@ -23,38 +23,25 @@ using xlme::testing::read_file;
 using xlme::testing::TempDir;
 using xlme::testing::write_file;
 
-class PretrainedWeights : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    setup_.run([] {
-      dir_ = new TempDir();
-      tokenizer_ = new std::string(xlme::testing::train_tiny_tokenizer(*dir_ / "tok"));
-      const auto c = xlme::testing::tiny_export_config(*tokenizer_, {});
-      checkpoint_ =
-          new xlme::testing::TinyCheckpoint(xlme::testing::make_tiny_checkpoint(c, *dir_ / "run"));
-      // Two train records around the checkpoint's step 3, and a validation record.
-      write_file(
-          *dir_ / "run/metrics.jsonl",
-          "{\"step\": 1, \"kind\": \"train\", \"total_loss\": 9.5}\n"
-          "{\"step\": 3, \"kind\": \"train\", \"total_loss\": 7.25, \"accuracy/mlm\": 0.125}\n"
-          "{\"step\": 3, \"kind\": \"validation\", \"loss/mlm\": 6.5}\n"
-          "{\"step\": 5, \"kind\": \"train\", \"total_loss\": 1.0}\n"
-          "{\"step\": 6, \"kind\"\n");
-    });
+class PretrainedWeights : public xlme::testing::TinyCheckpointSuite<PretrainedWeights> {
+ public:
+  static constexpr double kPerturb = 0.1;
+  // Two train records around the checkpoint's step 3, and a validation record.
+  static void prepare() {
+    write_file(suite_dir() / "run/metrics.jsonl",
+               "{\"step\": 1, \"kind\": \"train\", \"total_loss\": 9.5}\n"
+               "{\"step\": 3, \"kind\": \"train\", \"total_loss\": 7.25, \"accuracy/mlm\": 0.125}\n"
+               "{\"step\": 3, \"kind\": \"validation\", \"loss/mlm\": 6.5}\n"
+               "{\"step\": 5, \"kind\": \"train\", \"total_loss\": 1.0}\n"
+               "{\"step\": 6, \"kind\"\n");
   }
-  static void TearDownTestSuite() {
-    delete checkpoint_;
-    delete tokenizer_;
-    delete dir_;
-  }
-  inline static xlme::testing::SuiteSetUp setup_;
-  void SetUp() override { setup_.check(); }
 
+ protected:
   // An export of the suite's checkpoint into a fresh folder of `dir`.
   static std::string exported(const TempDir& dir, bool with_generator = false,
                               const std::string& dtype = "fp32") {
     export_::ExportOptions o;
-    o.checkpoint = checkpoint_->path;
+    o.checkpoint = checkpoint();
     o.out_dir = dir / "export";
     o.with_generator = with_generator;
     o.dtype = dtype;
@@ -63,22 +50,15 @@ class PretrainedWeights : public ::testing::Test {
   }
 
   static void expect_discriminator_weights(Pretrained& p) {
-    const auto expected = checkpoint_->model->named_parameters();
+    const auto expected = tiny_checkpoint().model->named_parameters();
     for (const auto& item : p.discriminator->named_parameters()) {
       EXPECT_TRUE(torch::equal(item.value(), expected[item.key()])) << item.key();
     }
   }
-
-  static TempDir* dir_;
-  static std::string* tokenizer_;
-  static xlme::testing::TinyCheckpoint* checkpoint_;
 };
-TempDir* PretrainedWeights::dir_ = nullptr;
-std::string* PretrainedWeights::tokenizer_ = nullptr;
-xlme::testing::TinyCheckpoint* PretrainedWeights::checkpoint_ = nullptr;
 
 TEST_F(PretrainedWeights, LoadsACheckpoint) {
-  Pretrained p = load_pretrained(checkpoint_->path);
+  Pretrained p = load_pretrained(checkpoint());
   EXPECT_EQ(p.source, PretrainedSource::kCheckpoint);
   EXPECT_EQ(p.step, 3);
   EXPECT_EQ(p.tokens_seen, 3 * 2 * 2 * 16);  // 3 steps x 2 tasks x 2 rows x 16 tokens
@@ -86,7 +66,7 @@ TEST_F(PretrainedWeights, LoadsACheckpoint) {
   EXPECT_EQ(p.special_ids.mask, 79);
   EXPECT_EQ(p.objective_set, "xlme");
   EXPECT_EQ(p.vocab_layout, "own");
-  EXPECT_EQ(p.tokenizer_path, checkpoint_->path + "/tokenizer.model");
+  EXPECT_EQ(p.tokenizer_path, checkpoint() + "/tokenizer.model");
   ASSERT_TRUE(p.run_config.has_value());
   EXPECT_FALSE(p.discriminator->discriminator_head.is_empty());
   EXPECT_TRUE(p.electra.is_empty());
@@ -95,8 +75,8 @@ TEST_F(PretrainedWeights, LoadsACheckpoint) {
 
   PretrainedOptions o;
   o.with_generator = true;
-  p = load_pretrained(checkpoint_->path, o);
-  xlme::testing::expect_same_parameters(p.electra, checkpoint_->model, 0);
+  p = load_pretrained(checkpoint(), o);
+  xlme::testing::expect_same_parameters(p.electra, tiny_checkpoint().model, 0);
 }
 
 TEST_F(PretrainedWeights, LoadsAnExportInEitherDtype) {
@@ -119,7 +99,7 @@ TEST_F(PretrainedWeights, LoadsAnExportInEitherDtype) {
   TempDir bf16_dir;
   p = load_pretrained(exported(bf16_dir, /*with_generator=*/false, "bf16"));
   EXPECT_EQ(p.dtype, "bfloat16");
-  const auto expected = checkpoint_->model->named_parameters();
+  const auto expected = tiny_checkpoint().model->named_parameters();
   for (const auto& item : p.discriminator->named_parameters()) {
     EXPECT_EQ(item.value().scalar_type(), torch::kFloat32);
     EXPECT_TRUE(
@@ -137,7 +117,7 @@ TEST_F(PretrainedWeights, WritesTheExportFolder) {
                                           "configuration_xlme.py", "model.safetensors",
                                           "modeling_xlme.py", "spm.model", "tokenization_xlme.py",
                                           "tokenizer_config.json", "xlme_reference.py"}));
-  EXPECT_EQ(read_file(out + "/spm.model"), read_file(*tokenizer_));
+  EXPECT_EQ(read_file(out + "/spm.model"), read_file(tokenizer()));
   // Nothing else next to it: the temporary folder was renamed.
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), {}), 1);
 
@@ -149,7 +129,7 @@ TEST_F(PretrainedWeights, WritesTheExportFolder) {
     EXPECT_EQ(tensor.scalar_type(), torch::kFloat32) << name;
   }
   std::set<std::string> expected;
-  for (const auto& item : checkpoint_->model->named_parameters()) {
+  for (const auto& item : tiny_checkpoint().model->named_parameters()) {
     if (!is_generator_weight(item.key())) expected.insert(item.key());
   }
   EXPECT_EQ(names, expected);
@@ -190,7 +170,7 @@ TEST_F(PretrainedWeights, ExportsTheGeneratorOnRequestInBf16) {
   TempDir dir;
   const std::string out = exported(dir, /*with_generator=*/true, "bf16");
   const auto weights = read_safetensors(out + "/model.safetensors");
-  EXPECT_EQ(weights.tensors.size(), checkpoint_->model->named_parameters().size());
+  EXPECT_EQ(weights.tensors.size(), tiny_checkpoint().model->named_parameters().size());
   EXPECT_EQ(weights.tensors.at("generator_head.output_bias").scalar_type(), torch::kBFloat16);
   PretrainedOptions o;
   o.with_generator = true;
@@ -204,7 +184,7 @@ TEST_F(PretrainedWeights, RefusesToOverwriteUnlessForced) {
   fs::create_directories(dir / "export");  // an empty folder is fine
   exported(dir);
   export_::ExportOptions o;
-  o.checkpoint = checkpoint_->path;
+  o.checkpoint = checkpoint();
   o.out_dir = dir / "export";
   EXPECT_TRUE(contains_all(error_message([&] { export_::export_model(o); }),
                            {"export folder '" + (dir / "export") +
@@ -230,7 +210,7 @@ TEST_F(PretrainedWeights, RefusesToOverwriteUnlessForced) {
 
 TEST_F(PretrainedWeights, ACheckpointWithoutTokenizerNeedsOne) {
   TempDir dir;
-  auto c = xlme::testing::tiny_export_config(*tokenizer_, {});
+  auto c = xlme::testing::tiny_export_config(tokenizer(), {});
   c.data.tokenizer.clear();
   const auto checkpoint = xlme::testing::make_tiny_checkpoint(c, dir / "run");
   export_::ExportOptions o;
@@ -239,9 +219,9 @@ TEST_F(PretrainedWeights, ACheckpointWithoutTokenizerNeedsOne) {
   EXPECT_TRUE(contains_all(error_message([&] { export_::export_model(o); }),
                            {"holds no tokenizer.model", "--set data.tokenizer=FILE"}));
   EXPECT_FALSE(fs::exists(dir / "export"));
-  o.fallback_tokenizer = *tokenizer_;
+  o.fallback_tokenizer = tokenizer();
   export_::export_model(o);
-  EXPECT_EQ(read_file(dir / "export/spm.model"), read_file(*tokenizer_));
+  EXPECT_EQ(read_file(dir / "export/spm.model"), read_file(tokenizer()));
 }
 
 // --- strictness: each mismatch is named ---------------------------------------------------------
@@ -290,7 +270,7 @@ TEST_F(PretrainedWeights, MissingUnexpectedAndMisshapenWeightsAreNamed) {
   edit_weights(out, [](auto& t) { t["discriminator.embedding_norm.weight"] = torch::ones({31}); });
   EXPECT_TRUE(contains_all(error_message([&] { load_pretrained(out); }),
                            {"whose shape differs from the model of its config: "
-                            "discriminator.embedding_norm.weight (31 stored, 32 expected)"}));
+                            "discriminator.embedding_norm.weight ([31] stored, [32] expected)"}));
 }
 
 TEST_F(PretrainedWeights, VocabularyAndSpecialIdMismatchesAreNamed) {
@@ -316,7 +296,7 @@ TEST_F(PretrainedWeights, VocabularyAndSpecialIdMismatchesAreNamed) {
   {
     TempDir other;
     xlme::testing::write_file(other / "corpus/mono/xx.txt",
-                              read_file(*dir_ / "tok/corpus/mono/xx.txt"));
+                              read_file(suite_dir() / "tok/corpus/mono/xx.txt"));
     data::SpmTrainingOptions o;
     o.corpus_dir = other / "corpus";
     o.out_model = other / "spm.model";
@@ -338,7 +318,7 @@ TEST_F(PretrainedWeights, FoldersThatAreNotModelsAreNamed) {
   fs::create_directories(dir / "empty");
   EXPECT_TRUE(contains_all(error_message([&] { load_pretrained(dir / "empty"); }),
                            {"'" + (dir / "empty") + "' is neither a pre-training checkpoint"}));
-  EXPECT_TRUE(contains_all(error_message([&] { load_pretrained(*dir_ / "run"); }),
+  EXPECT_TRUE(contains_all(error_message([&] { load_pretrained(suite_dir() / "run"); }),
                            {"is a run folder; pass one of its checkpoints"}));
 
   const std::string out = exported(dir);
@@ -353,7 +333,7 @@ TEST_F(PretrainedWeights, FoldersThatAreNotModelsAreNamed) {
 
   // A damaged checkpoint is refused by its manifest.
   TempDir copy;
-  fs::copy(checkpoint_->path, copy / "step", fs::copy_options::recursive);
+  fs::copy(checkpoint(), copy / "step", fs::copy_options::recursive);
   write_file(copy / "step/model.pt", "garbage");
   EXPECT_TRUE(contains_all(error_message([&] { load_pretrained(copy / "step"); }),
                            {"model.pt is truncated"}));
@@ -361,15 +341,14 @@ TEST_F(PretrainedWeights, FoldersThatAreNotModelsAreNamed) {
 
 // finetune.init and the like: a run folder stands for its newest valid checkpoint.
 TEST_F(PretrainedWeights, ARunFolderResolvesToItsNewestValidCheckpoint) {
-  EXPECT_EQ(resolve_pretrained_folder(*dir_ / "run"), checkpoint_->path);
-  EXPECT_EQ(resolve_pretrained_folder(checkpoint_->path), checkpoint_->path);
+  EXPECT_EQ(resolve_pretrained_folder(suite_dir() / "run"), checkpoint());
+  EXPECT_EQ(resolve_pretrained_folder(checkpoint()), checkpoint());
   TempDir dir;
-  fs::copy(*dir_ / "run", dir / "run", fs::copy_options::recursive);
+  fs::copy(suite_dir() / "run", dir / "run", fs::copy_options::recursive);
   const std::string newer = dir / "run/checkpoints/step_99999999";
-  fs::copy(checkpoint_->path, newer, fs::copy_options::recursive);
+  fs::copy(checkpoint(), newer, fs::copy_options::recursive);
   write_file(newer + "/model.pt", "garbage");  // damaged: skipped
-  const std::string valid =
-      dir / ("run/checkpoints/" + fs::path(checkpoint_->path).filename().string());
+  const std::string valid = dir / ("run/checkpoints/" + fs::path(checkpoint()).filename().string());
   EXPECT_EQ(resolve_pretrained_folder(dir / "run"), valid);
   fs::remove_all(valid);
   EXPECT_TRUE(contains_all(error_message([&] { resolve_pretrained_folder(dir / "run"); }),

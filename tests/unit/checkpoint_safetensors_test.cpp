@@ -7,8 +7,14 @@
 #include "hostile_fixtures.h"
 #include "test_util.h"
 
+#include <sys/resource.h>
+
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
+
+#include <csignal>
+#include <filesystem>
+#include <set>
 
 namespace xlme::checkpoint {
 namespace {
@@ -22,16 +28,10 @@ using xlme::parse_json;
 using xlme::testing::contains_all;
 using xlme::testing::error_message;
 using xlme::testing::nested_json_array;
+using xlme::testing::raw_safetensors;
 using xlme::testing::read_file;
 using xlme::testing::TempDir;
 using xlme::testing::write_file;
-
-// 8-byte little-endian size, then the header as given (no padding added), then the data.
-std::string raw_safetensors(const std::string& header, const std::string& data) {
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  return out + header + data;
-}
 
 std::string parse_error(const std::string& bytes) {
   return error_message([&] { parse_safetensors(bytes, "m.safetensors"); });
@@ -87,6 +87,60 @@ TEST(Safetensors, WritesTheSpecifiedBytes) {
                                std::string("\x01\x00\x00\x00", 4) +  // 1
                                std::string("\xfe\xff\xff\xff", 4);   // -2
   EXPECT_EQ(safetensors_bytes(content), expected);
+}
+
+// A file-size limit (`ulimit -f`) on this process while in scope, with SIGXFSZ ignored, so that a
+// write past it fails with EFBIG instead of ending the process.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    ::getrlimit(RLIMIT_FSIZE, &old_);
+    rlimit limit = old_;
+    limit.rlim_cur = bytes;
+    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &old_);
+    std::signal(SIGXFSZ, old_handler_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  rlimit old_{};
+  void (*old_handler_)(int) = SIG_DFL;
+};
+
+// The names in `dir`.
+std::set<std::string> names_in(const std::filesystem::path& dir) {
+  std::set<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    names.insert(entry.path().filename().string());
+  }
+  return names;
+}
+
+TEST(Safetensors, AFailedWriteKeepsTheOldFileAndLeavesNoTemporary) {
+  TempDir dir;
+  const std::string path = dir / "model.safetensors";
+  write_file(path, "the previous export");
+  SafetensorsContent content;
+  content.tensors["big"] = torch::ones({1 << 18});  // 1 MiB of data
+  {
+    const FileSizeLimit limit(64 << 10);
+    EXPECT_TRUE(contains_all(error_message([&] { write_safetensors(path, content); }),
+                             {"cannot write '" + path + "'", "file-size limit", "needed ~1.0 MB",
+                              "the files written before are untouched"}));
+  }
+  EXPECT_EQ(read_file(path), "the previous export");
+  EXPECT_EQ(names_in(dir.path()), std::set<std::string>{"model.safetensors"});
+  // A tensor that cannot be written: refused before any byte is.
+  content.tensors["undefined"] = torch::Tensor();
+  EXPECT_TRUE(contains_all(error_message([&] { write_safetensors(path, content); }),
+                           {"tensor 'undefined' is undefined and cannot be written"}));
+  EXPECT_EQ(read_file(path), "the previous export");
+  EXPECT_EQ(names_in(dir.path()), std::set<std::string>{"model.safetensors"});
 }
 
 TEST(Safetensors, RefusesMalformedFilesSayingWhatIsWrong) {

@@ -9,8 +9,6 @@
 #include "hostile_fixtures.h"
 #include "test_util.h"
 
-#include <zlib.h>
-
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -51,17 +49,6 @@ TEST(Checkpoint, TrainerStateReadsBackWhatWasWritten) {
   EXPECT_EQ(back.world_size, 4);
   EXPECT_EQ(rank_file(3), "rank3.pt");
   EXPECT_EQ(checkpoints_folder("runs/demo"), "runs/demo/checkpoints");
-}
-
-TEST(Checkpoint, Crc32MatchesZlibOnTheWholeBuffer) {
-  TempDir dir;
-  std::string data(3 << 20, '\0');  // larger than the 1 MiB read chunk
-  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 % 251);
-  write_file(dir / "f", data);
-  EXPECT_EQ(file_crc32(dir / "f"),
-            crc32_z(0, reinterpret_cast<const Bytef*>(data.data()), data.size()));
-  write_file(dir / "abc", "123456789");
-  EXPECT_EQ(file_crc32(dir / "abc"), 0xCBF43926u);  // the CRC-32 check value
 }
 
 TEST(Checkpoint, SaveWritesAVerifiedFolderWithAManifest) {

@@ -1,14 +1,21 @@
-// common: XLME_CHECK, atomic file writes, logging set-up, threads and the BLAS check.
+// common: XLME_CHECK, file reads and atomic writes, checksums, logging set-up, threads and the
+// BLAS check.
+#include "xlme/common/checksum.h"
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
 #include "xlme/common/logging.h"
 #include "xlme/common/runtime.h"
+#include "xlme/common/shape_text.h"
 #include "xlme/common/torch_compat.h"
 
 #include "test_util.h"
 
 #include <torch/torch.h>
 
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <algorithm>
 #include <filesystem>
 
 namespace xlme {
@@ -67,6 +74,82 @@ TEST(AtomicWrite, FailureNamesThePathAndKeepsTheOldFile) {
                            {"cannot rename", dir / "target"}));
   EXPECT_EQ(read_file(dir / "target/keep.txt"), "keep");
   EXPECT_FALSE(std::filesystem::exists(dir / "target.tmp-" + std::to_string(getpid())));
+}
+
+TEST(ReadFile, ReturnsEveryByteOfTheFile) {
+  TempDir dir;
+  std::string binary;
+  for (int round = 0; round < 600; ++round) {  // 150 KiB: more than one 64 KiB read
+    for (int byte = 0; byte < 256; ++byte) binary.push_back(static_cast<char>(byte));
+  }
+  write_file(dir / "binary", binary);
+  EXPECT_EQ(xlme::read_file(dir / "binary"), binary);
+  write_file(dir / "empty", "");
+  EXPECT_EQ(xlme::read_file(dir / "empty"), "");
+  write_file(dir / "text", "line one\r\nline two\n");
+  EXPECT_EQ(xlme::read_file(dir / "text", "tokenizer"), "line one\r\nline two\n");
+}
+
+TEST(ReadFile, ErrorsNameWhatTheFileTheReasonAndTheRemedy) {
+  TempDir dir;
+  EXPECT_EQ(error_message([&] { xlme::read_file(dir / "missing.model", "tokenizer"); }),
+            "cannot read tokenizer '" + (dir / "missing.model") +
+                "': No such file or directory; check the path and the file's permissions");
+  EXPECT_TRUE(contains_all(error_message([&] { xlme::read_file(dir / "missing"); }),
+                           {"cannot read file '" + (dir / "missing") + "'"}));
+  std::filesystem::create_directories(dir / "folder");
+  EXPECT_TRUE(contains_all(error_message([&] { xlme::read_file(dir / "folder", ".mo file"); }),
+                           {"cannot read .mo file '" + (dir / "folder") +
+                            "': it is a folder, not a "
+                            "regular file"}));
+  // A FIFO without a writer is refused at once, not waited on.
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
+  EXPECT_TRUE(contains_all(error_message([&] { xlme::read_file(dir / "fifo"); }),
+                           {"'" + (dir / "fifo") + "': it is a FIFO (named pipe)"}));
+}
+
+TEST(Checksum, Crc32IsZlibsInOneCallInPiecesAndOfAFile) {
+  const std::string check = "123456789";
+  EXPECT_EQ(crc32_update(0, check.data(), check.size()), 0xCBF43926u);  // the CRC-32 check value
+  EXPECT_EQ(crc32_update(0, nullptr, 0), 0u);
+  std::string data(3 << 20, '\0');  // larger than file_crc32's 1 MiB read chunk
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 % 251);
+  const uint32_t whole = crc32_update(0, data.data(), data.size());
+  EXPECT_EQ(whole, crc32_z(0, reinterpret_cast<const Bytef*>(data.data()), data.size()));
+  uint32_t pieces = 0;
+  for (std::size_t at = 0, piece = 1; at < data.size(); at += piece, piece = piece * 3 + 1) {
+    piece = std::min(piece, data.size() - at);
+    pieces = crc32_update(pieces, data.data() + at, piece);
+  }
+  EXPECT_EQ(pieces, whole);
+  TempDir dir;
+  write_file(dir / "f", data);
+  EXPECT_EQ(file_crc32(dir / "f"), whole);
+  write_file(dir / "check", check);
+  EXPECT_EQ(file_crc32(dir / "check"), 0xCBF43926u);
+  write_file(dir / "empty", "");
+  EXPECT_EQ(file_crc32(dir / "empty"), 0u);
+  EXPECT_TRUE(contains_all(error_message([&] { file_crc32(dir / "missing"); }),
+                           {"cannot read '" + (dir / "missing") + "'", "No such file"}));
+}
+
+TEST(Checksum, Hash64KeepsTheValuesThatShardsAndHeldOutSplitsRecord) {
+  // Computed by the code before it moved here (data/text.cpp): shard headers identify their
+  // tokenizer by hash64, and the demo corpus's held-out split is hash64 % 1000.
+  std::string bytes;
+  for (int byte = 0; byte < 256; ++byte) bytes.push_back(static_cast<char>(byte));
+  EXPECT_EQ(hash64(""), 0xf52a15e9a9b5e89bull);
+  EXPECT_EQ(hash64("123456789"), 0x4de1f3eb9eff0433ull);
+  EXPECT_EQ(hash64("model bytes|own"), 0x706cf5b079910082ull);
+  EXPECT_EQ(hash64(bytes), 0xef2687f0d4371fe2ull);
+}
+
+TEST(ShapeText, ListsTheSizesInBrackets) {
+  EXPECT_EQ(shape_text(std::vector<int64_t>{2, 3, 4}), "[2, 3, 4]");
+  EXPECT_EQ(shape_text(std::vector<int64_t>{}), "[]");
+  EXPECT_EQ(shape_text(torch::zeros({5, 0, 1099511627776LL}, torch::kUInt8).sizes()),
+            "[5, 0, 1099511627776]");
+  EXPECT_EQ(shape_text(torch::tensor(1.5).sizes()), "[]");
 }
 
 TEST(Logging, WritesOneFilePerRankAtTheConfiguredLevel) {

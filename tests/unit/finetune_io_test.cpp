@@ -128,6 +128,30 @@ TEST(PairGold, ReadsUpstreamXnliAndPawsxFiles) {
   EXPECT_EQ(ja[0].label, "0");
 }
 
+TEST(PairGold, SkipsEmptyLinesAndNamesTheFileAndLineOfABadRow) {
+  TempDir dir;
+  const std::string xnli = dir / "xnli.test.tsv";
+  write_file(xnli, "header\n\nde\tneutral\t_\t_\t_\t_\ta\tb\nde\tneutral\tshort\n");
+  EXPECT_TRUE(contains_all(error_message([&] { read_xnli_gold(xnli, "de"); }),
+                           {xnli + ":4: expected XNLI-1.0's columns", "found 3 columns"}));
+  write_file(xnli, "header\n\nde\tneutral\t_\t_\t_\t_\ta\tb\nde\tmaybe\t_\t_\t_\t_\ta\tb\n");
+  EXPECT_TRUE(contains_all(error_message([&] { read_xnli_gold(xnli, "de"); }),
+                           {xnli + ":4", "'maybe'", "xnli label set"}));
+  const std::string pawsx = dir / "test_2k.tsv";
+  write_file(pawsx, "id\tsentence1\tsentence2\tlabel\n\n1\t a \tb\t1\n\n2\tc\td\n");
+  EXPECT_TRUE(contains_all(error_message([&] { read_pawsx_gold(pawsx); }),
+                           {pawsx + ":5: expected 4 columns", "found 3"}));
+  write_file(pawsx, "id\tsentence1\tsentence2\tlabel\n\n1\t a \tb\t1\n\n2\tc\td\t0\n");
+  const auto pairs = read_pawsx_gold(pawsx);
+  ASSERT_EQ(pairs.size(), 2u);
+  EXPECT_EQ(pairs[0].text_a, "a");
+  EXPECT_EQ(pairs[0].source.line, 3);
+  EXPECT_EQ(pairs[1].source.line, 5);
+  EXPECT_EQ(pairs[1].source.file, pawsx);
+  EXPECT_TRUE(contains_all(error_message([&] { read_pawsx_gold(dir / "missing.tsv"); }),
+                           {"PAWS-X gold", dir / "missing.tsv", "not found"}));
+}
+
 TEST(Conll, ReadsTaggedAndUntaggedFiles) {
   TempDir dir;
   write_file(dir / "udpos/dev-en.tsv", "The\tDET\ncat\tNOUN\n\n\nsat\tVERB");

@@ -29,7 +29,4 @@ void load_archive(torch::serialize::InputArchive& archive, const std::string& pa
 // temporary name, every write checked, a disk-full error that names the file and the size.
 void save_archive(torch::serialize::OutputArchive& archive, const std::string& path);
 
-// CRC32 (zlib's polynomial) of a whole file, read in chunks.
-uint32_t file_crc32(const std::string& path);
-
 }  // namespace xlme::checkpoint

@@ -26,8 +26,10 @@ std::string safetensors_dtype(torch::ScalarType type, const std::string& name);
 // JSON with "__metadata__" first (when not empty) and the tensors in name order.
 std::string safetensors_bytes(const SafetensorsContent& content);
 
-// Writes `content` to `path` atomically (a temporary file beside it, fsync, rename, fsync of the
-// folder), streaming tensor by tensor. Tensors on any device, contiguous or not.
+// Writes `content` to `path` atomically through write_file_streamed (a temporary file beside it,
+// every write checked, fsync, rename, fsync of the folder), streaming tensor by tensor: a failed
+// write (disk full, file-size limit) leaves `path` as it was and no temporary file, and the error
+// names the file and the size. Tensors on any device, contiguous or not.
 void write_safetensors(const std::string& path, const SafetensorsContent& content);
 
 // Reads and checks a whole file; every malformed header or data region is an xlme::Error that

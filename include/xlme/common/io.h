@@ -25,6 +25,11 @@ void write_file_streamed(const std::string& path,
 // write_file_streamed with `content`.
 void write_file_atomic(const std::string& path, const std::string& content);
 
+// The bytes of the regular file `path`, all of them. Throws xlme::Error naming `what` (e.g.
+// "tokenizer"), the file, and the operating system's reason: "cannot read tokenizer 'x.model': No
+// such file or directory; check the path and the file's permissions".
+std::string read_file(const std::string& path, const std::string& what = "file");
+
 // fsync()s a file (flags O_RDONLY) or a folder (O_RDONLY | O_DIRECTORY); throws xlme::Error
 // naming the path.
 void fsync_path(const std::string& path, int flags);

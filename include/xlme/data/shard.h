@@ -97,7 +97,4 @@ void write_shard(const std::string& stem, ShardKind kind, const std::string& nam
                  const std::vector<int64_t>& document_starts, int64_t vocab_size,
                  uint64_t tokenizer_hash);
 
-// CRC32 (zlib) of `size` bytes at `data`, continuing from `crc`.
-uint32_t crc32_update(uint32_t crc, const void* data, size_t size);
-
 }  // namespace xlme::data

@@ -1,4 +1,4 @@
-// Small text and hashing helpers shared by the data area.
+// Small text helpers shared by the data area.
 #pragma once
 
 #include <cstddef>
@@ -21,10 +21,6 @@ Utf8Char utf8_char_at(std::string_view text, size_t i);
 
 // True when `text` is well-formed UTF-8: utf8_char_at is valid at every sequence start.
 bool valid_utf8(std::string_view text);
-
-// 64-bit FNV-1a followed by a SplitMix64 finalizer: stable across platforms and runs, so it can
-// decide held-out splits and identify tokenizer models in shard headers.
-uint64_t hash64(std::string_view bytes);
 
 // `text` with runs of whitespace (space, tab, CR, LF, VT, FF) collapsed to one space and trimmed.
 std::string collapse_whitespace(std::string_view text);

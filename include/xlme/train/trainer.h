@@ -52,6 +52,8 @@ struct StepRecord {
   std::map<std::string, double> seconds;
 };
 
+class PhaseClock;  // train_step's timing of its phases (trainer.cpp)
+
 class Trainer {
  public:
   Trainer(const config::Config& config, model::ElectraModel model, data::BatchSource& source,
@@ -93,8 +95,12 @@ class Trainer {
 
  private:
   // The pieces of train_step, in the order it calls them.
+  void remember_state_before_step();
   std::vector<data::Batch> next_micro_batches();
   torch::Tensor count_micro_batches(const std::vector<data::Batch>& batches) const;
+  void forward_backward(const data::Batch& batch,
+                        const std::map<std::string, torch::Tensor>& normalizers,
+                        objectives::TermSums& sums, PhaseClock& clock);
   // One micro-batch's terms and its share of the step's normalized L ([], differentiable).
   struct MicroBatchLoss {
     std::vector<objectives::Term> terms;
@@ -103,8 +109,10 @@ class Trainer {
   MicroBatchLoss forward(const data::Batch& batch,
                          const std::map<std::string, torch::Tensor>& normalizers);
   StepRecord abandon_step(StepRecord record);
+  torch::Tensor sum_over_ranks(const objectives::TermSums& sums);
   void read_step_totals(StepRecord& record, const objectives::TermSums& sums,
                         const torch::Tensor& reduced_sums, const torch::Tensor& counts);
+  void update_parameters(StepRecord& record);
   void skip_update(StepRecord& record);
 
   config::Config config_;
