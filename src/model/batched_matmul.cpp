@@ -1,6 +1,7 @@
 #include "xlme/model/batched_matmul.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/torch_compat.h"
 #include "xlme/model/linear.h"
 
 #include <ATen/Parallel.h>
@@ -181,7 +182,7 @@ bool float_operands_fit(const torch::Tensor& a, const torch::Tensor& b) {
 }  // namespace
 
 bool batched_matmul_fast_path(const torch::Tensor& a, const torch::Tensor& b) {
-  return !at::autocast::is_cpu_enabled() && float_operands_fit(a, b);
+  return !compat::autocast_enabled(at::kCPU) && float_operands_fit(a, b);
 }
 
 torch::Tensor bf16_emulated_matmul(const torch::Tensor& a, const torch::Tensor& b) {

@@ -1,5 +1,7 @@
 #include "xlme/model/linear.h"
 
+#include "xlme/common/torch_compat.h"
+
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
@@ -16,8 +18,8 @@ bool cpu_has_fast_bf16_products() {
 }
 
 bool emulate_bf16_products(const torch::Tensor& x) {
-  return x.device().is_cpu() && at::autocast::is_cpu_enabled() &&
-         at::autocast::get_autocast_cpu_dtype() == at::kBFloat16 && !cpu_has_fast_bf16_products();
+  return x.device().is_cpu() && compat::autocast_enabled(at::kCPU) &&
+         compat::autocast_dtype(at::kCPU) == at::kBFloat16 && !cpu_has_fast_bf16_products();
 }
 
 torch::Tensor bf16_rounded(const torch::Tensor& t) {
