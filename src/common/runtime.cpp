@@ -63,6 +63,16 @@ BlasInfo detect_blas() {
   return info;
 }
 
+const OpenBlasThreads& openblas_threads() {
+  static const OpenBlasThreads found = [] {
+    OpenBlasThreads t;
+    t.get = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+    t.set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+    return t;
+  }();
+  return found;
+}
+
 int available_cores() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -74,10 +84,8 @@ ThreadSettings configure_threads(int64_t requested) {
   ThreadSettings settings;
   settings.intra_op = requested > 0 ? static_cast<int>(requested) : available_cores();
   at::set_num_threads(settings.intra_op);
-  using SetThreadsFn = void (*)(int);
-  if (auto set_blas =
-          reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    set_blas(settings.intra_op);
+  if (const auto& blas = openblas_threads(); blas.set) {
+    blas.set(settings.intra_op);
     settings.blas = settings.intra_op;
   }
   const char* policy = std::getenv("OMP_WAIT_POLICY");

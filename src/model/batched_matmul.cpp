@@ -1,6 +1,6 @@
 #include "xlme/model/batched_matmul.h"
 
-#include "xlme/common/error.h"
+#include "xlme/common/runtime.h"
 #include "xlme/common/torch_compat.h"
 #include "xlme/model/linear.h"
 
@@ -8,7 +8,6 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <dlfcn.h>
-#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <vector>
@@ -17,23 +16,20 @@ namespace xlme::model {
 
 namespace {
 
-// Fortran BLAS and OpenBLAS's thread control, looked up once in the process (LibTorch loads the
-// BLAS): no link-time dependency, and no fast path where they are absent.
+// Fortran BLAS, looked up once in the process (LibTorch loads the BLAS), and OpenBLAS's thread
+// control (runtime::openblas_threads): no link-time dependency, and no fast path where they are
+// absent.
 using SgemmFn = void (*)(const char*, const char*, const int*, const int*, const int*, const float*,
                          const float*, const int*, const float*, const int*, const float*, float*,
                          const int*);
 using DgemmFn = void (*)(const char*, const char*, const int*, const int*, const int*,
                          const double*, const double*, const int*, const double*, const int*,
                          const double*, double*, const int*);
-using GetThreadsFn = int (*)();
-using SetThreadsFn = void (*)(int);
 
 struct Blas {
   SgemmFn sgemm = nullptr;
   DgemmFn dgemm = nullptr;
-  GetThreadsFn get_threads = nullptr;
-  SetThreadsFn set_threads = nullptr;
-  bool usable() const { return sgemm && dgemm && get_threads && set_threads; }
+  bool usable() const { return sgemm && dgemm && runtime::openblas_threads().found(); }
 };
 
 const Blas& blas() {
@@ -41,8 +37,6 @@ const Blas& blas() {
     Blas b;
     b.sgemm = reinterpret_cast<SgemmFn>(dlsym(RTLD_DEFAULT, "sgemm_"));
     b.dgemm = reinterpret_cast<DgemmFn>(dlsym(RTLD_DEFAULT, "dgemm_"));
-    b.get_threads = reinterpret_cast<GetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-    b.set_threads = reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
     return b;
   }();
   return found;
@@ -87,8 +81,10 @@ std::vector<int64_t> batch_offsets(const torch::Tensor& t) {
 // Keeps OpenBLAS on one thread while in scope (the batch is split over LibTorch's threads).
 class SingleBlasThread {
  public:
-  SingleBlasThread() : previous_(blas().get_threads()) { blas().set_threads(1); }
-  ~SingleBlasThread() { blas().set_threads(previous_); }
+  SingleBlasThread() : previous_(runtime::openblas_threads().get()) {
+    runtime::openblas_threads().set(1);
+  }
+  ~SingleBlasThread() { runtime::openblas_threads().set(previous_); }
   SingleBlasThread(const SingleBlasThread&) = delete;
   SingleBlasThread& operator=(const SingleBlasThread&) = delete;
 

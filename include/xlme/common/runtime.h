@@ -18,6 +18,15 @@ struct BlasInfo {
 // Finds which loaded library provides `sgemm_` (the symbol LibTorch's CPU matmul calls).
 BlasInfo detect_blas();
 
+// OpenBLAS's thread control (openblas_get_num_threads / openblas_set_num_threads), looked up once
+// in the loaded libraries; both null when OpenBLAS does not serve this process.
+struct OpenBlasThreads {
+  int (*get)() = nullptr;
+  void (*set)(int) = nullptr;
+  bool found() const { return get != nullptr && set != nullptr; }
+};
+const OpenBlasThreads& openblas_threads();
+
 // Cores this process may run on (its CPU affinity mask).
 int available_cores();
 
