@@ -243,11 +243,37 @@ void Trainer::forward_backward(const data::Batch& batch,
   clock.lap("backward");
 }
 
+// With more than one process: 1 for each parameter that has a gradient on this rank, else 0
+// (float64 [parameters] on the device, copied from pinned memory on a GPU so that the copy does
+// not wait for the queue). Empty with one process.
+torch::Tensor Trainer::gradient_presence() const {
+  const auto options = torch::TensorOptions(torch::kFloat64);
+  if (comm_->world_size() == 1) return torch::empty({0}, options.device(device_));
+  auto host = torch::empty({static_cast<int64_t>(parameters_.size())},
+                           options.pinned_memory(device_.is_cuda()));
+  double* flags = host.data_ptr<double>();
+  for (const auto& p : parameters_) *flags++ = p.grad().defined() ? 1.0 : 0.0;
+  return host.to(device_, /*non_blocking=*/true);
+}
+
 // All-reduces the gradients and returns `sums` flattened and summed over the ranks: losses were
 // divided by global counts, so the sum of the ranks' gradients is the gradient of the step's L.
+// gradient_presence() rides along with the sums (no collective of its own): the all-reduce gives
+// every parameter a gradient, zeros where no rank had one, and read_step_totals drops those again.
 torch::Tensor Trainer::sum_over_ranks(const objectives::TermSums& sums) {
+  const torch::Tensor presence = gradient_presence();
   dist::all_reduce_gradients(*comm_, parameters_, config_.dist.bucket_mb << 20, /*average=*/false);
-  return summed_over_ranks(*comm_, sums.flatten(device_));
+  return summed_over_ranks(*comm_, torch::cat({sums.flatten(device_), presence}));
+}
+
+// A parameter that got no gradient on any rank (e.g. the last layer's FFN of a distillation
+// student without distill.hidden_cosine) loses the zero gradient the all-reduce gave it, so that
+// the optimizer leaves it and its moments alone, as with one process: AdamW would otherwise decay
+// its weights every step. `presence`: gradient_presence() summed over the ranks.
+void Trainer::drop_gradients_absent_on_every_rank(const double* presence) {
+  for (auto& p : parameters_) {
+    if (*presence++ == 0.0) p.mutable_grad() = torch::Tensor();
+  }
 }
 
 // The optimizer step with `record`'s lr after gradient clipping, or skip_update when the loss or
@@ -315,13 +341,17 @@ StepRecord Trainer::abandon_step(StepRecord record) {
 void Trainer::read_step_totals(StepRecord& record, const objectives::TermSums& sums,
                                const torch::Tensor& reduced_sums, const torch::Tensor& counts) {
   const int64_t terms = static_cast<int64_t>(objectives_.term_names().size());
+  // [term sums, gradient presence (more than one process), tokens, FLOPs, gradient norm]
   const auto host = torch::cat({reduced_sums, counts.narrow(0, terms, 2),
                                 gradient_norm(parameters_).to(torch::kFloat64).reshape({1})})
                         .cpu();
   record.sums = sums.unflatten(host.narrow(0, 0, sums.flat_size()));
   record.terms = record.sums.summary();
   record.loss = record.sums.total_loss();
-  const double* tail = host.data_ptr<double>() + sums.flat_size();
+  const double* presence = host.data_ptr<double>() + sums.flat_size();
+  const int64_t presence_size = reduced_sums.size(0) - sums.flat_size();
+  if (presence_size > 0) drop_gradients_absent_on_every_rank(presence);
+  const double* tail = presence + presence_size;
   record.tokens = static_cast<int64_t>(tail[0]);
   record.flops = tail[1];
   record.grad_norm = tail[2];

@@ -109,9 +109,11 @@ class Trainer {
   MicroBatchLoss forward(const data::Batch& batch,
                          const std::map<std::string, torch::Tensor>& normalizers);
   StepRecord abandon_step(StepRecord record);
+  torch::Tensor gradient_presence() const;
   torch::Tensor sum_over_ranks(const objectives::TermSums& sums);
   void read_step_totals(StepRecord& record, const objectives::TermSums& sums,
                         const torch::Tensor& reduced_sums, const torch::Tensor& counts);
+  void drop_gradients_absent_on_every_rank(const double* presence);
   void update_parameters(StepRecord& record);
   void skip_update(StepRecord& record);
 
