@@ -366,6 +366,11 @@ def _check_config(config, path):
     if "share_layers" in config:
         get(config, "share_layers", str, lambda v: v in ("none", "all", "attention", "ffn"),
             "none, all, attention or ffn")
+    if "cross_attention" in config:
+        # VECO's cross-attention is plugged out of every export: the encoder is the self-attention
+        # stack.
+        get(config, "cross_attention", bool, lambda v: v is False,
+            "false (exports leave VECO's cross-attention out)")
     get(config, "norm", str, lambda v: v in ("post", "pre"), "post or pre")
     get(config, "layer_norm_eps", (int, float), lambda v: 0 < v <= 1, "a number in (0, 1]")
     for key in ("dropout", "attention_dropout"):

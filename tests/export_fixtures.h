@@ -139,6 +139,11 @@ inline const std::vector<ExportVariant>& export_variants() {
        {"model.share_layers=ffn", "model.norm=pre"},
        {}},
       {"MaskedLmBaseline", "mlm baseline", {"objectives.set=mlm"}, {}},
+      // VECO: the cross-attention is plugged out; the export is the self-attention stack.
+      {"VecoPlugOut",
+       "VECO plugged out",
+       {"objectives.set=veco", "model.cross_attention=true"},
+       {}},
       {"Bf16Export", "bf16 export", {}, {"--dtype", "bf16"}},
       {"WithGenerator",
        "with generator",

@@ -140,11 +140,12 @@ class ModelJsonReader {
 
  private:
   std::string key(const char* name) const { return prefix_.empty() ? name : prefix_ + "." + name; }
-  // Whether config.json holds `name`: never the attention kernel; share_layers only in exports
-  // made since ALBERT's layer sharing exists (older ones are unshared: the default, none).
+  // Whether config.json holds `name`: never the attention kernel; share_layers and
+  // cross_attention only in exports made since ALBERT's layer sharing and VECO exist (older ones
+  // have the defaults: none, false).
   bool exported(const char* name) const {
     const std::string k = key(name);
-    return k != kNotExported && (k != "share_layers" || r_.has(k));
+    return k != kNotExported && ((k != "share_layers" && k != "cross_attention") || r_.has(k));
   }
 
   const ExportedConfigReader& r_;

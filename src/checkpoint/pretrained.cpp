@@ -55,14 +55,19 @@ std::string read_export_config(const std::string& path) {
 
 // Copies `weights` into `module` by name. Every parameter and buffer of the module must be there
 // with its shape, and every weight must be the module's (or, when `generator_allowed`, the
-// generator side's): errors name `source` and the weights, and nothing is copied then.
+// generator side's; when `cross_attention_allowed`, VECO's cross-attention, plugged out): errors
+// name `source` and the weights, and nothing is copied then.
 void copy_weights_strictly(torch::nn::Module& module,
                            const std::map<std::string, torch::Tensor>& weights,
-                           bool generator_allowed, const std::string& source) {
+                           bool generator_allowed, bool cross_attention_allowed,
+                           const std::string& source) {
   const WeightMatch match = match_weights(module, weights);
   std::vector<std::string> unexpected;
   for (const auto& name : match.unexpected) {
-    if (!(generator_allowed && is_generator_weight(name))) unexpected.push_back(name);
+    if (!(generator_allowed && is_generator_weight(name)) &&
+        !(cross_attention_allowed && is_cross_attention_weight(name))) {
+      unexpected.push_back(name);
+    }
   }
   XLME_CHECK(unexpected.empty(),
              "'{}' has {} weight(s) that the model of its config does not have: {}; the weights "
@@ -189,6 +194,11 @@ bool is_generator_weight(const std::string& name) {
   return false;
 }
 
+bool is_cross_attention_weight(const std::string& name) {
+  return name.find(".cross_attention.") != std::string::npos ||
+         name.find(".cross_attention_norm.") != std::string::npos;
+}
+
 std::string resolve_pretrained_folder(const std::string& path) {
   const std::string checkpoints = checkpoints_folder(path);
   if (!fs::is_directory(checkpoints)) return path;
@@ -238,14 +248,27 @@ Pretrained load_pretrained(const std::string& path, const PretrainedOptions& opt
              "'{}' is a student distilled with objectives.set={}: it has no generator or MLM "
              "head; load or export it without the generator (no --with-generator)",
              path, p.objective_set);
+  // VECO's cross-attention is plugged out unless asked for: the model is then the plain encoder,
+  // as exports write it.
+  const bool has_cross_attention = p.model.cross_attention;
+  XLME_CHECK(
+      !options.cross_attention || has_cross_attention,
+      "'{}' has no cross-attention to plug in (pre-trained with objectives.set={}{}); "
+      "finetune.cross_attention=plug-in needs the run or checkpoint folder of an "
+      "objectives.set=veco pre-training; use finetune.cross_attention=plug-out",
+      path, p.objective_set,
+      p.source == PretrainedSource::kExport ? ", and exports leave the cross-attention out" : "");
+  p.model.cross_attention = options.cross_attention;
   check_model_fits_weights(p, architecture, weights, weights_file, config_file);
   p.discriminator =
       model::DiscriminatorModel(p.model, architecture == model::Architecture::kElectra);
-  copy_weights_strictly(*p.discriminator, weights, has_generator, weights_file);
+  copy_weights_strictly(*p.discriminator, weights, has_generator, has_cross_attention,
+                        weights_file);
   p.discriminator->eval();
   if (options.with_generator) {
     p.electra = model::ElectraModel(p.model, architecture, p.special_ids);
-    copy_weights_strictly(*p.electra, weights, /*generator_allowed=*/false, weights_file);
+    copy_weights_strictly(*p.electra, weights, /*generator_allowed=*/false, has_cross_attention,
+                          weights_file);
     p.electra->eval();
   }
   return p;

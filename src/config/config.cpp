@@ -230,6 +230,18 @@ void validate(const Config& c, const Origins& o) {
                key, d.max_len, origin_of(o, key), c.train.micro_batch_tokens,
                origin_of(o, "train.micro_batch_tokens"));
   }
+  const auto& set = objectives::objective_set(c.objectives.set);
+  XLME_CHECK(!set.cross_attention || m.cross_attention,
+             "objectives.set={} ({}) trains VECO's cross-attention modules, but "
+             "model.cross_attention is false ({}); set model.cross_attention=true",
+             c.objectives.set, origin_of(o, "objectives.set"),
+             origin_of(o, "model.cross_attention"));
+  XLME_CHECK(set.cross_attention || !m.cross_attention,
+             "model.cross_attention=true ({}) adds VECO's cross-attention modules, which only "
+             "objectives.set=veco trains, but objectives.set is {} ({}); use --set "
+             "objectives.set=veco or model.cross_attention=false",
+             origin_of(o, "model.cross_attention"), c.objectives.set,
+             origin_of(o, "objectives.set"));
   XLME_CHECK(c.train.warmup_steps <= c.train.steps,
              "train.warmup_steps ({}, {}) exceeds train.steps ({}, {})", c.train.warmup_steps,
              origin_of(o, "train.warmup_steps"), c.train.steps, origin_of(o, "train.steps"));

@@ -62,7 +62,14 @@ std::string resolve_init(const std::string& init) {
 int run_finetune(const config::Config& config) {
   const auto& settings = config.finetune;
   const auto init = resolve_init(settings.init);
-  auto pretrained = checkpoint::load_pretrained(init);
+  checkpoint::PretrainedOptions load;
+  load.cross_attention = settings.cross_attention == "plug-in";
+  XLME_CHECK(!load.cross_attention || task_info(settings.task).family == TaskFamily::kSentencePair,
+             "finetune.cross_attention=plug-in runs the two sentences of a sentence-pair task "
+             "(xnli, pawsx) with cross-attention to each other; finetune.task={} has no sentence "
+             "pairs; use finetune.cross_attention=plug-out",
+             settings.task);
+  auto pretrained = checkpoint::load_pretrained(init, load);
   XLME_CHECK(!pretrained.tokenizer_path.empty(),
              "{} holds no SentencePiece model; fine-tuning needs the tokenizer of pre-training",
              init);

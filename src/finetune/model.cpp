@@ -1,6 +1,7 @@
 #include "xlme/finetune/model.h"
 
 #include "xlme/common/error.h"
+#include "xlme/data/framing.h"
 #include "xlme/optim/optimizer.h"
 
 #include <torch/torch.h>
@@ -62,6 +63,27 @@ FinetuneModelImpl::FinetuneModelImpl(model::SharedEmbeddings embeddings_, model:
 torch::Tensor FinetuneModelImpl::forward(const torch::Tensor& input_ids,
                                          const torch::Tensor& positions,
                                          const torch::Tensor& padding) {
+  if (plugs_in()) {
+    data::Batch pair;
+    pair.task = data::Task::kPara;
+    pair.input_ids = pair.labels = input_ids.cpu();
+    pair.padding = padding.cpu();
+    pair.positions = positions.cpu();
+    pair.masked = torch::zeros_like(pair.padding);
+    // The layout's <s>, <pad> and </s> (the only ids the split reads) are fixed.
+    const auto sides = data::split_pair(pair, data::SpecialIds{});
+    const auto device = input_ids.device();
+    auto side = [&](const torch::Tensor& t) { return t.to(device, /*non_blocking=*/true); };
+    const auto &a = sides.x, &b = sides.y;
+    const auto a_ids = side(a.input_ids), a_positions = side(a.positions);
+    const auto b_ids = side(b.input_ids), b_positions = side(b.positions);
+    const auto a_padding = side(a.padding), b_padding = side(b.padding);
+    const auto ha = encoder->forward(a_ids, a_positions, a_padding);
+    const auto hb = encoder->forward(b_ids, b_positions, b_padding);
+    const auto ca = encoder->forward_with_context(a_ids, a_positions, a_padding, hb, b_padding);
+    const auto cb = encoder->forward_with_context(b_ids, b_positions, b_padding, ha, a_padding);
+    return sequence_head->forward(((ca.select(1, 0) + cb.select(1, 0)) / 2).unsqueeze(1));
+  }
   auto hidden = encoder->forward(input_ids, positions, padding);  // [B, T, hidden]
   return sequence_head ? sequence_head->forward(hidden) : token_head->forward(hidden);
 }
@@ -72,7 +94,8 @@ int64_t parameter_depth(const std::string& name, int64_t layers, model::LayerSha
   if (name.rfind(layer_prefix, 0) == 0) {
     const auto rest = name.substr(layer_prefix.size());
     const auto sub_layer = rest.substr(rest.find('.') + 1);  // e.g. "attention.query.weight"
-    const bool attention = sub_layer.rfind("attention", 0) == 0;
+    const bool attention =
+        sub_layer.rfind("attention", 0) == 0 || sub_layer.rfind("cross_attention", 0) == 0;
     if (sharing == model::LayerSharing::kAll ||
         (sharing == model::LayerSharing::kAttention && attention) ||
         (sharing == model::LayerSharing::kFfn && !attention)) {

@@ -1,6 +1,7 @@
 #include "xlme/model/electra.h"
 
 #include "xlme/common/error.h"
+#include "xlme/data/framing.h"
 #include "xlme/model/linear.h"
 #include "xlme/objectives/objective_set.h"
 
@@ -29,8 +30,16 @@ ModelInputs ModelInputs::from(const data::Batch& batch) {
   return in;
 }
 
+ModelInputs ModelInputs::from_pair(const data::Batch& batch, const data::SpecialIds& ids) {
+  const auto sides = data::split_pair(batch, ids);
+  ModelInputs in = from(batch);
+  in.sides = {from(sides.x), from(sides.y)};
+  return in;
+}
+
 ModelInputs ModelInputs::to(const torch::Device& device, bool non_blocking) const {
   ModelInputs out;
+  for (const auto& side : sides) out.sides.push_back(side.to(device, non_blocking));
   out.input_ids = input_ids.to(device, non_blocking);
   out.labels = labels.to(device, non_blocking);
   out.padding = padding.to(device, non_blocking);
@@ -200,6 +209,10 @@ torch::Tensor gather_masked(const torch::Tensor& hidden, const torch::Tensor& ma
 
 }  // namespace
 
+ModelInputs ElectraModelImpl::inputs(const data::Batch& batch) const {
+  return cross_attention() ? ModelInputs::from_pair(batch, special_) : ModelInputs::from(batch);
+}
+
 void ElectraModelImpl::set_teacher(Teacher teacher) {
   XLME_CHECK(architecture_ == Architecture::kEncoder,
              "only a distillation student (objectives.set=distill) takes a teacher");
@@ -232,8 +245,30 @@ ModelOutput ElectraModelImpl::forward(const ModelInputs& in) {
                       out.teacher_hidden);
     return out;
   }
-  out.generator_targets = in.labels.reshape(-1).index_select(0, in.masked_index);
   const auto& table = embeddings->token->weight;
+  if (cross_attention()) {
+    XLME_CHECK(in.sides.size() == 2,
+               "a model with cross-attention (objectives.set=veco) reads both sides of each pair; "
+               "make its input with inputs(batch)");
+    const auto& x = in.sides[0];
+    const auto& y = in.sides[1];
+    auto& encoder = *discriminator;
+    // Self-attention only (H), then with cross-attention to the other side's last H (S); the
+    // context keeps its gradient, so S's terms also train the other side's H pass.
+    const auto hx = encoder.forward(x.input_ids, x.positions, x.padding);
+    const auto hy = encoder.forward(y.input_ids, y.positions, y.padding);
+    const auto sx =
+        encoder.forward_with_context(x.input_ids, x.positions, x.padding, hy, y.padding);
+    const auto sy =
+        encoder.forward_with_context(y.input_ids, y.positions, y.padding, hx, x.padding);
+    auto predict = [&](const torch::Tensor& hidden, const ModelInputs& side) {
+      return MaskedPrediction{mlm_head(gather_masked(hidden, side.masked_index), table),
+                              side.labels.reshape(-1).index_select(0, side.masked_index)};
+    };
+    out.pair_predictions = {predict(hx, x), predict(sx, x), predict(hy, y), predict(sy, y)};
+    return out;
+  }
+  out.generator_targets = in.labels.reshape(-1).index_select(0, in.masked_index);
   if (architecture_ == Architecture::kMaskedLm) {
     const auto hidden = discriminator(in.input_ids, in.positions, in.padding);
     out.generator_logits = mlm_head(gather_masked(hidden, in.masked_index), table);

@@ -40,6 +40,7 @@ EncoderOptions EncoderOptions::discriminator(const config::ModelConfig& model) {
   o.embedding_delta = model.embedding_sharing == "gdes";
   o.attention = model.attention;
   o.sharing = parse_layer_sharing(model.share_layers);
+  o.cross_attention = model.cross_attention;
   return o;
 }
 
@@ -51,6 +52,7 @@ EncoderOptions EncoderOptions::generator(const config::ModelConfig& model) {
   if (g.heads > 0) o.heads = g.heads;
   if (g.ffn_size > 0) o.ffn_size = g.ffn_size;
   o.embedding_delta = false;  // the generator trains the shared tables themselves
+  o.cross_attention = false;  // VECO has no generator
   return o;
 }
 
@@ -114,6 +116,20 @@ EncoderLayerImpl::EncoderLayerImpl(const EncoderOptions& options, const EncoderL
     attention_norm =
         register_module("attention_norm", layer_norm(options.hidden_size, options.layer_norm_eps));
   }
+  if (options.cross_attention && first != nullptr && options.shares_attention()) {
+    cross_attention = first->cross_attention;
+    cross_attention_norm = first->cross_attention_norm;
+  } else if (options.cross_attention) {
+    CrossAttentionOptions c;
+    c.hidden_size = options.hidden_size;
+    c.heads = options.heads;
+    c.attention_dropout = options.attention_dropout;
+    c.init_std = options.init_std;
+    c.kernel = options.attention;
+    cross_attention = register_module("cross_attention", CrossAttention(c));
+    cross_attention_norm = register_module("cross_attention_norm",
+                                           layer_norm(options.hidden_size, options.layer_norm_eps));
+  }
   if (first != nullptr && options.shares_ffn()) {
     ffn = first->ffn;
     ffn_norm = first->ffn_norm;
@@ -125,13 +141,24 @@ EncoderLayerImpl::EncoderLayerImpl(const EncoderOptions& options, const EncoderL
 }
 
 torch::Tensor EncoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& padding,
-                                        const torch::Tensor& table) {
+                                        const torch::Tensor& table, const torch::Tensor& context,
+                                        const torch::Tensor& context_padding) {
   const bool train = is_training();
+  XLME_CHECK(!context.defined() || cross_attention,
+             "this encoder has no cross-attention to plug in (model.cross_attention=false)");
   if (pre_norm_) {
     auto h = x + model::dropout(attention(attention_norm(x), padding, table), dropout_, train);
+    if (context.defined()) {
+      h = h + model::dropout(cross_attention(cross_attention_norm(h), context, context_padding),
+                             dropout_, train);
+    }
     return h + model::dropout(ffn(ffn_norm(h)), dropout_, train);
   }
   auto h = attention_norm(x + model::dropout(attention(x, padding, table), dropout_, train));
+  if (context.defined()) {
+    h = cross_attention_norm(
+        h + model::dropout(cross_attention(h, context, context_padding), dropout_, train));
+  }
   return ffn_norm(h + model::dropout(ffn(h), dropout_, train));
 }
 
@@ -210,6 +237,15 @@ torch::Tensor EncoderImpl::forward(const torch::Tensor& input_ids, const torch::
   return run(input_ids, positions, padding, options_.layers, nullptr);
 }
 
+torch::Tensor EncoderImpl::forward_with_context(const torch::Tensor& input_ids,
+                                                const torch::Tensor& positions,
+                                                const torch::Tensor& padding,
+                                                const torch::Tensor& context,
+                                                const torch::Tensor& context_padding) {
+  XLME_CHECK(context.defined(), "forward_with_context needs the other side's hidden states");
+  return run(input_ids, positions, padding, options_.layers, nullptr, context, context_padding);
+}
+
 std::vector<torch::Tensor> EncoderImpl::hidden_states(const torch::Tensor& input_ids,
                                                       const torch::Tensor& positions,
                                                       const torch::Tensor& padding,
@@ -227,7 +263,8 @@ std::vector<torch::Tensor> EncoderImpl::hidden_states(const torch::Tensor& input
 
 torch::Tensor EncoderImpl::run(const torch::Tensor& input_ids, const torch::Tensor& positions,
                                const torch::Tensor& padding, int64_t up_to_layer,
-                               std::vector<torch::Tensor>* states) {
+                               std::vector<torch::Tensor>* states, const torch::Tensor& context,
+                               const torch::Tensor& context_padding) {
   const int64_t length = input_ids.size(1);
   auto x =
       model::dropout(embedding_norm(embed(input_ids, positions)), options_.dropout, is_training());
@@ -246,7 +283,7 @@ torch::Tensor EncoderImpl::run(const torch::Tensor& input_ids, const torch::Tens
         (i == 0 || !options_.shares_attention())) {
       table = current.bias_table(buckets);
     }
-    x = current.forward(x, padding, table);
+    x = current.forward(x, padding, table, context, context_padding);
     if (states) states->push_back(x);
   }
   // The final LayerNorm of pre-LN belongs to the last layer's output only.

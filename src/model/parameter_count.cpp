@@ -27,6 +27,8 @@ int64_t encoder_count(const EncoderOptions& o) {
   int64_t attention = 4 * linear_count(h, h) + 2 * h;  // q, k, v, output; attention_norm
   if (o.relative_bias && !o.shared_table) attention += o.heads * o.num_buckets;   // d
   if (o.relative_bias && o.gated) attention += 2 * o.heads * head_dim + o.heads;  // u, v, w
+  // VECO's cross-attention (q, k, v, output; cross_attention_norm), shared with the attention.
+  if (o.cross_attention) attention += 4 * linear_count(h, h) + 2 * h;
   const int64_t ffn = linear_count(h, o.ffn_size) + linear_count(o.ffn_size, h) + 2 * h;
   // Shared sub-layers (model.share_layers) are counted once.
   int64_t n = (o.shares_attention() ? 1 : o.layers) * attention +

@@ -10,24 +10,30 @@ namespace xlme::objectives {
 std::vector<std::string> ObjectiveSet::monolingual_terms() const {
   if (!monolingual) return {};
   if (distillation) return {"qq_kl", "kk_kl", "vv_kl"};
+  if (cross_attention) return {"mlm_x", "mlm_xy", "mlm_y", "mlm_yx"};
   if (!discriminator) return {"mlm"};
   return {"mlm", "mrtd"};
 }
 
 std::vector<std::string> ObjectiveSet::translation_pair_terms() const {
   if (!translation_pairs) return {};
+  if (cross_attention) return {"tlm_x", "tlm_xy", "tlm_y", "tlm_yx"};
   if (!discriminator) return {"tlm"};
   return {"tlm", "trtd"};
 }
 
 const std::vector<ObjectiveSet>& objective_sets() {
   static const std::vector<ObjectiveSet> sets = {
-      // name, description, discriminator, monolingual, translation_pairs, distillation
-      {"xlme", "MLM+TLM+MRTD+TRTD", true, true, true, false},
-      {"xlme-mono", "MLM+MRTD", true, true, false, false},
-      {"mlm", "XLM-R-style MLM", false, true, false, false},
-      {"mlm+tlm", "XLM-style MLM+TLM", false, true, true, false},
-      {"distill", "MiniLMv2-style distillation of distill.teacher", false, true, false, true},
+      // name, description, discriminator, monolingual, translation_pairs, distillation,
+      // cross_attention
+      {"xlme", "MLM+TLM+MRTD+TRTD", true, true, true, false, false},
+      {"xlme-mono", "MLM+MRTD", true, true, false, false, false},
+      {"mlm", "XLM-R-style MLM", false, true, false, false, false},
+      {"mlm+tlm", "XLM-style MLM+TLM", false, true, true, false, false},
+      {"distill", "MiniLMv2-style distillation of distill.teacher", false, true, false, true,
+       false},
+      {"veco", "VECO's cross-attention MLM (model.cross_attention=true)", false, true, true, false,
+       true},
   };
   return sets;
 }

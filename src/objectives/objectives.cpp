@@ -2,6 +2,7 @@
 
 #include "xlme/common/error.h"
 #include "xlme/common/shape_text.h"
+#include "xlme/data/framing.h"
 
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -92,8 +93,20 @@ torch::Tensor hidden_cosine_sum(const torch::Tensor& student, const torch::Tenso
   return ((1 - cosine) * padding.logical_not().to(dtype)).sum();
 }
 
+namespace {
+
+// VECO's terms: which side of the pair (x or y) they predict; 0 for the other terms.
+char pair_side(const std::string& name) {
+  for (const char* prefix : {"mlm_", "tlm_"}) {
+    if (name.rfind(prefix, 0) == 0 && name.size() >= 5) return name[4];
+  }
+  return 0;
+}
+
+}  // namespace
+
 bool is_generator_term(const std::string& name) {
-  return name == "mlm" || name == "tlm";
+  return name == "mlm" || name == "tlm" || pair_side(name) != 0;
 }
 
 bool is_distillation_term(const std::string& name) {
@@ -101,6 +114,11 @@ bool is_distillation_term(const std::string& name) {
 }
 
 int64_t term_count(const std::string& name, const data::Batch& batch) {
+  if (const char side = pair_side(name)) {
+    // The layout's <s>, <pad> and </s> (the only ids the split reads) are fixed.
+    const auto sides = data::split_pair(batch, data::SpecialIds{});
+    return (side == 'x' ? sides.x : sides.y).masked.sum().item<int64_t>();
+  }
   return is_generator_term(name) ? batch.masked.sum().item<int64_t>()
                                  : batch.padding.logical_not().sum().item<int64_t>();
 }
@@ -188,6 +206,19 @@ std::vector<Term> Objectives::distillation_terms(const model::ModelOutput& outpu
 std::vector<Term> Objectives::compute(const model::ModelOutput& output, data::Task task) const {
   if (set_->distillation) return distillation_terms(output);
   std::vector<Term> terms;
+  if (set_->cross_attention) {
+    const auto names = term_names(task);
+    XLME_CHECK(output.pair_predictions.size() == names.size(),
+               "objectives.set={} needs the MLM head on both sides of each pair, with and without "
+               "cross-attention ({} predictions), but the model gave {}; build it with "
+               "model.cross_attention=true",
+               set_->name, names.size(), output.pair_predictions.size());
+    for (size_t i = 0; i < names.size(); ++i) {
+      const auto& p = output.pair_predictions[i];
+      terms.push_back(generator_term(names[i], p.logits, p.targets));
+    }
+    return terms;
+  }
   for (const auto& name : term_names(task)) {
     if (is_generator_term(name)) {
       terms.push_back(generator_term(name, output.generator_logits, output.generator_targets));

@@ -75,6 +75,17 @@ double training_flops_per_token(const config::Config& config, int64_t length,
            distillation_flops(t, teacher->layer, teacher->hidden, length);
   }
   const double r = config.objectives.mask_ratio;
+  if (disc.cross_attention) {
+    // VECO: each side (about half the framed length) runs the encoder twice, self-attention only
+    // and with cross-attention to the other side's last hidden states (queries and output over
+    // its own tokens, keys and values over the other side's, about as many), and the MLM head
+    // at its masked positions after each.
+    const auto h = static_cast<double>(disc.hidden_size);
+    const int64_t side = std::max<int64_t>(1, length / 2);
+    const double cross = 2 * 4 * h * h + 2 * 2 * static_cast<double>(side) * h;
+    return 3 * (2 * encoder_flops(disc, side) + static_cast<double>(disc.layers) * cross +
+                2 * lm_head_flops(disc, r));
+  }
   double forward = encoder_flops(disc, length);
   if (architecture == model::Architecture::kElectra) {
     const auto gen = model::EncoderOptions::generator(config.model);

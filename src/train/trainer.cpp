@@ -318,7 +318,7 @@ torch::Tensor Trainer::count_micro_batches(const std::vector<data::Batch>& batch
 
 Trainer::MicroBatchLoss Trainer::forward(const data::Batch& batch,
                                          const std::map<std::string, torch::Tensor>& normalizers) {
-  const auto inputs = model::ModelInputs::from(batch).to(device_);
+  const auto inputs = model_->inputs(batch).to(device_);
   AutocastScope autocast(device_, bf16_);
   MicroBatchLoss micro;
   micro.terms = objectives_.compute(model_->forward(inputs), batch.task);

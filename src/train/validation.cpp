@@ -50,7 +50,7 @@ ValidationResult Validator::run(model::ElectraModel& model, dist::Communicator& 
     for (size_t i = 0; i < batches_.size(); ++i) {
       if (static_cast<int>(i % static_cast<size_t>(comm.world_size())) != comm.rank()) continue;
       fork.seed(seed_ + i);  // the same replacements whichever rank evaluates the micro-batch
-      const auto inputs = model::ModelInputs::from(batches_[i]).to(device);
+      const auto inputs = model->inputs(batches_[i]).to(device);
       std::vector<objectives::Term> terms;
       {
         AutocastScope autocast(device, bf16);

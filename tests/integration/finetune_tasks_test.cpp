@@ -437,6 +437,41 @@ TEST_F(FinetuneTasks, XtremeCommandConvertsUdReleases) {
   EXPECT_TRUE(contains_all(bad.out + bad.err, {file("nowhere"), "does not exist"}));
 }
 
+// VECO plug-in: a VECO checkpoint fine-tunes on sentence pairs with each sentence cross-attending
+// to the other; plug-in is refused for a task without sentence pairs and for a model without
+// cross-attention.
+TEST_F(FinetuneTasks, VecoPlugInTrainsSentencePairsAndIsRefusedElsewhere) {
+  write_file(file("download/xnli/train-en.tsv"), xnli_rows(60, 1, true));
+  write_file(file("download/xnli/dev-en.tsv"), xnli_rows(30, 2, true));
+  write_file(file("download/xnli/test-en.tsv"), xnli_rows(30, 5, true));
+  const auto veco = xlme::testing::make_tiny_checkpoint(
+      xlme::testing::tiny_export_config(tokenizer(),
+                                        {"objectives.set=veco", "model.cross_attention=true"}),
+      file("veco"));
+  auto c = config_for(
+      "xnli", {"finetune.languages=[en]", "finetune.epochs=25", "finetune.batch_size=8",
+               "finetune.lr=2e-3", "finetune.eval_every=30", "finetune.cross_attention=plug-in"});
+  c.finetune.init = veco.path;
+  c.finetune.gold_dir = "";
+  const auto json = run(c);
+  EXPECT_GT(json["dev"]["languages"]["en"]["accuracy"]["mean"].get<double>(), 50.0) << json.dump();
+  EXPECT_GT(json["test"]["languages"]["en"]["accuracy"]["mean"].get<double>(), 50.0) << json.dump();
+  // results.json records the model as loaded: with its cross-attention.
+  EXPECT_NE(json["config"].get<std::string>().find("cross_attention: true"), std::string::npos);
+
+  auto tagging = config_for("udpos", {"finetune.cross_attention=plug-in"});
+  tagging.finetune.init = veco.path;
+  EXPECT_TRUE(contains_all(error_message([&] { run_finetune(tagging); }),
+                           {"finetune.cross_attention=plug-in",
+                            "finetune.task=udpos has no "
+                            "sentence pairs",
+                            "use finetune.cross_attention=plug-out"}));
+  auto plain = config_for("xnli", {"finetune.cross_attention=plug-in"});
+  EXPECT_TRUE(contains_all(error_message([&] { run_finetune(plain); }),
+                           {checkpoint(), "has no cross-attention to plug in",
+                            "objectives.set=xlme", "finetune.cross_attention=plug-out"}));
+}
+
 TEST_F(FinetuneTasks, InitMustNameAModel) {
   auto c = config_for("xnli", {});
   c.finetune.init = "";

@@ -3,6 +3,7 @@
 #include "export_fixtures.h"
 #include "test_util.h"
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 
@@ -53,6 +54,36 @@ TEST(PrintModel, DistillationCountsTheStudentAndStatesTheTeacher) {
   EXPECT_EQ(missing.code, 1);
   EXPECT_TRUE(testing::contains_all(missing.err,
                                     {"distill.teacher '" + (dir / "nowhere") + "'", "not found"}));
+}
+
+// The count on the table's `module` row ("discriminator  1,234,567  1.2M" -> 1234567).
+int64_t module_count(const std::string& table, const std::string& module) {
+  std::istringstream lines(table);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(module + " ", 0) != 0) continue;
+    std::istringstream fields(line.substr(module.size()));
+    std::string count;
+    fields >> count;
+    count.erase(std::remove(count.begin(), count.end(), ','), count.end());
+    return std::stoll(count);
+  }
+  return -1;
+}
+
+// VECO: the cross-attention of every layer counts in the discriminator.
+TEST(PrintModel, VecoCountsTheCrossAttention) {
+  const auto veco = print_model(
+      "--config configs/model/tiny.yaml --set model.vocab_size=8000 --set objectives.set=veco "
+      "--set model.cross_attention=true");
+  EXPECT_EQ(veco.code, 0) << veco.err;
+  EXPECT_TRUE(testing::contains_all(veco.out, {"mlm_head", "discriminator"}));
+  EXPECT_EQ(veco.out.find("generator"), std::string::npos) << veco.out;
+  const auto mlm = print_model(
+      "--config configs/model/tiny.yaml --set model.vocab_size=8000 --set objectives.set=mlm");
+  // tiny.yaml: 2 layers 64 wide; q, k, v, output (64 x 64 + 64 each) and a LayerNorm (2 x 64).
+  EXPECT_EQ(module_count(veco.out, "discriminator") - module_count(mlm.out, "discriminator"),
+            2 * (4 * (64 * 64 + 64) + 2 * 64))
+      << veco.out << mlm.out;
 }
 
 TEST(PrintModel, NeedsAVocabularySize) {

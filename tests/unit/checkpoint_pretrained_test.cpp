@@ -399,6 +399,7 @@ TEST(ExportedConfig, HoldsExactlyTheExportFormatsKeys) {
                                          "factorized_embeddings",
                                          "embedding_sharing",
                                          "share_layers",
+                                         "cross_attention",
                                          "max_positions",
                                          "absolute_positions",
                                          "norm",
@@ -429,6 +430,9 @@ TEST(ExportedConfig, HoldsExactlyTheExportFormatsKeys) {
   auto old = nlohmann::ordered_json::parse(to_json(e));
   old.erase("share_layers");
   EXPECT_EQ(parse_exported_config(old.dump(), "old.json").model.share_layers, "none");
+  // ... and those made before VECO no cross_attention: read as false (plugged out).
+  old.erase("cross_attention");
+  EXPECT_FALSE(parse_exported_config(old.dump(), "old.json").model.cross_attention);
 }
 
 TEST(ExportedConfig, ReadsBackWhatItWrites) {

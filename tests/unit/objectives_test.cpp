@@ -118,18 +118,24 @@ TEST(ObjectiveSets, UnknownNameListsTheKnownOnes) {
 
 // The config accepts exactly the table's names, and its error lists them.
 TEST(ObjectiveSets, ConfigValidatesAgainstTheTable) {
-  EXPECT_EQ(objective_set_names(), (Strings{"xlme", "xlme-mono", "mlm", "mlm+tlm", "distill"}));
+  EXPECT_EQ(objective_set_names(),
+            (Strings{"xlme", "xlme-mono", "mlm", "mlm+tlm", "distill", "veco"}));
   for (const auto& name : objective_set_names()) {
-    EXPECT_EQ(config::load_config("", {"objectives.set=" + name}).objectives.set, name);
+    // VECO's set needs its modules (model.cross_attention), the others refuse them.
+    const std::string cross = objective_set(name).cross_attention ? "true" : "false";
+    EXPECT_EQ(config::load_config("", {"objectives.set=" + name, "model.cross_attention=" + cross})
+                  .objectives.set,
+              name);
   }
   EXPECT_TRUE(testing::contains_all(
       testing::error_message([] { config::load_config("", {"objectives.set=tlm"}); }),
-      {"objectives.set", "got 'tlm'", "one of: xlme, xlme-mono, mlm, mlm+tlm, distill"}));
+      {"objectives.set", "got 'tlm'", "one of: xlme, xlme-mono, mlm, mlm+tlm, distill, veco"}));
   // The config reference describes every set from its row.
   EXPECT_TRUE(testing::contains_all(
       config::to_yaml(config::Config{}, /*docs=*/true),
       {"xlme = MLM+TLM+MRTD+TRTD; xlme-mono = MLM+MRTD; mlm = XLM-R-style MLM; mlm+tlm = "
-       "XLM-style MLM+TLM; distill = MiniLMv2-style distillation of distill.teacher"}));
+       "XLM-style MLM+TLM; distill = MiniLMv2-style distillation of distill.teacher; veco = "
+       "VECO's cross-attention MLM (model.cross_attention=true)"}));
 }
 
 // What each row needs: the generator-discriminator pair for the RTD terms, and the data.
@@ -155,6 +161,14 @@ TEST(ObjectiveSets, RowsSayWhatEachSetNeeds) {
   EXPECT_EQ(xlme.translation_pair_terms(), (Strings{"tlm", "trtd"}));
   EXPECT_EQ(xlm.translation_pair_terms(), Strings{"tlm"});
   EXPECT_EQ(mono.translation_pair_terms(), Strings{});
+  const auto& veco = objective_set("veco");
+  EXPECT_TRUE(veco.cross_attention && !veco.discriminator && veco.monolingual &&
+              veco.translation_pairs && !veco.distillation);
+  EXPECT_EQ(veco.monolingual_terms(), (Strings{"mlm_x", "mlm_xy", "mlm_y", "mlm_yx"}));
+  EXPECT_EQ(veco.translation_pair_terms(), (Strings{"tlm_x", "tlm_xy", "tlm_y", "tlm_yx"}));
+  for (const char* term : {"mlm_x", "mlm_xy", "tlm_y", "tlm_yx"}) {
+    EXPECT_TRUE(is_generator_term(term)) << term;
+  }
   const auto& distill = objective_set("distill");
   EXPECT_TRUE(distill.distillation && !distill.discriminator && distill.monolingual &&
               !distill.translation_pairs);

@@ -28,6 +28,10 @@ struct PretrainedOptions {
   // The SentencePiece model to use when a checkpoint holds none (a run without data.tokenizer);
   // empty: such a checkpoint loads without a tokenizer.
   std::string fallback_tokenizer;
+  // VECO (objectives.set=veco): keep the cross-attention modules in the discriminator (plug-in);
+  // false: leave them out (plug-out), so that the model is the plain self-attention encoder.
+  // True with a model that has none is an error.
+  bool cross_attention = false;
 };
 
 struct Pretrained {
@@ -61,5 +65,8 @@ Pretrained load_pretrained(const std::string& path, const PretrainedOptions& opt
 
 // Weights only the whole ELECTRA model has: generator.*, generator_head.*, mlm_head.*.
 bool is_generator_weight(const std::string& name);
+
+// VECO's cross-attention weights: *.cross_attention.* and *.cross_attention_norm.*.
+bool is_cross_attention_weight(const std::string& name);
 
 }  // namespace xlme::checkpoint

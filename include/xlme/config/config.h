@@ -103,6 +103,7 @@ struct ModelConfig {
   std::string embedding_sharing = "full";
   std::string attention = "auto";
   std::string share_layers = "none";
+  bool cross_attention = false;
   RelativePositionConfig relative_position;
   GeneratorConfig generator;
 
@@ -137,6 +138,10 @@ struct ModelConfig {
     v.field("share_layers", share_layers, Choices{"none", "all", "attention", "ffn"},
             "ALBERT's cross-layer parameter sharing in each encoder: all = one layer's weights at "
             "every depth; attention / ffn = only that sub-layer (with its LayerNorm) shared");
+    v.field("cross_attention", cross_attention,
+            "VECO's cross-attention module in every layer, after the self-attention (trained by "
+            "objectives.set=veco; exports and fine-tuning leave it out unless "
+            "finetune.cross_attention=plug-in)");
     v.section("relative_position", relative_position,
               "gated relative position bias (docs/ARCHITECTURE.md#model)");
     v.section("generator", generator,
@@ -422,6 +427,7 @@ struct FinetuneConfig {
   double clip_norm = 1.0;
   double dropout = 0.1;
   std::string precision = "auto";
+  std::string cross_attention = "plug-out";
   int64_t eval_every = 0;
   std::string select = "best_dev";
   std::vector<int64_t> seeds = {1};
@@ -482,6 +488,10 @@ struct FinetuneConfig {
             "dropout of the encoder and the task head while fine-tuning");
     v.field("precision", precision, Choices{"auto", "fp32", "bf16"},
             "as train.precision: auto = bf16 autocast (and TF32 matmuls) on CUDA, fp32 on CPU");
+    v.field("cross_attention", cross_attention, Choices{"plug-out", "plug-in"},
+            "VECO models (objectives.set=veco): plug-out = the self-attention stack alone; plug-in "
+            "= sentence-pair tasks (xnli, pawsx) run each sentence with cross-attention to the "
+            "other (needs init = a VECO run or checkpoint, not an export)");
     v.field("eval_every", eval_every, IntRange{0, kNoLimit},
             "steps between dev evaluations; 0 = once per epoch");
     v.field("select", select, Choices{"best_dev", "last"},

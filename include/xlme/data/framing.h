@@ -39,4 +39,15 @@ std::optional<PairLengths> fit_pair(int64_t e, int64_t f, int64_t max_len, bool 
 size_t frame_pair(const std::vector<int32_t>& e, const std::vector<int32_t>& f,
                   const PairLengths& kept, const SpecialIds& ids, std::vector<int32_t>& out);
 
+// VECO's two sides of a micro-batch (docs/pretraining.md#veco), each framed <s> ... </s>,
+// positions 0.. and padded to its own longest row: a translation pair <s> e </s> f </s> gives
+// x = <s> e </s> and y = <s> f </s>; a monolingual sequence <s> t_1 .. t_n </s> (consecutive
+// sentences of one document, packed) gives its two adjacent halves x = <s> t_1 .. t_m </s> and
+// y = <s> t_m+1 .. t_n </s>, m = ceil(n / 2). Masked positions keep their <mask> input and their
+// label; the added <s> and </s> are never masked. Host tensors in, host tensors out.
+struct PairSides {
+  Batch x, y;
+};
+PairSides split_pair(const Batch& batch, const SpecialIds& ids);
+
 }  // namespace xlme::data

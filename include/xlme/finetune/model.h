@@ -58,6 +58,12 @@ class FinetuneModelImpl : public torch::nn::Module {
 
   int64_t layers() const { return encoder->options().layers; }
 
+  // VECO plug-in (finetune.cross_attention=plug-in): the encoder has cross-attention and the head
+  // classifies sequences. forward() then splits each input <s> a </s></s> b </s> into a and b
+  // (data::split_pair), runs each with self-attention only, then each with cross-attention to the
+  // other's last hidden states, and classifies the mean of the two <s> states.
+  bool plugs_in() const { return sequence_head && encoder->options().cross_attention; }
+
   model::SharedEmbeddings embeddings{nullptr};
   model::Encoder encoder{nullptr};
   ClassificationHead sequence_head{nullptr};  // kSequence

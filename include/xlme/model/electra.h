@@ -38,10 +38,21 @@ struct ModelInputs {
   torch::Tensor padding;       // [B, T] bool: true at <pad>
   torch::Tensor positions;     // [B, T] int64: absolute position ids
   torch::Tensor masked_index;  // [N] int64: b * T + t of each masked position, ascending
+  // VECO (model.cross_attention): the micro-batch's two sides x and y (data::split_pair), each
+  // with the fields above; empty otherwise (the fields above are then the model's input).
+  std::vector<ModelInputs> sides;
 
   // Computes masked_index where the batch lives: call it on the host batch, before to().
   static ModelInputs from(const data::Batch& batch);
+  // The same for VECO: `sides` from data::split_pair of the host batch.
+  static ModelInputs from_pair(const data::Batch& batch, const data::SpecialIds& ids);
   ModelInputs to(const torch::Device& device, bool non_blocking = true) const;
+};
+
+// An MLM head's logits at masked positions and the original tokens there.
+struct MaskedPrediction {
+  torch::Tensor logits;   // [N, V]
+  torch::Tensor targets;  // [N] int64
 };
 
 // Everything the objectives read. N = masked positions in the micro-batch.
@@ -60,6 +71,9 @@ struct ModelOutput {
   AttentionProjections teacher_attention;
   torch::Tensor student_hidden;
   torch::Tensor teacher_hidden;
+  // VECO: the MLM head at the masked positions of x given x^, x given x^ and y^, y given y^, and y
+  // given y^ and x^ (the order of the set's terms).
+  std::vector<MaskedPrediction> pair_predictions;
 };
 
 // The frozen teacher of a distillation student (docs/pretraining.md#distillation): a pre-trained
@@ -108,7 +122,9 @@ torch::Tensor sample_replacements(const torch::Tensor& logits, double temperatur
 
 // Registered modules (export-key prefixes): embeddings, generator, discriminator, generator_head
 // (kElectra) or mlm_head (kMaskedLm), discriminator_head (kElectra); kEncoder: embeddings and
-// discriminator only.
+// discriminator only. VECO is kMaskedLm with model.cross_attention: its discriminator has the
+// cross-attention modules, and forward() runs both sides of each pair twice (self-attention only,
+// then with cross-attention to the other side's last hidden states).
 class ElectraModelImpl : public torch::nn::Module {
  public:
   // model.vocab_size must be resolved (non-zero); special ids default to the XLM-R layout.
@@ -117,6 +133,11 @@ class ElectraModelImpl : public torch::nn::Module {
                    const data::SpecialIds& special);
 
   ModelOutput forward(const ModelInputs& inputs);
+
+  // The model's input for a host batch (ModelInputs::from, or from_pair with cross-attention).
+  ModelInputs inputs(const data::Batch& batch) const;
+  // Whether the encoder has VECO's cross-attention modules (model.cross_attention).
+  bool cross_attention() const { return discriminator->options().cross_attention; }
 
   Architecture architecture() const { return architecture_; }
   const data::SpecialIds& special_ids() const { return special_; }

@@ -6,6 +6,7 @@
 
 #include "xlme/config/config.h"
 #include "xlme/model/attention.h"
+#include "xlme/model/cross_attention.h"
 #include "xlme/model/relative_position.h"
 
 #include <torch/nn/module.h>
@@ -52,6 +53,7 @@ struct EncoderOptions {
   bool embedding_delta = false;  // gdes: own zero-initialized delta on the shared tables
   std::string attention = "auto";
   LayerSharing sharing = LayerSharing::kNone;
+  bool cross_attention = false;  // VECO: a cross-attention module per layer (model.cross_attention)
 
   // Whether the attention (with attention_norm) / the FFN (with ffn_norm) is one module for
   // every depth.
@@ -94,16 +96,21 @@ struct AttentionProjections {
   torch::Tensor value;  // [B, T, hidden]
 };
 
-// One layer: attention, attention_norm, ffn, ffn_norm. With `first` (the encoder's layer at
-// depth 1) and sharing, the shared sub-layers are first's modules, used but not registered here,
+// One layer: attention, attention_norm, (VECO: cross_attention, cross_attention_norm), ffn,
+// ffn_norm. With `first` (the encoder's layer at depth 1) and sharing, the shared sub-layers are
+// first's modules (the cross-attention shares with the attention), used but not registered here,
 // so that every parameter is registered (saved, exported, optimized) once.
 class EncoderLayerImpl : public torch::nn::Module {
  public:
   explicit EncoderLayerImpl(const EncoderOptions& options, const EncoderLayerImpl* first = nullptr);
 
   // x: [B, T, hidden]; padding: [B, T] bool; table: [H, T, T] or undefined -> [B, T, hidden].
+  // With `context` ([B, S, hidden], the other side's last hidden states; context_padding [B, S])
+  // the cross-attention runs between the self-attention and the FFN (plugged in); without it the
+  // layer is the plain self-attention layer (plugged out).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& padding,
-                        const torch::Tensor& table);
+                        const torch::Tensor& table, const torch::Tensor& context = {},
+                        const torch::Tensor& context_padding = {});
 
   // buckets: [T, T] -> [H, T, T]: the bias table of this layer's attention, when it has its own.
   torch::Tensor bias_table(const torch::Tensor& buckets) const;
@@ -114,6 +121,8 @@ class EncoderLayerImpl : public torch::nn::Module {
 
   SelfAttention attention{nullptr};
   torch::nn::LayerNorm attention_norm{nullptr};
+  CrossAttention cross_attention{nullptr};             // model.cross_attention only
+  torch::nn::LayerNorm cross_attention_norm{nullptr};  // model.cross_attention only
   FeedForward ffn{nullptr};
   torch::nn::LayerNorm ffn_norm{nullptr};
 
@@ -138,6 +147,12 @@ class EncoderImpl : public torch::nn::Module {
   // input_ids, positions: [B, T] int64; padding: [B, T] bool -> hidden states [B, T, hidden].
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& positions,
                         const torch::Tensor& padding);
+
+  // VECO's plugged-in pass: every layer's cross-attention attends to `context` [B, S, hidden]
+  // (the other side's last hidden states; context_padding [B, S] bool) -> [B, T, hidden].
+  torch::Tensor forward_with_context(const torch::Tensor& input_ids, const torch::Tensor& positions,
+                                     const torch::Tensor& padding, const torch::Tensor& context,
+                                     const torch::Tensor& context_padding);
 
   // Hidden states after the embeddings (index 0, after the projection of factorized embeddings)
   // and after each layer 1..up_to_layer (-1: all); layers above up_to_layer are not run. The
@@ -166,7 +181,8 @@ class EncoderImpl : public torch::nn::Module {
  private:
   torch::Tensor run(const torch::Tensor& input_ids, const torch::Tensor& positions,
                     const torch::Tensor& padding, int64_t up_to_layer,
-                    std::vector<torch::Tensor>* states);
+                    std::vector<torch::Tensor>* states, const torch::Tensor& context = {},
+                    const torch::Tensor& context_padding = {});
 
   EncoderOptions options_;
   SharedEmbeddings embeddings_;  // not registered here: the ELECTRA model owns it

@@ -21,10 +21,16 @@ struct ObjectiveSet {
   // MiniLMv2-style distillation (distill.*): the discriminator-sized encoder alone, no head,
   // mimicking a frozen teacher's self-attention relations; `discriminator` is false.
   bool distillation = false;
+  // VECO's cross-attention MLM (model.cross_attention): one encoder with an MLM head, each
+  // micro-batch split into two sides x and y (data::split_pair), four terms per task:
+  // -log P(x|x^) - log P(x|x^,y^) - log P(y|y^) - log P(y|y^,x^); `discriminator` is false.
+  bool cross_attention = false;
 
   // The terms of a monolingual / translation-pair micro-batch, the generator's first; empty when
   // the set does not train on that data. Distillation: the query-query, key-key and value-value
   // relation terms (the hidden-state cosine term, when weighted, is objectives::Objectives's).
+  // VECO: mlm_x, mlm_xy, mlm_y, mlm_yx / tlm_x, tlm_xy, tlm_y, tlm_yx (x given x^; x given x^ and
+  // y^; y given y^; y given y^ and x^).
   std::vector<std::string> monolingual_terms() const;
   std::vector<std::string> translation_pair_terms() const;
 };

@@ -21,7 +21,7 @@ namespace xlme::objectives {
 // One term of L on one micro-batch.
 struct Term {
   // mlm, tlm (generator); mrtd, trtd (discriminator); qq_kl, kk_kl, vv_kl, hidden_cos
-  // (distillation)
+  // (distillation); mlm_x, mlm_xy, mlm_y, mlm_yx, tlm_x, tlm_xy, tlm_y, tlm_yx (VECO)
   std::string name;
   // 1 for generator terms, lambda (objectives.rtd_weight) for RTD terms, 1/3 for each relation
   // term, distill.hidden_cosine for hidden_cos
@@ -58,16 +58,17 @@ torch::Tensor relation_kl_sum(const torch::Tensor& student, const torch::Tensor&
 torch::Tensor hidden_cosine_sum(const torch::Tensor& student, const torch::Tensor& teacher,
                                 const torch::Tensor& padding);
 
-// True for the generator terms (mlm, tlm), normalized by masked positions; false for the
-// discriminator terms (mrtd, trtd) and the distillation terms, normalized by real tokens.
+// True for the generator terms (mlm, tlm, and VECO's mlm_* and tlm_*), normalized by masked
+// positions; false for the discriminator terms (mrtd, trtd) and the distillation terms, normalized
+// by real tokens.
 bool is_generator_term(const std::string& name);
 
 // True for the distillation terms (qq_kl, kk_kl, vv_kl, hidden_cos), which have no statistics.
 bool is_distillation_term(const std::string& name);
 
-// The count term `name` is normalized by in `batch` (masked positions or real tokens), known from
-// the batch before any forward pass: the Term::count that generator_term or discriminator_term
-// reports for it. Reads the host batch.
+// The count term `name` is normalized by in `batch` (masked positions or real tokens; VECO's terms:
+// the masked positions of their side of the pair), known from the batch before any forward pass:
+// the Term::count that generator_term or discriminator_term reports for it. Reads the host batch.
 int64_t term_count(const std::string& name, const data::Batch& batch);
 
 // The keys of Term::statistics for term `name`, in a fixed order (for flat all-reduces).

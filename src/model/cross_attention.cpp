@@ -1,0 +1,49 @@
+#include "xlme/model/cross_attention.h"
+
+#include "xlme/common/error.h"
+#include "xlme/model/attention.h"
+#include "xlme/model/linear.h"
+
+#include <torch/torch.h>
+
+namespace xlme::model {
+
+CrossAttentionImpl::CrossAttentionImpl(const CrossAttentionOptions& options) : options_(options) {
+  XLME_CHECK(options.hidden_size % options.heads == 0,
+             "cross-attention width {} must be a multiple of the number of heads {}",
+             options.hidden_size, options.heads);
+  const int64_t h = options.hidden_size;
+  query = register_module("query", torch::nn::Linear(h, h));
+  key = register_module("key", torch::nn::Linear(h, h));
+  value = register_module("value", torch::nn::Linear(h, h));
+  output = register_module("output", torch::nn::Linear(h, h));
+  torch::NoGradGuard no_grad;
+  for (auto* layer : {&query, &key, &value, &output}) {
+    (*layer)->weight.normal_(0.0, options.init_std);
+    (*layer)->bias.zero_();
+  }
+}
+
+torch::Tensor CrossAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& context,
+                                          const torch::Tensor& context_padding) {
+  XLME_CHECK(x.dim() == 3 && context.dim() == 3 && x.size(0) == context.size(0) &&
+                 x.size(2) == options_.hidden_size && context.size(2) == options_.hidden_size,
+             "cross-attention needs [B, T, {}] queries and [B, S, {}] context of one batch size",
+             options_.hidden_size, options_.hidden_size);
+  const int64_t batch = x.size(0), heads = options_.heads;
+  const int64_t head_dim = options_.hidden_size / heads;
+  auto split = [&](const torch::Tensor& t) {  // [B, L, hidden] -> [B, H, L, d_k]
+    return t.view({batch, t.size(1), heads, head_dim}).transpose(1, 2);
+  };
+  const auto q = split(linear(query, x));
+  // Keys and values as one product whose halves the heads read through strides.
+  const auto kv = linear(context, torch::cat({key->weight, value->weight}),
+                         torch::cat({key->bias, value->bias}))
+                      .chunk(2, -1);
+  const auto kernel = resolve_attention_kernel(options_.kernel, x.device());
+  const auto attended = attention(q, split(kv[0]), split(kv[1]), context_padding, PositionBias{},
+                                  options_.attention_dropout, is_training(), kernel);
+  return linear(output, attended.transpose(1, 2).reshape({batch, x.size(1), options_.hidden_size}));
+}
+
+}  // namespace xlme::model
