@@ -2,6 +2,7 @@
 #pragma once
 
 #include "xlme/data/spm_trainer.h"
+#include "xlme/data/synthetic.h"
 #include "xlme/train/distill.h"
 #include "xlme/train/trainer.h"
 
@@ -32,6 +33,16 @@ inline model::ElectraModel make_tiny_model(const config::Config& c, uint64_t see
   torch::manual_seed(seed);
   return train::build_model(c);
 }
+
+// The same micro-batch of each task every step (the stream restarts at 0 before each): something a
+// tiny model can memorize, so that its losses must fall.
+struct RepeatingBatches : data::SyntheticBatches {
+  using data::SyntheticBatches::SyntheticBatches;
+  data::Batch next(data::Task task) override {
+    restore({"0 0"});
+    return data::SyntheticBatches::next(task);
+  }
+};
 
 // One process on `device` (the trainer computes on its communicator's device).
 inline std::shared_ptr<dist::Communicator> single_process(

@@ -2,6 +2,7 @@
 
 #include "xlme/common/error.h"
 #include "xlme/data/framing.h"
+#include "xlme/model/linear.h"
 #include "xlme/optim/optimizer.h"
 
 #include <torch/torch.h>
@@ -12,23 +13,11 @@
 
 namespace xlme::finetune {
 
-namespace {
-
-torch::nn::Linear finetune_linear(int64_t in, int64_t out, double init_std) {
-  torch::nn::Linear linear(in, out);
-  torch::NoGradGuard no_grad;
-  linear->weight.normal_(0.0, init_std);
-  linear->bias.zero_();
-  return linear;
-}
-
-}  // namespace
-
 ClassificationHeadImpl::ClassificationHeadImpl(int64_t hidden_size, int64_t classes,
                                                double dropout_p, double init_std) {
   dropout = register_module("dropout", torch::nn::Dropout(dropout_p));
-  dense = register_module("dense", finetune_linear(hidden_size, hidden_size, init_std));
-  output = register_module("output", finetune_linear(hidden_size, classes, init_std));
+  dense = register_module("dense", model::normal_linear(hidden_size, hidden_size, init_std));
+  output = register_module("output", model::normal_linear(hidden_size, classes, init_std));
 }
 
 torch::Tensor ClassificationHeadImpl::forward(const torch::Tensor& hidden) {
@@ -39,7 +28,7 @@ torch::Tensor ClassificationHeadImpl::forward(const torch::Tensor& hidden) {
 TokenHeadImpl::TokenHeadImpl(int64_t hidden_size, int64_t classes, double dropout_p,
                              double init_std) {
   dropout = register_module("dropout", torch::nn::Dropout(dropout_p));
-  output = register_module("output", finetune_linear(hidden_size, classes, init_std));
+  output = register_module("output", model::normal_linear(hidden_size, classes, init_std));
 }
 
 torch::Tensor TokenHeadImpl::forward(const torch::Tensor& hidden) {

@@ -320,11 +320,8 @@ SelfAttentionImpl::SelfAttentionImpl(const SelfAttentionOptions& options) : opti
   key = register_module("key", torch::nn::Linear(h, h));
   value = register_module("value", torch::nn::Linear(h, h));
   output = register_module("output", torch::nn::Linear(h, h));
+  init_normal({&query, &key, &value, &output}, options.init_std);
   torch::NoGradGuard no_grad;
-  for (auto* linear : {&query, &key, &value, &output}) {
-    (*linear)->weight.normal_(0.0, options.init_std);
-    (*linear)->bias.zero_();
-  }
   if (options.relative_bias && options.own_table) {
     relative_bias = register_parameter(
         "relative_bias",

@@ -17,11 +17,7 @@ CrossAttentionImpl::CrossAttentionImpl(const CrossAttentionOptions& options) : o
   key = register_module("key", torch::nn::Linear(h, h));
   value = register_module("value", torch::nn::Linear(h, h));
   output = register_module("output", torch::nn::Linear(h, h));
-  torch::NoGradGuard no_grad;
-  for (auto* layer : {&query, &key, &value, &output}) {
-    (*layer)->weight.normal_(0.0, options.init_std);
-    (*layer)->bias.zero_();
-  }
+  init_normal({&query, &key, &value, &output}, options.init_std);
 }
 
 torch::Tensor CrossAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& context,

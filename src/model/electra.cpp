@@ -32,7 +32,7 @@ ModelInputs ModelInputs::from(const data::Batch& batch) {
 
 ModelInputs ModelInputs::from_pair(const data::Batch& batch, const data::SpecialIds& ids) {
   const auto sides = data::split_pair(batch, ids);
-  ModelInputs in = from(batch);
+  ModelInputs in;
   in.sides = {from(sides.x), from(sides.y)};
   return in;
 }
@@ -40,11 +40,14 @@ ModelInputs ModelInputs::from_pair(const data::Batch& batch, const data::Special
 ModelInputs ModelInputs::to(const torch::Device& device, bool non_blocking) const {
   ModelInputs out;
   for (const auto& side : sides) out.sides.push_back(side.to(device, non_blocking));
-  out.input_ids = input_ids.to(device, non_blocking);
-  out.labels = labels.to(device, non_blocking);
-  out.padding = padding.to(device, non_blocking);
-  out.positions = positions.to(device, non_blocking);
-  out.masked_index = masked_index.to(device, non_blocking);
+  const auto move = [&](const torch::Tensor& t) {
+    return t.defined() ? t.to(device, non_blocking) : t;  // VECO: only the sides are set
+  };
+  out.input_ids = move(input_ids);
+  out.labels = move(labels);
+  out.padding = move(padding);
+  out.positions = move(positions);
+  out.masked_index = move(masked_index);
   return out;
 }
 
@@ -55,9 +58,7 @@ GeneratorHeadImpl::GeneratorHeadImpl(int64_t hidden_size, int64_t embedding_size
       "norm",
       torch::nn::LayerNorm(torch::nn::LayerNormOptions({embedding_size}).eps(layer_norm_eps)));
   output_bias = register_parameter("output_bias", torch::zeros({vocab_size}));
-  torch::NoGradGuard no_grad;
-  dense->weight.normal_(0.0, init_std);
-  dense->bias.zero_();
+  init_normal({&dense}, init_std);
 }
 
 torch::Tensor GeneratorHeadImpl::forward(const torch::Tensor& hidden,
@@ -71,11 +72,7 @@ torch::Tensor GeneratorHeadImpl::forward(const torch::Tensor& hidden,
 DiscriminatorHeadImpl::DiscriminatorHeadImpl(int64_t hidden_size, double init_std) {
   dense = register_module("dense", torch::nn::Linear(hidden_size, hidden_size));
   output = register_module("output", torch::nn::Linear(hidden_size, 1));
-  torch::NoGradGuard no_grad;
-  for (auto* linear : {&dense, &output}) {
-    (*linear)->weight.normal_(0.0, init_std);
-    (*linear)->bias.zero_();
-  }
+  init_normal({&dense, &output}, init_std);
 }
 
 torch::Tensor DiscriminatorHeadImpl::forward(const torch::Tensor& hidden) {

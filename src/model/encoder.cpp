@@ -73,14 +73,6 @@ SharedEmbeddingsImpl::SharedEmbeddingsImpl(const EncoderOptions& options) {
 
 namespace {
 
-torch::nn::Linear normal_linear(int64_t in, int64_t out, double std) {
-  torch::nn::Linear linear(in, out);
-  torch::NoGradGuard no_grad;
-  linear->weight.normal_(0.0, std);
-  linear->bias.zero_();
-  return linear;
-}
-
 torch::nn::LayerNorm layer_norm(int64_t width, double eps) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({width}).eps(eps));
 }

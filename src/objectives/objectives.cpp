@@ -2,12 +2,13 @@
 
 #include "xlme/common/error.h"
 #include "xlme/common/shape_text.h"
-#include "xlme/data/framing.h"
+#include "xlme/data/batch.h"
 
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace xlme::objectives {
 
@@ -103,6 +104,15 @@ char pair_side(const std::string& name) {
   return 0;
 }
 
+// The masked tokens of VECO's sides x and y (data::split_pair): x holds a row's positions before
+// its first </s>, y the rest, and the frame's special tokens are never masked.
+std::pair<int64_t, int64_t> pair_side_counts(const data::Batch& batch) {
+  const int64_t eos = data::SpecialIds{}.eos;  // the layout's <s>, <pad> and </s> are fixed
+  const auto in_x = batch.labels.eq(eos).cumsum(1).eq(0);
+  const auto x = batch.masked.logical_and(in_x).sum().item<int64_t>();
+  return {x, batch.masked.sum().item<int64_t>() - x};
+}
+
 }  // namespace
 
 bool is_generator_term(const std::string& name) {
@@ -115,9 +125,8 @@ bool is_distillation_term(const std::string& name) {
 
 int64_t term_count(const std::string& name, const data::Batch& batch) {
   if (const char side = pair_side(name)) {
-    // The layout's <s>, <pad> and </s> (the only ids the split reads) are fixed.
-    const auto sides = data::split_pair(batch, data::SpecialIds{});
-    return (side == 'x' ? sides.x : sides.y).masked.sum().item<int64_t>();
+    const auto [x, y] = pair_side_counts(batch);
+    return side == 'x' ? x : y;
   }
   return is_generator_term(name) ? batch.masked.sum().item<int64_t>()
                                  : batch.padding.logical_not().sum().item<int64_t>();
@@ -156,10 +165,18 @@ double Objectives::weight(const std::string& name) const {
 
 std::vector<double> Objectives::counts(const data::Batch& batch) const {
   const auto own = term_names(batch.task);
+  std::optional<std::pair<int64_t, int64_t>> sides;  // VECO's, counted once per micro-batch
   std::vector<double> out;
   for (const auto& name : term_names()) {
     const bool counted = std::find(own.begin(), own.end(), name) != own.end();
-    out.push_back(counted ? static_cast<double>(term_count(name, batch)) : 0.0);
+    const char side = pair_side(name);
+    int64_t count = 0;  // the other task's terms
+    if (counted && side == 0) count = term_count(name, batch);
+    if (counted && side != 0) {
+      if (!sides) sides = pair_side_counts(batch);
+      count = side == 'x' ? sides->first : sides->second;
+    }
+    out.push_back(static_cast<double>(count));
   }
   return out;
 }

@@ -262,13 +262,7 @@ TEST(DistillStudent, LossFallsOverThirtySteps) {
   c.train.steps = 30;
   c.model.hidden_size = 16;  // a narrower student than the 32-wide teacher
   c.model.ffn_size = 32;
-  struct Repeating : data::SyntheticBatches {
-    using data::SyntheticBatches::SyntheticBatches;
-    data::Batch next(data::Task task) override {
-      restore({"0 0"});
-      return data::SyntheticBatches::next(task);
-    }
-  } source(data::SpecialIds::for_vocab(64), 4, 16, 0.15, 11);
+  xlme::testing::RepeatingBatches source(data::SpecialIds::for_vocab(64), 4, 16, 0.15, 11);
   torch::manual_seed(4);
   Trainer trainer(c, build_model(c), source, single_process());
   const StepRecord first = trainer.train_step();

@@ -273,13 +273,8 @@ TEST(Trainer, AllFourLossesFallOnALearnableStream) {
   c.train.lr = 3e-3;
   c.train.warmup_steps = 2;
   c.train.steps = 60;
-  struct Repeating : data::SyntheticBatches {
-    using data::SyntheticBatches::SyntheticBatches;
-    data::Batch next(data::Task task) override {
-      restore({"0 0"});
-      return data::SyntheticBatches::next(task);
-    }
-  } source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15, 11);
+  xlme::testing::RepeatingBatches source(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16,
+                                         0.15, 11);
   Trainer trainer(c, make_model(c, 8), source, single_process());
   const StepRecord first = trainer.train_step();
   StepRecord last;

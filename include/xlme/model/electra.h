@@ -39,12 +39,13 @@ struct ModelInputs {
   torch::Tensor positions;     // [B, T] int64: absolute position ids
   torch::Tensor masked_index;  // [N] int64: b * T + t of each masked position, ascending
   // VECO (model.cross_attention): the micro-batch's two sides x and y (data::split_pair), each
-  // with the fields above; empty otherwise (the fields above are then the model's input).
+  // with the fields above, which are then left undefined here; empty otherwise (the fields above
+  // are then the model's input).
   std::vector<ModelInputs> sides;
 
   // Computes masked_index where the batch lives: call it on the host batch, before to().
   static ModelInputs from(const data::Batch& batch);
-  // The same for VECO: `sides` from data::split_pair of the host batch.
+  // The same for VECO: only `sides`, from data::split_pair of the host batch.
   static ModelInputs from_pair(const data::Batch& batch, const data::SpecialIds& ids);
   ModelInputs to(const torch::Device& device, bool non_blocking = true) const;
 };

@@ -13,7 +13,17 @@
 
 #include <torch/nn/modules/linear.h>
 
+#include <cstdint>
+#include <initializer_list>
+
 namespace xlme::model {
+
+// BERT's initialization of linear layers: weights N(0, std), biases 0; the layers in the order
+// given (their random draws follow it).
+void init_normal(std::initializer_list<torch::nn::Linear*> layers, double std);
+
+// A new in -> out linear layer with init_normal's initialization.
+torch::nn::Linear normal_linear(int64_t in, int64_t out, double std);
 
 // Whether this CPU runs LibTorch's bf16 products fast (AVX512 BW, VL and DQ).
 bool cpu_has_fast_bf16_products();
