@@ -179,6 +179,7 @@ inline TinyCheckpoint make_tiny_checkpoint(const config::Config& c, const std::s
   const auto special = data::SpecialIds::for_vocab(c.model.vocab_size);
   data::SyntheticBatches source(special, /*batch_size=*/2, /*length=*/16, /*mask_ratio=*/0.15,
                                 seed);
+  source.set_sentence_pairs(c.model.cross_attention);
   auto config = c;
   config.train.micro_batch_tokens = 32;
   config.train.tokens_per_task = 32;

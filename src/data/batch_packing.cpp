@@ -18,7 +18,19 @@ std::shared_ptr<const Pool> TaskReader::make_pool(const Language& language, int6
   const int64_t begin = index * language.pool_units, end = begin + language.pool_units;
   const int64_t max_len = task_options_.max_len;
   std::vector<Pool::Sequence> sequences;
-  if (task_ == Task::kMono) {
+  if (task_ == Task::kMono && task_options_.sentence_pairs) {
+    std::vector<bool> starts;
+    for (int64_t i = begin; i < end; ++i) starts.push_back(shard.starts_document(language.unit(i)));
+    for (const int64_t first : pair_adjacent_sentences(starts)) {
+      const int64_t a = language.unit(begin + first);
+      const auto kept = fit_pair(shard.segment_length(a), shard.segment_length(a + 1), max_len,
+                                 options_.truncate_too_long);
+      if (!kept) continue;
+      sequences.push_back(
+          Pool::Sequence{begin + first, 2, static_cast<int32_t>(kept->e + kept->f + 3),
+                         static_cast<int32_t>(kept->e), static_cast<int32_t>(kept->f)});
+    }
+  } else if (task_ == Task::kMono) {
     std::vector<int64_t> lengths;
     for (int64_t i = begin; i < end; ++i) lengths.push_back(shard.segment_length(language.unit(i)));
     for (const auto& [first, last] : pack_sentences(lengths, max_len)) {
@@ -66,7 +78,13 @@ Batch TaskReader::build(const BatchJob& job) const {
     const Pool::Sequence& s = pool.sequences[begin + b];
     size_t second = 0;  // where f starts (para)
     e.clear();
-    if (task_ == Task::kMono) {
+    if (task_ == Task::kMono && task_options_.sentence_pairs) {
+      const int64_t a = language.unit(s.first);
+      f.clear();
+      shard.append_segment(a, e);
+      shard.append_segment(a + 1, f);
+      second = frame_pair(e, f, PairLengths{s.e, s.f}, ids_, tokens);
+    } else if (task_ == Task::kMono) {
       for (int32_t u = 0; u < s.count; ++u) shard.append_segment(language.unit(s.first + u), e);
       frame_sentence(e, task_options_.max_len, ids_, tokens);
     } else {

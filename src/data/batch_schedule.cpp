@@ -32,11 +32,15 @@ LanguageCursor TaskReader::walk(int64_t language, LanguageCursor cursor, int64_t
     const auto size = static_cast<int64_t>(pool(language, cursor.pool)->batches.size());
     if (cursor.batch < size) return cursor;
     empty = size == 0 ? empty + 1 : 0;
+    const char* key = task_key(task_);
     XLME_CHECK(empty <= epoch_pools,
-               "every pair of '{}' is longer than data.para.max_len ({}) and data.too_long is "
-               "drop: nothing is left to read; set data.too_long=truncate, raise "
-               "data.para.max_len or remove '{}' from data.para.languages",
-               l.name, task_options_.max_len, l.name);
+               "{} of '{}' is longer than data.{}.max_len ({}) and data.too_long is drop: "
+               "nothing is left to read; set data.too_long=truncate, raise data.{}.max_len or "
+               "remove '{}' from data.{}.languages",
+               task_ == Task::kPara ? "every pair"
+                                    : "every pair of adjacent sentences (objectives.set=veco; a "
+                                      "document of one sentence gives none)",
+               l.name, key, task_options_.max_len, key, l.name, key);
     cursor.batch -= size;
     ++cursor.pool;
   }

@@ -27,12 +27,19 @@ TaskReader::TaskReader(const BatchOptions& options, Task task)
       task_(task),
       task_options_(task == Task::kMono ? options.mono : options.para) {
   const char* key = task_key(task);
-  const int64_t frame = task == Task::kMono ? 3 : 5;
-  XLME_CHECK(task_options_.max_len >= frame,
+  const bool pairs = task == Task::kPara || task_options_.sentence_pairs;
+  XLME_CHECK(task_options_.max_len >= (pairs ? 5 : 3),
              "data.{}.max_len ({}) is smaller than the special-token frame: {} needs at least {} "
              "tokens ({}); raise data.{}.max_len",
-             key, task_options_.max_len, task == Task::kMono ? "MRTD" : "TRTD", frame,
-             task == Task::kMono ? "<s> x </s>" : "<s> e </s> f </s>", key);
+             key, task_options_.max_len,
+             task == Task::kPara ? "TRTD"
+             : pairs             ? "a pair of adjacent sentences (objectives.set=veco)"
+                                 : "MRTD",
+             pairs ? 5 : 3,
+             task == Task::kPara ? "<s> e </s> f </s>"
+             : pairs             ? "<s> a </s> b </s>"
+                                 : "<s> x </s>",
+             key);
   XLME_CHECK(task_options_.max_len <= options.micro_batch_tokens,
              "data.{}.max_len ({}) exceeds train.micro_batch_tokens ({}): one sequence must fit "
              "in a micro-batch",
@@ -183,6 +190,7 @@ BatchOptions BatchOptions::from_config(const config::Config& cfg, const Tokenize
   o.para = task(cfg.data.para);
   const auto& objective_set = objectives::objective_set(cfg.objectives.set);
   o.mono.enabled = objective_set.monolingual;
+  o.mono.sentence_pairs = objective_set.cross_attention;
   o.para.enabled = objective_set.translation_pairs;
   o.truncate_too_long = cfg.data.too_long == "truncate";
   o.verify_shards = cfg.data.verify_shards;

@@ -33,9 +33,9 @@ inline const char* task_key(Task task) {
 struct Pool {
   struct Sequence {
     int64_t first = 0;     // position of its first unit in the language's rotated stream
-    int32_t count = 0;     // units (mono: sentences; para: 1)
+    int32_t count = 0;     // units (mono: sentences, 2 for sentence pairs; para: 1)
     int32_t length = 0;    // tokens, special tokens included
-    int32_t e = 0, f = 0;  // para: tokens kept of each side
+    int32_t e = 0, f = 0;  // para and sentence pairs: tokens kept of each side
   };
   int64_t index = 0;
   std::vector<Sequence> sequences;                   // ascending length

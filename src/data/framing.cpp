@@ -62,6 +62,20 @@ size_t frame_pair(const std::vector<int32_t>& e, const std::vector<int32_t>& f,
   return second;
 }
 
+std::vector<int64_t> pair_adjacent_sentences(const std::vector<bool>& starts_document) {
+  std::vector<int64_t> firsts;
+  const auto count = static_cast<int64_t>(starts_document.size());
+  for (int64_t i = 0; i + 1 < count;) {
+    if (starts_document[i + 1]) {  // i ends its document alone
+      ++i;
+      continue;
+    }
+    firsts.push_back(i);
+    i += 2;
+  }
+  return firsts;
+}
+
 }  // namespace xlme::data
 
 namespace xlme::data {
@@ -132,20 +146,18 @@ PairSides split_pair(const Batch& batch, const SpecialIds& ids) {
                "(first id {}, last real id {})",
                b, batch.task == Task::kPara ? "translation-pair" : "monolingual", label[b][0],
                real > 0 ? label[b][real - 1] : ids.pad);
-    // x: <s> and its content [1, x_end), then </s>; y: <s>, then [y_begin, real) (its content and
-    // </s>). A pair splits after e's </s>, a sequence after its first half.
-    int64_t x_end = 0, y_begin = 0;
-    if (batch.task == Task::kPara) {
-      x_end = 1;
-      while (x_end < real - 1 && label[b][x_end] != ids.eos) ++x_end;
-      XLME_CHECK(x_end < real - 1,
-                 "row {} of a translation-pair micro-batch has no </s> between e and f", b);
-      y_begin = x_end + 1;
-      // XLM-R's sentence-pair framing (fine-tuning) doubles it: <s> a </s></s> b </s>.
-      if (y_begin < real - 1 && label[b][y_begin] == ids.eos) ++y_begin;
-    } else {
-      x_end = y_begin = 1 + (real - 1) / 2;  // ceil(n / 2) of the n = real - 2 content tokens
-    }
+    // x: <s> a </s> up to the first </s>; y: <s>, then [y_begin, real) (b and its </s>).
+    int64_t x_end = 1;
+    while (x_end < real - 1 && label[b][x_end] != ids.eos) ++x_end;
+    XLME_CHECK(x_end < real - 1,
+               "row {} of a {} micro-batch has no </s> between its two sides; VECO trains on "
+               "pairs <s> a </s> b </s>: translation pairs, or two adjacent sentences of one "
+               "document (what the shard reader, the held-out and the synthetic batches frame "
+               "for objectives.set=veco)",
+               b, batch.task == Task::kPara ? "translation-pair" : "monolingual");
+    int64_t y_begin = x_end + 1;
+    // XLM-R's sentence-pair framing (fine-tuning) doubles it: <s> a </s></s> b </s>.
+    if (y_begin < real - 1 && label[b][y_begin] == ids.eos) ++y_begin;
     auto& x = xs[static_cast<size_t>(b)];
     auto& y = ys[static_cast<size_t>(b)];
     for (int64_t t = 0; t < x_end; ++t) x.push(input[b][t], label[b][t], masked[b][t]);

@@ -117,6 +117,21 @@ std::vector<Batch> heldout_batches(const std::vector<HeldoutPair>& pairs,
     }
     std::vector<int32_t> pieces;
     for (const auto& [language, sentences] : by_language) {
+      if (options.mono.sentence_pairs) {
+        // VECO: consecutive held-out sentences of a language, as one document.
+        std::vector<bool> starts(sentences.size(), false);
+        starts.front() = true;
+        for (const int64_t first : pair_adjacent_sentences(starts)) {
+          const auto& a = *sentences[first];
+          const auto& b = *sentences[first + 1];
+          const auto kept = fit_pair(static_cast<int64_t>(a.size()), static_cast<int64_t>(b.size()),
+                                     options.mono.max_len, options.truncate_too_long);
+          if (!kept) continue;
+          sequences.emplace_back();
+          seconds.push_back(frame_pair(a, b, *kept, options.ids, sequences.back()));
+        }
+        continue;
+      }
       std::vector<int64_t> lengths;
       for (const auto* sentence : sentences)
         lengths.push_back(static_cast<int64_t>(sentence->size()));
@@ -127,9 +142,9 @@ std::vector<Batch> heldout_batches(const std::vector<HeldoutPair>& pairs,
         }
         sequences.emplace_back();
         frame_sentence(pieces, options.mono.max_len, options.ids, sequences.back());
+        seconds.push_back(0);
       }
     }
-    seconds.assign(sequences.size(), 0);
     write_heldout_batches(sequences, seconds, Task::kMono, options, rng, batches);
   }
   if (options.para.enabled) {

@@ -195,6 +195,11 @@ void Shard::append_segment(int64_t i, std::vector<int32_t>& out) const {
   }
 }
 
+bool Shard::starts_document(int64_t s) const {
+  const uint64_t* end = documents_ + header_.documents + 1;
+  return std::binary_search(documents_, end, static_cast<uint64_t>(s));
+}
+
 void Shard::check_tokenizer(uint64_t hash, const std::string& tokenizer_path) const {
   XLME_CHECK(header_.tokenizer_hash == hash,
              "shard '{}.idx' was binarized with another tokenizer (hash {:016x}) than '{}' (hash "

@@ -36,7 +36,8 @@ Batch SyntheticBatches::next(Task task) {
   BatchWriter writer(task, batch_size_, length_, special_, /*pinned=*/false);
   const MaskOptions mask{mask_ratio_, 1.0};
   // <s> x </s>, or <s> e </s> f </s> with </s> after e at length / 2.
-  const int64_t e = task == Task::kMono ? length_ - 2 : length_ / 2 - 1;
+  const bool pair = task == Task::kPara || sentence_pairs_;
+  const int64_t e = pair ? length_ / 2 - 1 : length_ - 2;
   const int64_t f = length_ - 3 - e;
   std::vector<int32_t> a, b, tokens;
   for (int64_t i = 0; i < batch_size_; ++i) {
@@ -48,7 +49,7 @@ Batch SyntheticBatches::next(Task task) {
     };
     size_t second = 0;
     pieces(e, a);
-    if (task == Task::kMono) {
+    if (!pair) {
       frame_sentence(a, length_, special_, tokens);
     } else {
       pieces(f, b);

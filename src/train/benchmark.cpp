@@ -28,6 +28,7 @@ std::string run_benchmark(const config::Config& config, int64_t steps,
   for (const auto& p : model->parameters()) parameters += p.numel();
   data::SyntheticBatches source(data::SpecialIds::for_vocab(config.model.vocab_size), batch, length,
                                 config.objectives.mask_ratio, config.run.seed);
+  source.set_sentence_pairs(config.model.cross_attention);  // VECO splits pairs
   const dist::LaunchInfo launch = dist::launch_info_from_env();
   const torch::Device device = dist::use_device(config.run.device, launch);
   auto comm = dist::Communicator::create(launch, device, config.dist.backend,

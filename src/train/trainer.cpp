@@ -151,6 +151,7 @@ void Trainer::dry_run() {
     try {
       data::SyntheticBatches synthetic(model_->special_ids(), rows, length,
                                        config_.objectives.mask_ratio, config_.run.seed);
+      synthetic.set_sentence_pairs(config_.model.cross_attention);  // VECO splits pairs
       const data::Batch batch = synthetic.next(task);
       forward(batch, objectives_.normalizers(count_micro_batches({batch}))).loss.backward();
       if (device_.is_cuda()) torch::cuda::synchronize();  // asynchronous errors surface here

@@ -5,6 +5,7 @@
 #include "xlme/data/batches.h"
 #include "xlme/data/batch_bench.h"
 #include "xlme/data/binarize.h"
+#include "xlme/data/framing.h"
 #include "xlme/data/shard.h"
 
 #include "test_util.h"
@@ -190,6 +191,76 @@ TEST(Batches, MonoPacksEverySentenceOnceInOrderWithinTheBudget) {
   }
   EXPECT_EQ(chained, static_cast<int64_t>(by_first.size()));
   EXPECT_LE(not_greedy, 1);
+}
+
+// VECO's monolingual pairs: two adjacent sentences of one document per row, each sentence in at
+// most one pair, pairs where the stated rule puts them; split_pair then gives whole sentences.
+TEST(Batches, VecoSentencePairsAreAdjacentSentencesOfOneDocument) {
+  TempDir dir;
+  const int64_t n = 300;  // documents of 5 sentences (write_mono); sentence 37 is 40 long
+  write_mono(dir.path().string(), "de", n, /*long_sentence=*/37, /*long_length=*/40);
+  for (const bool truncate : {false, true}) {
+    BatchOptions o = base_options(dir.path().string());
+    o.para.enabled = false;
+    o.mono.sentence_pairs = true;
+    o.mono.max_len = 32;  // every pair fits but those with sentence 37
+    o.truncate_too_long = truncate;
+    o.ids = SpecialIds::for_vocab(kVocab);
+    TaskReader reader(o, Task::kMono);
+    std::set<int64_t> firsts;
+    while (reader.state().cursors[0].pool == 0) {
+      const Batch b = reader.next();
+      expect_budget_and_shapes(b, o.micro_batch_tokens);
+      const auto sides = split_pair(b, o.ids);
+      for (int64_t r = 0; r < b.labels.size(0); ++r) {
+        const auto row = row_of(b, r);
+        ASSERT_GE(row.size(), 5u);
+        const int64_t a = row[1] - 4;
+        EXPECT_TRUE(firsts.insert(a).second) << "sentence " << a << " paired twice";
+        EXPECT_NE(a % 5, 4) << "sentence " << a << " paired across a document end";
+        // <s> a </s> b </s>, b = a + 1, each whole unless 37 made the pair too long.
+        const int64_t a_len = a == 37 ? 40 : sentence_length(a);
+        const int64_t b_len = a + 1 == 37 ? 40 : sentence_length(a + 1);
+        std::vector<int64_t> want{0};
+        const auto kept = fit_pair(a_len, b_len, o.mono.max_len, true);
+        want.insert(want.end(), static_cast<size_t>(kept->e), 4 + a);
+        want.push_back(2);
+        want.insert(want.end(), static_cast<size_t>(kept->f), 4 + a + 1);
+        want.push_back(2);
+        EXPECT_EQ(row, want) << "pair at " << a;
+        EXPECT_TRUE(truncate || (a_len == kept->e && b_len == kept->f)) << "kept a cut pair";
+        // The sides VECO trains on: the two sentences, each framed <s> ... </s>.
+        const auto x = sides.x.labels[r].masked_select(sides.x.padding[r].logical_not());
+        const auto y = sides.y.labels[r].masked_select(sides.y.padding[r].logical_not());
+        EXPECT_EQ(x.numel(), kept->e + 2);
+        EXPECT_EQ(y.numel(), kept->f + 2);
+        EXPECT_EQ(x.slice(0, 1, -1).ne(4 + a).sum().item<int64_t>(), 0);
+        EXPECT_EQ(y.slice(0, 1, -1).ne(4 + a + 1).sum().item<int64_t>(), 0);
+      }
+    }
+    // The stated rule from where the stream starts: find the rotation that gives these pairs.
+    bool matched = false;
+    for (int64_t rotation = 0; rotation < n && !matched; ++rotation) {
+      std::vector<bool> starts;
+      for (int64_t p = 0; p < n; ++p) starts.push_back((rotation + p) % n % 5 == 0);
+      std::set<int64_t> want;
+      for (const int64_t first : pair_adjacent_sentences(starts)) {
+        const int64_t a = (rotation + first) % n;
+        if (truncate || (a != 37 && a + 1 != 37)) want.insert(a);  // 37 is cut or dropped
+      }
+      matched = want == firsts;
+    }
+    EXPECT_TRUE(matched) << "pairs differ from the rule for every rotation";
+    // Two pairs per document of five, less the rotation's cut document and 37's pair.
+    EXPECT_GE(firsts.size(), static_cast<size_t>(n / 5 * 2 - 3));
+  }
+  // max_len must hold the pair frame <s> a </s> b </s>.
+  BatchOptions o = base_options(dir.path().string());
+  o.mono.sentence_pairs = true;
+  o.mono.max_len = 4;
+  EXPECT_TRUE(contains_all(error_message([&] { TaskReader(o, Task::kMono); }),
+                           {"data.mono.max_len (4)", "a pair of adjacent sentences",
+                            "at least 5 tokens (<s> a </s> b </s>)"}));
 }
 
 TEST(Batches, TrtdFramesPositionsDropAndTruncate) {

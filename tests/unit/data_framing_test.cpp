@@ -69,6 +69,19 @@ TEST(DataFraming, FramesSentencesAndPairs) {
   EXPECT_EQ(second, 4u);
 }
 
+TEST(DataFraming, AdjacentSentencePairsStayInOneDocument) {
+  // Documents {0 1 2 3 4} {5} {6 7 8} {9 10}: pairs (0 1) (2 3) (6 7) (9 10); 4, 5 and 8 have
+  // no partner in their document.
+  std::vector<bool> starts(11, false);
+  for (const size_t d : {0, 5, 6, 9}) starts[d] = true;
+  EXPECT_EQ(pair_adjacent_sentences(starts), (std::vector<int64_t>{0, 2, 6, 9}));
+  EXPECT_TRUE(pair_adjacent_sentences({true}).empty());
+  EXPECT_TRUE(pair_adjacent_sentences({}).empty());
+  // A stream that starts inside a document (the rotation) pairs from where it starts.
+  EXPECT_EQ(pair_adjacent_sentences({false, false, false, true, false}),
+            (std::vector<int64_t>{0, 3}));
+}
+
 TEST(DataFraming, PackSentencesEqualsTheStatedRule) {
   // Naive: a sentence joins the open group while the group stays within the room; a sentence
   // over the room closes the open group and makes its own.
@@ -216,6 +229,45 @@ TEST(DataHeldout, RowsEqualTrainingsRowsForTheSamePairs) {
     EXPECT_EQ(rows(heldout).size(), truncate ? 60u : fitting);
     EXPECT_LT(fitting, 60u);
   }
+}
+
+TEST(DataHeldout, VecoPairsConsecutiveSentencesOfALanguage) {
+  // en: 5 5 | 6 6 6 | 7 | 8 8 (4 distinct) and de: 10 | 11 11 | 12 (3, the last alone).
+  HeldoutPair pair{
+      "en-de", "en", "de", {{5, 5}, {6, 6, 6}, {7}, {8, 8}}, {{10}, {11, 11}, {12}, {}}};
+  BatchOptions o;
+  o.para.enabled = false;
+  o.mono.max_len = 8;
+  o.mono.sentence_pairs = true;
+  o.micro_batch_tokens = 64;
+  o.ids = SpecialIds::for_vocab(50);
+  std::multiset<std::vector<int64_t>> rows;
+  for (const auto& b : heldout_batches({pair}, o, 5)) {
+    for (int64_t r = 0; r < b.labels.size(0); ++r) {
+      auto labels = b.labels[r].masked_select(b.padding[r].logical_not()).contiguous();
+      rows.emplace(labels.data_ptr<int64_t>(), labels.data_ptr<int64_t>() + labels.numel());
+    }
+  }
+  // en's first pair 5 5 + 6 6 6 fits 8 - 3 = 5; 7 + 8 8 too. de pairs 10 with 11 11.
+  EXPECT_EQ(rows, (std::multiset<std::vector<int64_t>>{
+                      {0, 5, 5, 2, 6, 6, 6, 2}, {0, 7, 2, 8, 8, 2}, {0, 10, 2, 11, 11, 2}}));
+  o.mono.max_len = 7;  // 5 5 + 6 6 6 no longer fits: dropped (data.too_long=drop)
+  EXPECT_EQ(heldout_batches({pair}, o, 5).front().labels.size(0), 2);
+}
+
+TEST(DataSynthetic, SentencePairsAreFramedLikeTranslationPairs) {
+  const auto ids = SpecialIds::for_vocab(50);
+  SyntheticBatches pairs(ids, 3, 10, 0.3, 9);
+  pairs.set_sentence_pairs(true);
+  const Batch mono = pairs.next(Task::kMono);
+  EXPECT_EQ(mono.task, Task::kMono);
+  for (int64_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(mono.labels[r][5].item<int64_t>(), ids.eos);  // <s> a </s> b </s>
+    EXPECT_EQ(mono.labels[r][9].item<int64_t>(), ids.eos);
+  }
+  const auto sides = split_pair(mono, ids);
+  EXPECT_EQ(sides.x.labels.size(1), 6);  // <s> a </s>: the 4 pieces before </s> at 5
+  EXPECT_EQ(sides.y.labels.size(1), 5);  // <s> b </s>: the other 3
 }
 
 TEST(DataSynthetic, FramedMaskedAndSplitOverRanksAndBatches) {

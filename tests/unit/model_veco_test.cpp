@@ -94,15 +94,17 @@ TEST(SplitPair, TranslationPairsSplitAtTheFirstEos) {
   EXPECT_TRUE(torch::equal(xlmr.y.labels, ids({{0, 6, 2}})));
 }
 
-TEST(SplitPair, MonolingualSequencesSplitIntoTwoAdjacentHalves) {
-  // Five content tokens: the first three, then the last two; one: itself, then nothing.
-  const auto batch = batch_of(data::Task::kMono, {{0, 5, 6, 7, 8, 9, 2}, {0, 5, 2}}, {{0, 4}});
+TEST(SplitPair, MonolingualSentencePairsSplitBetweenTheTwoSentences) {
+  // <s> a </s> b </s> of two adjacent sentences: a = 5 6 7 (its 7 masked), b = 8 9.
+  const auto batch =
+      batch_of(data::Task::kMono, {{0, 5, 6, 7, 2, 8, 9, 2}, {0, 5, 2, 6, 2}}, {{0, 3}});
   const auto sides = data::split_pair(batch, kIds);
   EXPECT_TRUE(torch::equal(sides.x.labels, ids({{0, 5, 6, 7, 2}, {0, 5, 2, 1, 1}})));
-  EXPECT_TRUE(torch::equal(sides.y.labels, ids({{0, 8, 9, 2}, {0, 2, 1, 1}})));
-  EXPECT_TRUE(torch::equal(sides.y.input_ids, ids({{0, 19, 9, 2}, {0, 2, 1, 1}})));
-  EXPECT_EQ(sides.x.masked.sum().item<int64_t>(), 0);
-  EXPECT_EQ(sides.y.masked.sum().item<int64_t>(), 1);
+  EXPECT_TRUE(torch::equal(sides.x.input_ids, ids({{0, 5, 6, 19, 2}, {0, 5, 2, 1, 1}})));
+  EXPECT_TRUE(torch::equal(sides.y.labels, ids({{0, 8, 9, 2}, {0, 6, 2, 1}})));
+  EXPECT_EQ(sides.x.masked.sum().item<int64_t>(), 1);
+  EXPECT_EQ(sides.y.masked.sum().item<int64_t>(), 0);
+  EXPECT_EQ(sides.x.task, data::Task::kMono);
 }
 
 TEST(SplitPair, RefusesRowsThatAreNotFramed) {
@@ -115,7 +117,14 @@ TEST(SplitPair, RefusesRowsThatAreNotFramed) {
       contains_all(error_message([] {
                      data::split_pair(batch_of(data::Task::kPara, {{0, 5, 6, 2}}, {}), kIds);
                    }),
-                   {"row 0 of a translation-pair micro-batch has no </s> between e and f"}));
+                   {"row 0 of a translation-pair micro-batch has no </s> between its two sides"}));
+  // A packed monolingual sequence has no sentence boundary: VECO needs the reader's pairs.
+  EXPECT_TRUE(contains_all(
+      error_message([] {
+        data::split_pair(batch_of(data::Task::kMono, {{0, 5, 6, 2}, {0, 5, 6, 7, 8, 2}}, {}), kIds);
+      }),
+      {"row 0 of a monolingual micro-batch has no </s> between its two sides",
+       "two adjacent sentences of one document", "objectives.set=veco"}));
 }
 
 // The tiny VECO config: one encoder with cross-attention and an MLM head.
@@ -240,6 +249,7 @@ TEST(VecoLoss, FourTermsEqualAHandComputation) {
   m->to(torch::kFloat64);
   m->eval();
   data::SyntheticBatches source(data::SpecialIds::for_vocab(64), 3, 16, 0.3, 5);
+  source.set_sentence_pairs(true);
   const objectives::Objectives objectives(c.objectives);
   for (const auto task : {data::Task::kMono, data::Task::kPara}) {
     const auto batch = source.next(task);
@@ -316,13 +326,8 @@ TEST(VecoTraining, AllFourTermsOfBothTasksFall) {
   auto c = veco_config();
   c.train.lr = 1e-2;
   c.train.steps = 40;
-  struct Repeating : data::SyntheticBatches {
-    using data::SyntheticBatches::SyntheticBatches;
-    data::Batch next(data::Task task) override {
-      restore({"0 0"});
-      return data::SyntheticBatches::next(task);
-    }
-  } source(data::SpecialIds::for_vocab(64), 4, 16, 0.3, 12);
+  xlme::testing::RepeatingBatches source(data::SpecialIds::for_vocab(64), 4, 16, 0.3, 12);
+  source.set_sentence_pairs(true);
   torch::manual_seed(4);
   train::Trainer trainer(c, train::build_model(c), source, single_process());
   const auto first = trainer.train_step();

@@ -302,7 +302,8 @@ struct DataConfig {
     v.section("mono", mono, "MRTD batches: monolingual sentences packed into sequences");
     v.section("para", para, "TRTD batches: <s> e </s> f </s>, bucketed by length");
     v.field("too_long", too_long, Choices{"drop", "truncate"},
-            "what happens to a translation pair longer than para.max_len");
+            "what happens to a translation pair longer than para.max_len (and, for "
+            "objectives.set=veco, a pair of adjacent sentences longer than mono.max_len)");
     v.field("reset_positions", reset_positions,
             "TRTD: position ids restart at f (f's first token gets e's first position); off: "
             "continuous");

@@ -10,8 +10,10 @@
 //             addressable in O(1);
 //   sequences mono: a pool's sentences packed in order into <s> ... </s> of at most max_len
 //             tokens, crossing documents (fairseq's "complete" mode); a sentence longer than
-//             max_len - 2 is truncated and fills a sequence alone. para: <s> e </s> f </s>, one
-//             per pair; a pair longer than max_len is dropped or truncated (data.too_long);
+//             max_len - 2 is truncated and fills a sequence alone; for VECO (sentence_pairs)
+//             instead two adjacent sentences of one document, <s> a </s> b </s>, paired within
+//             the pool (framing.h's pair_adjacent_sentences). para: <s> e </s> f </s>, one per
+//             pair. A pair longer than max_len is dropped or truncated (data.too_long);
 //   micro-batches  a pool's sequences sorted by length and cut greedily so that rows x longest
 //             row <= train.micro_batch_tokens, then shuffled (seeded by the pool).
 // So j's micro-batches form one global sequence g = 0, 1, 2, ... that no rank owns.
@@ -49,6 +51,9 @@ struct TaskBatchOptions {
   int64_t max_len = 512;
   double sampling_exponent = 0.7;
   std::vector<std::string> languages;  // empty = every shard of the task
+  // mono only: sequences are two adjacent sentences of one document, <s> a </s> b </s>, instead
+  // of packed sentences (VECO's monolingual pairs, objectives.set=veco)
+  bool sentence_pairs = false;
 };
 
 struct BatchOptions {

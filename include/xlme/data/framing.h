@@ -39,12 +39,18 @@ std::optional<PairLengths> fit_pair(int64_t e, int64_t f, int64_t max_len, bool 
 size_t frame_pair(const std::vector<int32_t>& e, const std::vector<int32_t>& f,
                   const PairLengths& kept, const SpecialIds& ids, std::vector<int32_t>& out);
 
+// VECO's monolingual pairs (TaskBatchOptions::sentence_pairs): sentences taken two at a time in
+// order, a and its successor b of the same document, framed <s> a </s> b </s> like a translation
+// pair; `starts_document[i]` says sentence i opens a document. A sentence whose successor opens
+// another document (or is missing) has no partner and is left out. The index of each pair's a.
+std::vector<int64_t> pair_adjacent_sentences(const std::vector<bool>& starts_document);
+
 // VECO's two sides of a micro-batch (docs/pretraining.md#veco), each framed <s> ... </s>,
-// positions 0.. and padded to its own longest row: a translation pair <s> e </s> f </s> gives
-// x = <s> e </s> and y = <s> f </s>; a monolingual sequence <s> t_1 .. t_n </s> (consecutive
-// sentences of one document, packed) gives its two adjacent halves x = <s> t_1 .. t_m </s> and
-// y = <s> t_m+1 .. t_n </s>, m = ceil(n / 2). Masked positions keep their <mask> input and their
-// label; the added <s> and </s> are never masked. Host tensors in, host tensors out.
+// positions 0.. and padded to its own longest row: a row <s> a </s> b </s> (a translation pair,
+// or two adjacent sentences of one document) gives x = <s> a </s> and y = <s> b </s>; XLM-R's
+// doubled separator <s> a </s></s> b </s> (fine-tuning) splits the same way. Masked positions
+// keep their <mask> input and their label; the added <s> and </s> are never masked. Host tensors
+// in, host tensors out.
 struct PairSides {
   Batch x, y;
 };

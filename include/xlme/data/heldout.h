@@ -30,7 +30,9 @@ std::vector<HeldoutPair> read_heldout(const config::HeldoutConfig& heldout,
 // The fixed micro-batches of `pairs` (host tensors), MRTD (options.mono.enabled) then TRTD
 // (options.para.enabled):
 //   MRTD  each language's distinct non-empty sentences over all pairs, in pair and line order,
-//         packed into <s> ... </s> of up to mono.max_len tokens (pack_sentences);
+//         packed into <s> ... </s> of up to mono.max_len tokens (pack_sentences), or for
+//         mono.sentence_pairs (VECO) taken two at a time, <s> a </s> b </s>, cut or dropped at
+//         mono.max_len as data.too_long says;
 //   TRTD  <s> e </s> f </s> per line of each pair with two non-empty sides, cut or dropped at
 //         para.max_len as data.too_long says (fit_pair);
 // each task's sequences bucketed into micro_batch_tokens (bucket_by_length) and masked with

@@ -69,6 +69,8 @@ class Shard {
   int64_t segment_length(int64_t i) const { return offsets_[i + 1] - offsets_[i]; }
   // Sentence index where document `d` starts (mono); document_start(documents) = sentences.
   int64_t document_start(int64_t d) const { return static_cast<int64_t>(documents_[d]); }
+  // Whether a document starts at sentence `s` (mono): one of the document starts.
+  bool starts_document(int64_t s) const;
 
   // Throws xlme::Error when the shard was made with another tokenizer than `hash`, naming both.
   void check_tokenizer(uint64_t hash, const std::string& tokenizer_path) const;

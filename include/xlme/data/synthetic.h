@@ -20,6 +20,10 @@ class SyntheticBatches : public BatchSource {
   SyntheticBatches(const SpecialIds& special, int64_t batch_size, int64_t length, double mask_ratio,
                    uint64_t seed, int rank = 0, int world_size = 1);
 
+  // Monolingual sequences framed as two sentences <s> a </s> b </s>, a the first half, like
+  // translation pairs (TaskBatchOptions::sentence_pairs, VECO); off: <s> x </s>.
+  void set_sentence_pairs(bool on) { sentence_pairs_ = on; }
+
   Batch next(Task task) override;
   std::string state() const override;  // "<mono index> <para index>"
   // The cursors are global, equal on every rank: any saved rank's state will do.
@@ -33,6 +37,7 @@ class SyntheticBatches : public BatchSource {
   uint64_t seed_;
   int rank_;
   int world_size_;
+  bool sentence_pairs_ = false;
   int64_t cursor_[2] = {0, 0};  // per task: the stream position of the next micro-batch
 };
 
