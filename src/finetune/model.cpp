@@ -53,28 +53,42 @@ torch::Tensor FinetuneModelImpl::forward(const torch::Tensor& input_ids,
                                          const torch::Tensor& positions,
                                          const torch::Tensor& padding) {
   if (plugs_in()) {
-    data::Batch pair;
-    pair.task = data::Task::kPara;
-    pair.input_ids = pair.labels = input_ids.cpu();
-    pair.padding = padding.cpu();
-    pair.positions = positions.cpu();
-    pair.masked = torch::zeros_like(pair.padding);
-    // The layout's <s>, <pad> and </s> (the only ids the split reads) are fixed.
-    const auto sides = data::split_pair(pair, data::SpecialIds{});
-    const auto device = input_ids.device();
-    auto side = [&](const torch::Tensor& t) { return t.to(device, /*non_blocking=*/true); };
-    const auto &a = sides.x, &b = sides.y;
-    const auto a_ids = side(a.input_ids), a_positions = side(a.positions);
-    const auto b_ids = side(b.input_ids), b_positions = side(b.positions);
-    const auto a_padding = side(a.padding), b_padding = side(b.padding);
-    const auto ha = encoder->forward(a_ids, a_positions, a_padding);
-    const auto hb = encoder->forward(b_ids, b_positions, b_padding);
-    const auto ca = encoder->forward_with_context(a_ids, a_positions, a_padding, hb, b_padding);
-    const auto cb = encoder->forward_with_context(b_ids, b_positions, b_padding, ha, a_padding);
-    return sequence_head->forward(((ca.select(1, 0) + cb.select(1, 0)) / 2).unsqueeze(1));
+    return plugged_in(input_ids.cpu(), positions.cpu(), padding.cpu(), input_ids.device());
   }
   auto hidden = encoder->forward(input_ids, positions, padding);  // [B, T, hidden]
   return sequence_head ? sequence_head->forward(hidden) : token_head->forward(hidden);
+}
+
+torch::Tensor FinetuneModelImpl::forward_host(const torch::Tensor& input_ids,
+                                              const torch::Tensor& positions,
+                                              const torch::Tensor& padding,
+                                              const torch::Device& device) {
+  if (plugs_in()) return plugged_in(input_ids, positions, padding, device);
+  return forward(input_ids.to(device), positions.to(device), padding.to(device));
+}
+
+torch::Tensor FinetuneModelImpl::plugged_in(const torch::Tensor& input_ids,
+                                            const torch::Tensor& positions,
+                                            const torch::Tensor& padding,
+                                            const torch::Device& device) {
+  data::Batch pair;
+  pair.task = data::Task::kPara;
+  pair.input_ids = pair.labels = input_ids;
+  pair.padding = padding;
+  pair.positions = positions;
+  pair.masked = torch::zeros_like(padding);
+  // The layout's <s>, <pad> and </s> (the only ids the split reads) are fixed.
+  const auto sides = data::split_pair(pair, data::SpecialIds{});
+  auto side = [&](const torch::Tensor& t) { return t.to(device, /*non_blocking=*/true); };
+  const auto &a = sides.x, &b = sides.y;
+  const auto a_ids = side(a.input_ids), a_positions = side(a.positions);
+  const auto b_ids = side(b.input_ids), b_positions = side(b.positions);
+  const auto a_padding = side(a.padding), b_padding = side(b.padding);
+  const auto ha = encoder->forward(a_ids, a_positions, a_padding);
+  const auto hb = encoder->forward(b_ids, b_positions, b_padding);
+  const auto ca = encoder->forward_with_context(a_ids, a_positions, a_padding, hb, b_padding);
+  const auto cb = encoder->forward_with_context(b_ids, b_positions, b_padding, ha, a_padding);
+  return sequence_head->forward(((ca.select(1, 0) + cb.select(1, 0)) / 2).unsqueeze(1));
 }
 
 int64_t parameter_depth(const std::string& name, int64_t layers, model::LayerSharing sharing) {

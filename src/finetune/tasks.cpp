@@ -45,8 +45,7 @@ std::vector<std::vector<int64_t>> eval_batches(int64_t count, int64_t batch_size
 
 torch::Tensor run_model(FinetuneModel& model, const PaddedBatch& batch,
                         const torch::Device& device) {
-  return model->forward(batch.input_ids.to(device), batch.positions.to(device),
-                        batch.padding.to(device));
+  return model->forward_host(batch.input_ids, batch.positions, batch.padding, device);
 }
 
 // Shared by the tasks: where each language's evaluation data is and whether it exists.

@@ -440,6 +440,8 @@ TEST(VecoFinetune, PlugInRunsEachSideAgainstTheOther) {
   const auto positions = torch::arange(9).repeat({2, 1});
   const auto logits = m->forward(input, positions, padding);
   ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{2, 3}));
+  // What fine-tuning calls: the host batch split before it moves to the device.
+  EXPECT_TRUE(torch::equal(m->forward_host(input, positions, padding, torch::kCPU), logits));
   data::Batch pair;
   pair.task = data::Task::kPara;
   pair.input_ids = pair.labels = input;

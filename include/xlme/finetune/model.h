@@ -55,6 +55,10 @@ class FinetuneModelImpl : public torch::nn::Module {
   // input_ids, positions: [B, T] int64; padding: [B, T] bool -> [B, classes] or [B, T, classes].
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& positions,
                         const torch::Tensor& padding);
+  // The same for a batch on the host, computed on `device`; a plug-in model splits the pairs
+  // before the copy (forward() on device tensors must bring them back to the host first).
+  torch::Tensor forward_host(const torch::Tensor& input_ids, const torch::Tensor& positions,
+                             const torch::Tensor& padding, const torch::Device& device);
 
   int64_t layers() const { return encoder->options().layers; }
 
@@ -68,6 +72,11 @@ class FinetuneModelImpl : public torch::nn::Module {
   model::Encoder encoder{nullptr};
   ClassificationHead sequence_head{nullptr};  // kSequence
   TokenHead token_head{nullptr};              // kToken
+
+ private:
+  // plugs_in(): host tensors split into a and b, then computed on `device`.
+  torch::Tensor plugged_in(const torch::Tensor& input_ids, const torch::Tensor& positions,
+                           const torch::Tensor& padding, const torch::Device& device);
 };
 TORCH_MODULE(FinetuneModel);
 
