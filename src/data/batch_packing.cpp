@@ -18,17 +18,21 @@ std::shared_ptr<const Pool> TaskReader::make_pool(const Language& language, int6
   const int64_t begin = index * language.pool_units, end = begin + language.pool_units;
   const int64_t max_len = task_options_.max_len;
   std::vector<Pool::Sequence> sequences;
+  // A pair at stream position `position` (`count` units) whose sides are segments `first` and
+  // `first + 1`: kept whole, cut or dropped by fit_pair.
+  const auto add_pair = [&](int64_t position, int32_t count, int64_t first) {
+    const auto kept = fit_pair(shard.segment_length(first), shard.segment_length(first + 1),
+                               max_len, options_.truncate_too_long);
+    if (!kept) return;
+    sequences.push_back(Pool::Sequence{position, count, static_cast<int32_t>(kept->e + kept->f + 3),
+                                       static_cast<int32_t>(kept->e),
+                                       static_cast<int32_t>(kept->f)});
+  };
   if (task_ == Task::kMono && task_options_.sentence_pairs) {
     std::vector<bool> starts;
     for (int64_t i = begin; i < end; ++i) starts.push_back(shard.starts_document(language.unit(i)));
     for (const int64_t first : pair_adjacent_sentences(starts)) {
-      const int64_t a = language.unit(begin + first);
-      const auto kept = fit_pair(shard.segment_length(a), shard.segment_length(a + 1), max_len,
-                                 options_.truncate_too_long);
-      if (!kept) continue;
-      sequences.push_back(
-          Pool::Sequence{begin + first, 2, static_cast<int32_t>(kept->e + kept->f + 3),
-                         static_cast<int32_t>(kept->e), static_cast<int32_t>(kept->f)});
+      add_pair(begin + first, 2, language.unit(begin + first));
     }
   } else if (task_ == Task::kMono) {
     std::vector<int64_t> lengths;
@@ -41,15 +45,7 @@ std::shared_ptr<const Pool> TaskReader::make_pool(const Language& language, int6
                                          0});
     }
   } else {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t pair = language.unit(i);
-      const auto kept = fit_pair(shard.segment_length(2 * pair), shard.segment_length(2 * pair + 1),
-                                 max_len, options_.truncate_too_long);
-      if (!kept) continue;
-      sequences.push_back(Pool::Sequence{i, 1, static_cast<int32_t>(kept->e + kept->f + 3),
-                                         static_cast<int32_t>(kept->e),
-                                         static_cast<int32_t>(kept->f)});
-    }
+    for (int64_t i = begin; i < end; ++i) add_pair(i, 1, 2 * language.unit(i));
   }
   std::vector<int64_t> lengths;
   for (const auto& s : sequences) lengths.push_back(s.length);
@@ -76,22 +72,18 @@ Batch TaskReader::build(const BatchJob& job) const {
   std::vector<int32_t> e, f, tokens;
   for (int64_t b = 0; b < end - begin; ++b) {
     const Pool::Sequence& s = pool.sequences[begin + b];
-    size_t second = 0;  // where f starts (para)
+    size_t second = 0;  // where f (or b) starts in a pair
     e.clear();
-    if (task_ == Task::kMono && task_options_.sentence_pairs) {
-      const int64_t a = language.unit(s.first);
-      f.clear();
-      shard.append_segment(a, e);
-      shard.append_segment(a + 1, f);
-      second = frame_pair(e, f, PairLengths{s.e, s.f}, ids_, tokens);
-    } else if (task_ == Task::kMono) {
+    if (task_ == Task::kMono && !task_options_.sentence_pairs) {
       for (int32_t u = 0; u < s.count; ++u) shard.append_segment(language.unit(s.first + u), e);
       frame_sentence(e, task_options_.max_len, ids_, tokens);
     } else {
-      const int64_t pair = language.unit(s.first);
+      // Two segments: adjacent sentences a and a + 1 (VECO), or a translation pair's e and f.
+      const int64_t unit = language.unit(s.first);
+      const int64_t first = task_ == Task::kMono ? unit : 2 * unit;
       f.clear();
-      shard.append_segment(2 * pair, e);
-      shard.append_segment(2 * pair + 1, f);
+      shard.append_segment(first, e);
+      shard.append_segment(first + 1, f);
       second = frame_pair(e, f, PairLengths{s.e, s.f}, ids_, tokens);
     }
     writer.write(b, tokens, second, options_.reset_positions, mask, rng);

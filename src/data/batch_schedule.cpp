@@ -28,11 +28,11 @@ LanguageCursor TaskReader::walk(int64_t language, LanguageCursor cursor, int64_t
   cursor.batch += batches;
   cursor.consumed += batches;
   int64_t empty = 0;
+  const char* key = task_key(task_);
   while (true) {
     const auto size = static_cast<int64_t>(pool(language, cursor.pool)->batches.size());
     if (cursor.batch < size) return cursor;
     empty = size == 0 ? empty + 1 : 0;
-    const char* key = task_key(task_);
     XLME_CHECK(empty <= epoch_pools,
                "{} of '{}' is longer than data.{}.max_len ({}) and data.too_long is drop: "
                "nothing is left to read; set data.too_long=truncate, raise data.{}.max_len or "

@@ -44,6 +44,18 @@ void write_heldout_batches(const std::vector<std::vector<int32_t>>& sequences,
   }
 }
 
+// <s> e </s> f </s> appended to `sequences`, and where f starts to `seconds`, unless fit_pair
+// drops it at `max_len`.
+void add_pair(const std::vector<int32_t>& e, const std::vector<int32_t>& f, int64_t max_len,
+              const BatchOptions& options, std::vector<std::vector<int32_t>>& sequences,
+              std::vector<size_t>& seconds) {
+  const auto kept = fit_pair(static_cast<int64_t>(e.size()), static_cast<int64_t>(f.size()),
+                             max_len, options.truncate_too_long);
+  if (!kept) return;
+  sequences.emplace_back();
+  seconds.push_back(frame_pair(e, f, *kept, options.ids, sequences.back()));
+}
+
 }  // namespace
 
 std::vector<HeldoutPair> read_heldout(const config::HeldoutConfig& heldout,
@@ -122,13 +134,8 @@ std::vector<Batch> heldout_batches(const std::vector<HeldoutPair>& pairs,
         std::vector<bool> starts(sentences.size(), false);
         starts.front() = true;
         for (const int64_t first : pair_adjacent_sentences(starts)) {
-          const auto& a = *sentences[first];
-          const auto& b = *sentences[first + 1];
-          const auto kept = fit_pair(static_cast<int64_t>(a.size()), static_cast<int64_t>(b.size()),
-                                     options.mono.max_len, options.truncate_too_long);
-          if (!kept) continue;
-          sequences.emplace_back();
-          seconds.push_back(frame_pair(a, b, *kept, options.ids, sequences.back()));
+          add_pair(*sentences[first], *sentences[first + 1], options.mono.max_len, options,
+                   sequences, seconds);
         }
         continue;
       }
@@ -155,11 +162,7 @@ std::vector<Batch> heldout_batches(const std::vector<HeldoutPair>& pairs,
         const auto& e = pair.a[i];
         const auto& f = pair.b[i];
         if (e.empty() || f.empty()) continue;
-        const auto kept = fit_pair(static_cast<int64_t>(e.size()), static_cast<int64_t>(f.size()),
-                                   options.para.max_len, options.truncate_too_long);
-        if (!kept) continue;
-        sequences.emplace_back();
-        seconds.push_back(frame_pair(e, f, *kept, options.ids, sequences.back()));
+        add_pair(e, f, options.para.max_len, options, sequences, seconds);
       }
     }
     write_heldout_batches(sequences, seconds, Task::kPara, options, rng, batches);
