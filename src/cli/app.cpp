@@ -96,10 +96,19 @@ int run_app(int argc, char** argv, const AppSpec& spec,
     const runtime::BlasInfo blas = runtime::detect_blas();
     const runtime::AllocatorInfo allocator = runtime::detect_allocator();
     spdlog::info(
-        "threads: {} LibTorch, {} BLAS ({}{}), OMP_WAIT_POLICY={}, allocator: {} ({})",
-        threads.intra_op, threads.blas, blas.name, blas.library.empty() ? "" : ", " + blas.library,
+        "threads: {} LibTorch ({} in xlme's own loops), {} BLAS ({}{}), OMP_WAIT_POLICY={}, "
+        "allocator: {} ({})",
+        threads.intra_op, threads.own_loops, threads.blas, blas.name,
+        blas.library.empty() ? "" : ", " + blas.library,
         threads.omp_wait_policy.empty() ? "(unset: threads may spin)" : threads.omp_wait_policy,
         allocator.name, allocator.note.empty() ? allocator.library : allocator.note);
+    if (threads.own_loops < threads.intra_op) {
+      spdlog::warn(
+          "xlme's own CPU kernels run on {} of {} threads: this build of xlme was compiled "
+          "without OpenMP, which LibTorch's at::parallel_for needs (CMakeLists.txt links "
+          "OpenMP::OpenMP_CXX); rebuild with scripts/setup.sh",
+          threads.own_loops, threads.intra_op);
+    }
     if (blas.reference) {
       spdlog::warn(
           "LibTorch is using the reference BLAS ({}): matrix products run ~15x slower. Install "

@@ -88,9 +88,21 @@ ThreadSettings configure_threads(int64_t requested) {
     blas.set(settings.intra_op);
     settings.blas = settings.intra_op;
   }
+  settings.own_loops = parallel_loop_threads();
   const char* policy = std::getenv("OMP_WAIT_POLICY");
   settings.omp_wait_policy = policy ? policy : "";
   return settings;
+}
+
+int parallel_loop_threads() {
+  const int threads = at::get_num_threads();
+  std::vector<char> used(static_cast<size_t>(threads), 0);
+  // One item per task (grain 1), so that each thread gets one.
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    const int thread = at::get_thread_num();
+    if (begin < end && thread >= 0 && thread < threads) used[static_cast<size_t>(thread)] = 1;
+  });
+  return static_cast<int>(std::count(used.begin(), used.end(), 1));
 }
 
 AllocatorInfo detect_allocator() {

@@ -183,6 +183,25 @@ TEST(Runtime, ThreadsDefaultToAllAvailableCores) {
   runtime::configure_threads(0);
 }
 
+// at::parallel_for in xlme's own code (dropout masks, the position bias, attention's batched
+// products, sampling) runs in parallel only when xlme is compiled with OpenMP: without it, the
+// pragma in LibTorch's header is dropped and every loop runs on one thread, with no error.
+TEST(Runtime, OwnParallelLoopsRunOnEveryLibTorchThread) {
+  for (const int threads : {1, 2, 3}) {
+    const runtime::ThreadSettings s = runtime::configure_threads(threads);
+    EXPECT_EQ(s.own_loops, threads);
+    EXPECT_EQ(runtime::parallel_loop_threads(), threads);
+  }
+  // Inside a parallel region, nested loops run on the calling thread.
+  std::vector<int> nested(2, 0);
+  at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      nested[static_cast<size_t>(i)] = runtime::parallel_loop_threads();
+  });
+  EXPECT_EQ(nested, (std::vector<int>{1, 1}));
+  runtime::configure_threads(0);
+}
+
 TEST(Runtime, LibTorchUsesAnOptimizedBlas) {
   // scripts/setup.sh installs libopenblas0-pthread; the reference BLAS here would make every
   // matrix product ~15x slower. The integration test checks that the reference one is reported.

@@ -32,6 +32,7 @@ int available_cores();
 
 struct ThreadSettings {
   int intra_op = 1;             // LibTorch (OpenMP) threads
+  int own_loops = 1;            // threads xlme's own parallel loops run on (parallel_loop_threads)
   int blas = 0;                 // OpenBLAS threads; 0 when OpenBLAS is not loaded
   std::string omp_wait_policy;  // OMP_WAIT_POLICY as this process started with it
 };
@@ -39,6 +40,13 @@ struct ThreadSettings {
 // Sets LibTorch's intra-op threads and OpenBLAS's threads to `requested` (0: all available
 // cores). Debian's LibTorch starts with 1 thread.
 ThreadSettings configure_threads(int64_t requested);
+
+// How many threads an at::parallel_for in xlme's own code runs on, with LibTorch's current
+// intra-op threads: a loop of that many items, each noting its thread. at::parallel_for's OpenMP
+// backend is a pragma in a LibTorch header, so it takes effect only where xlme itself is compiled
+// with OpenMP (CMakeLists.txt); else every own CPU kernel runs on one thread. Called from a
+// parallel region, it answers 1.
+int parallel_loop_threads();
 
 // The allocator that serves malloc in this process.
 struct AllocatorInfo {
