@@ -4,6 +4,7 @@
 //
 //   xlme-bench-attn [--batch 32] [--heads 4] [--length 128] [--head-dim 64] [--steps 20]
 //       [--threads 0]
+#include "timing.h"
 #include "xlme/common/runtime.h"
 #include "xlme/model/batched_matmul.h"
 
@@ -11,22 +12,7 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
-#include <chrono>
 #include <functional>
-
-namespace {
-
-// Mean milliseconds of `fn` over `steps` runs, after one warm-up run.
-double time_ms(int steps, const std::function<void()>& fn) {
-  fn();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) fn();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-             .count() /
-         steps;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App cli{"Attention's batched products on the CPU: batched_matmul against torch::matmul"};
@@ -60,11 +46,11 @@ int main(int argc, char** argv) {
       const auto scores = product(split(parts[0]), split(parts[1]).transpose(-2, -1));
       return product(scores, split(parts[2]));
     };
-    const double forward = time_ms(steps, [&] {
+    const double forward = xlme::bench::time_ms(steps, [&] {
       torch::NoGradGuard no_grad;
       run();
     });
-    const double both = time_ms(steps, [&] {
+    const double both = xlme::bench::time_ms(steps, [&] {
       const auto out = run();
       out.backward(torch::ones_like(out));
     });

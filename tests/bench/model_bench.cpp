@@ -5,6 +5,7 @@
 //
 //   OMP_WAIT_POLICY=PASSIVE xlme-bench-model --config configs/model/tiny.yaml --vocab 8000
 //       [--batch 16] [--length 128] [--steps 5] [--threads 0]
+#include "timing.h"
 #include "xlme/common/runtime.h"
 #include "xlme/config/config.h"
 #include "xlme/model/electra.h"
@@ -15,21 +16,10 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
-#include <chrono>
 #include <cstdlib>
 #include <functional>
 
 namespace {
-
-// Mean milliseconds of `fn` over `steps` runs, after one warm-up run.
-double time_ms(int steps, const std::function<void()>& fn) {
-  fn();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) fn();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-             .count() /
-         steps;
-}
 
 // Forward + backward of `fn(x)` with x: [B, T, hidden] requiring a gradient.
 void forward_backward(const torch::Tensor& x,
@@ -72,7 +62,7 @@ int main(int argc, char** argv) {
   const auto inputs = xlme::model::ModelInputs::from(b);
   const int64_t masked = inputs.masked_index.size(0);
 
-  const double step_ms = time_ms(steps, [&] {
+  const double step_ms = xlme::bench::time_ms(steps, [&] {
     model->zero_grad();
     const auto out = model->forward(inputs);
     const auto terms = objectives.compute(out, xlme::data::Task::kMono);
@@ -94,7 +84,7 @@ int main(int argc, char** argv) {
     }
     for (const auto& module : *(*encoder)->layers) {
       auto layer = std::dynamic_pointer_cast<xlme::model::EncoderLayerImpl>(module);
-      attention_ms += time_ms(steps, [&] {
+      attention_ms += xlme::bench::time_ms(steps, [&] {
         forward_backward(x, [&](const torch::Tensor& in) {
           auto table = shared;
           if (o.relative_bias && !o.shared_table) {
@@ -103,7 +93,7 @@ int main(int argc, char** argv) {
           return layer->attention->forward(in, b.padding, table);
         });
       });
-      ffn_ms += time_ms(steps, [&] {
+      ffn_ms += xlme::bench::time_ms(steps, [&] {
         forward_backward(x, [&](const torch::Tensor& in) { return layer->ffn->forward(in); });
       });
     }
@@ -111,7 +101,7 @@ int main(int argc, char** argv) {
   const auto gen = model->generator->options();
   auto hidden = torch::randn({masked, gen.hidden_size}).requires_grad_(true);
   const auto targets = inputs.labels.view(-1).index_select(0, inputs.masked_index);
-  const double head_ms = time_ms(steps, [&] {
+  const double head_ms = xlme::bench::time_ms(steps, [&] {
     const auto logits = model->generator_head->forward(hidden, model->embeddings->token->weight);
     xlme::model::sample_replacements(logits, 1.0, special);
     xlme::objectives::generator_term("mlm", logits, targets).loss_sum.backward();
