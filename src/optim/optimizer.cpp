@@ -5,7 +5,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#if XLME_HAS_OWN_CPU_ADAMW
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +17,7 @@ namespace xlme::optim {
 
 namespace {
 
+#if XLME_HAS_OWN_CPU_ADAMW
 // AdamW's constants as LibTorch's CPU kernels apply them to float32 tensors: each Scalar argument
 // computed in double, then rounded to float.
 struct AdamWConstants {
@@ -115,10 +118,16 @@ void fused_cpu_step(std::vector<torch::Tensor>& params, const std::vector<torch:
   });
 }
 
+#endif  // XLME_HAS_OWN_CPU_ADAMW
+
 }  // namespace
 
 bool fused_cpu_adamw_available() {
+#if XLME_HAS_OWN_CPU_ADAMW
   return cpu_has_avx2_fma();
+#else
+  return false;
+#endif
 }
 
 torch::Tensor MultiTensorAdamW::step(LossClosure closure) {
@@ -178,6 +187,7 @@ torch::Tensor MultiTensorAdamW::step(LossClosure closure) {
 #endif
       const double bias_correction1 = 1 - std::pow(beta1, step);
       const double bias_correction2 = 1 - std::pow(beta2, step);
+#if XLME_HAS_OWN_CPU_ADAMW
       if (fused_cpu_step_fits(lists.params, lists.grads, lists.exp_avgs, lists.exp_avg_sqs)) {
         AdamWConstants c;
         c.decay = static_cast<float>(1 - lr * weight_decay);
@@ -192,6 +202,7 @@ torch::Tensor MultiTensorAdamW::step(LossClosure closure) {
         fused_cpu_step(lists.params, lists.grads, lists.exp_avgs, lists.exp_avg_sqs, c);
         continue;
       }
+#endif
       // LibTorch's AdamW::step, operation for operation, over lists.
       if (weight_decay != 0) at::_foreach_mul_(lists.params, 1 - lr * weight_decay);
       at::_foreach_mul_(lists.exp_avgs, beta1);

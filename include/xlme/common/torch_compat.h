@@ -67,6 +67,15 @@ constexpr const char* kTorchVersion = TORCH_VERSION;
 #define XLME_HAS_FUSED_ADAMW 0
 #endif
 
+// xlme's fused CPU AdamW step (optim/optimizer.cpp, AVX2 + FMA) reproduces the rounding of
+// LibTorch 1.13's CPU kernels, measured against them; other LibTorch versions and other
+// architectures keep LibTorch's own operations.
+#if defined(__x86_64__) && TORCH_VERSION_MAJOR == 1
+#define XLME_HAS_OWN_CPU_ADAMW 1
+#else
+#define XLME_HAS_OWN_CPU_ADAMW 0
+#endif
+
 // The key of a parameter in an optimizer's per-parameter state map: LibTorch 1.13 keys it by the
 // text of the parameter's TensorImpl address, 2.x by the address itself.
 template <class StateMap>
