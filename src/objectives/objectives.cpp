@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <tuple>
 
 namespace xlme::objectives {
 
@@ -20,7 +21,10 @@ Term generator_term(const std::string& name, const torch::Tensor& logits,
   term.loss_sum =
       F::cross_entropy(logits, targets, F::CrossEntropyFuncOptions().reduction(torch::kSum));
   term.count = torch::full({}, targets.size(0), targets.options().dtype(torch::kInt64));
-  term.statistics["correct"] = (logits.detach().argmax(1) == targets).sum();
+  // max(1)'s indices: the first maximum, as argmax's, in a fifth of argmax's time on the CPU
+  // (LibTorch 1.13's argmax over the last dimension is a scalar loop: 12 vs 2.6 ms on a
+  // [614, 16000] `cpu_small` batch).
+  term.statistics["correct"] = (std::get<1>(logits.detach().max(1)) == targets).sum();
   return term;
 }
 

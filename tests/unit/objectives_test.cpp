@@ -35,6 +35,29 @@ TEST(GeneratorTerm, HandComputed) {
   EXPECT_FALSE(s.count("precision"));
 }
 
+// "correct" counts rows whose first maximal id is the target, as argmax does, on rows as wide
+// as a vocabulary (the vectorized reduction's path) with ties between two ids of each row.
+TEST(GeneratorTerm, AccuracyCountsTheFirstMaximumOfWideRows) {
+  torch::manual_seed(5);
+  const int64_t rows = 64, vocab = 16000;
+  auto logits = torch::randn({rows, vocab});
+  auto targets = torch::empty({rows}, torch::kInt64);
+  int64_t expected = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t first = (r * 977) % vocab, second = (first + 1 + r * 31) % vocab;
+    const int64_t lo = std::min(first, second), hi = std::max(first, second);
+    logits[r][lo] = 10.0;
+    logits[r][hi] = 10.0;
+    // Targets: the first maximum, the tied later one, or an ordinary id, in turn.
+    const int64_t target = r % 3 == 0 ? lo : r % 3 == 1 ? hi : (lo + 2) % vocab;
+    targets[r] = target;
+    if (target == lo) ++expected;
+  }
+  const auto term = generator_term("mlm", logits, targets);
+  EXPECT_EQ(term.statistics.at("correct").item<int64_t>(), expected);
+  EXPECT_EQ(expected, 22);
+}
+
 TEST(DiscriminatorTerm, HandComputedWithPadding) {
   // Logits (2, -1, 0.5, 3); only token 0 replaced; token 3 is padding.
   const auto logits = torch::tensor({2.0, -1.0, 0.5, 3.0}, torch::kDouble).view({1, 4});
