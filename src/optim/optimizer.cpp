@@ -1,6 +1,7 @@
 #include "xlme/optim/optimizer.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/runtime.h"
 #include "xlme/common/torch_compat.h"
 
 #include <ATen/ATen.h>
@@ -65,20 +66,12 @@ __attribute__((target("avx2,fma"))) void adamw_span(float* p, const float* g, fl
   }
 }
 
-bool cpu_has_avx2_fma() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return has;
-}
-
 // Whether every tensor of the step is a contiguous float32 CPU tensor of its parameter's size.
 bool fused_cpu_step_fits(const std::vector<torch::Tensor>& params,
                          const std::vector<torch::Tensor>& grads,
                          const std::vector<torch::Tensor>& exp_avgs,
                          const std::vector<torch::Tensor>& exp_avg_sqs) {
-  if (!cpu_has_avx2_fma()) return false;
+  if (!runtime::cpu_has_avx2_fma()) return false;
   const auto fits = [](const torch::Tensor& t, const torch::Tensor& p) {
     return t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous() &&
            t.numel() == p.numel();
@@ -124,7 +117,7 @@ void fused_cpu_step(std::vector<torch::Tensor>& params, const std::vector<torch:
 
 bool fused_cpu_adamw_available() {
 #if XLME_HAS_OWN_CPU_ADAMW
-  return cpu_has_avx2_fma();
+  return runtime::cpu_has_avx2_fma();
 #else
   return false;
 #endif
@@ -233,6 +226,10 @@ void scale_gradients(const std::vector<torch::Tensor>& parameters, double scale)
     if (p.grad().defined()) grads.push_back(p.grad());
   }
   if (!grads.empty()) at::_foreach_mul_(grads, scale);
+}
+
+void clear_gradients(const std::vector<torch::Tensor>& parameters) {
+  for (auto p : parameters) p.mutable_grad() = torch::Tensor();
 }
 
 bool takes_weight_decay(const torch::Tensor& parameter) {

@@ -176,7 +176,7 @@ void Trainer::dry_run() {
     }
   }
   // Gradients dropped, not zeroed: a parameter that no step touches must stay without one.
-  for (auto& p : parameters_) p.mutable_grad() = torch::Tensor();
+  optim::clear_gradients(parameters_);
 }
 
 StepRecord Trainer::train_step() {
@@ -288,7 +288,7 @@ void Trainer::update_parameters(StepRecord& record) {
   clip_gradients(parameters_, config_.train.clip_norm, record.grad_norm);
   set_learning_rate(*optimizer_, record.lr);
   optimizer_->step();
-  optimizer_->zero_grad();
+  optim::clear_gradients(parameters_);
 }
 
 std::vector<data::Batch> Trainer::next_micro_batches() {
@@ -361,7 +361,7 @@ void Trainer::read_step_totals(StepRecord& record, const objectives::TermSums& s
 // A non-finite loss or gradient norm: the gradients are dropped without an update; after
 // train.max_bad_steps such steps in a row the run stops.
 void Trainer::skip_update(StepRecord& record) {
-  optimizer_->zero_grad();
+  optim::clear_gradients(parameters_);
   record.skipped = true;
   ++skipped_steps_;
   ++bad_in_a_row_;

@@ -172,5 +172,20 @@ TEST(GradientNorm, EqualsTheDoublePrecisionNormAndClipsEveryGradient) {
   EXPECT_FALSE(params[3].grad().defined());
 }
 
+TEST(ClearGradients, DropsEveryGradientAndTheNextBackwardStartsFresh) {
+  auto params = make_parameters();
+  set_gradients(params, 0);
+  clear_gradients(params);
+  for (const auto& p : params) EXPECT_FALSE(p.grad().defined());
+  // The next backward pass gives each reached parameter its own gradient, not one added to what
+  // was there; a parameter the loss does not reach (3) stays without one.
+  auto loss = (params[0] * 3.0).sum() + (params[4] * params[4]).sum();
+  loss.backward();
+  EXPECT_TRUE(torch::equal(params[0].grad(), torch::full_like(params[0], 3.0)));
+  EXPECT_TRUE(torch::allclose(params[4].grad(), 2 * params[4].detach()));
+  EXPECT_FALSE(params[1].grad().defined());
+  EXPECT_FALSE(params[3].grad().defined());
+}
+
 }  // namespace
 }  // namespace xlme::optim
