@@ -81,20 +81,11 @@ torch::Tensor DiscriminatorHeadImpl::forward(const torch::Tensor& hidden) {
 
 namespace {
 
-// The CPU draw: the softmax over the ordinary ids (the special ids' scores set to -inf first) in
-// float32 (vectorized, parallel), then per row one float64 uniform and a float64 scan of the
-// cumulative probabilities. The Gumbel-max form costs N x V uniforms and two logarithms; on the
-// CPU those dominated (`cpu_small`: ~5% of a step), while the softmax is one vectorized pass.
-torch::Tensor sample_rows_cpu(const torch::Tensor& logits, double temperature,
-                              const std::vector<int64_t>& special) {
-  const int64_t rows = logits.size(0), vocab = logits.size(1);
-  const auto dtype = logits.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  auto scores = logits.detach().to(dtype, /*non_blocking=*/false, /*copy=*/true);  // [N, V]
-  for (const int64_t id : special) {
-    scores.select(1, id).fill_(-std::numeric_limits<double>::infinity());
-  }
-  if (temperature != 1.0) scores.div_(temperature);
-  const auto probs = torch::softmax(scores, 1).contiguous();  // [N, V]
+// Per row of `probs` [N, V] (float32 or float64, contiguous; the ids not to draw at 0): one
+// float64 uniform and a float64 scan of the cumulative probabilities, whose sum over the row is
+// the total. -1 for a row without a positive probability.
+torch::Tensor scan_rows(const torch::Tensor& probs) {
+  const int64_t rows = probs.size(0), vocab = probs.size(1);
   const auto uniform = torch::rand({rows}, torch::kFloat64);  // [N]
   auto sampled = torch::empty({rows}, torch::kInt64);
   AT_DISPATCH_FLOATING_TYPES(probs.scalar_type(), "sample_rows_cpu", [&] {
@@ -104,7 +95,7 @@ torch::Tensor sample_rows_cpu(const torch::Tensor& logits, double temperature,
     at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const scalar_t* row = p + r * vocab;
-        double total = 0.0;  // 1 up to the softmax's rounding
+        double total = 0.0;  // up to the softmax's rounding, 1 minus the left-out ids' share
         for (int64_t j = 0; j < vocab; ++j) total += static_cast<double>(row[j]);
         const double target = u[r] * total;
         double cumulative = 0.0;
@@ -122,6 +113,36 @@ torch::Tensor sample_rows_cpu(const torch::Tensor& logits, double temperature,
       }
     });
   });
+  return sampled;
+}
+
+// The softmax over the ordinary ids of `scores` [N, V] (the special ids' scores set to -inf).
+torch::Tensor ordinary_softmax(torch::Tensor scores, const std::vector<int64_t>& special) {
+  for (const int64_t id : special) {
+    scores.select(1, id).fill_(-std::numeric_limits<double>::infinity());
+  }
+  return torch::softmax(scores, 1).contiguous();
+}
+
+// The CPU draw: the softmax over all ids in float32 (vectorized, parallel; at temperature 1 no
+// copy of the logits), the special ids' probabilities set to 0, then scan_rows: a draw from the
+// softmax over the ordinary ids. A row whose ordinary ids all underflowed next to a special id's
+// score (more than ~87 above theirs in float32) is drawn again from the softmax over the ordinary
+// ids alone. The Gumbel-max form costs N x V uniforms and two logarithms; on the CPU those
+// dominated (`cpu_small`: ~5% of a step), while the softmax is one vectorized pass.
+torch::Tensor sample_rows_cpu(const torch::Tensor& logits, double temperature,
+                              const std::vector<int64_t>& special) {
+  const auto dtype = logits.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const auto scores =
+      temperature == 1.0 ? logits.detach() : logits.detach().to(dtype) / temperature;  // [N, V]
+  auto probs = torch::softmax(scores, 1, dtype).contiguous();
+  for (const int64_t id : special) probs.select(1, id).zero_();
+  auto sampled = scan_rows(probs);
+  const auto failed = sampled.lt(0).nonzero().view(-1);
+  if (failed.numel() > 0) {
+    sampled.index_put_(
+        {failed}, scan_rows(ordinary_softmax(scores.index_select(0, failed).to(dtype), special)));
+  }
   return sampled;
 }
 

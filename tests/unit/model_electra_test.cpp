@@ -144,6 +144,26 @@ TEST(SampleReplacements, NeverSpecialAndFollowsTheSoftmax) {
   EXPECT_NEAR((sharp == 6).to(torch::kDouble).mean().item<double>(), 256.0 / 260.0, 0.01);
 }
 
+// float32 logits whose special ids score so far above the rest (by 200) that every ordinary id's
+// probability underflows in the softmax over all ids: those rows are drawn from the ordinary ids
+// alone, never a special id and never -1. Rows 1 and 3 are ordinary rows beside them.
+TEST(SampleReplacements, OrdinaryIdsUnderflowingNextToASpecialIdAreStillDrawn) {
+  const auto special = data::SpecialIds::for_vocab(10);
+  auto logits = torch::zeros({4000, 10}, torch::kFloat32);
+  auto rows = logits.view({1000, 4, 10});
+  rows.select(1, 0).select(1, special.mask).fill_(200.0);
+  rows.select(1, 2).select(1, special.unk).fill_(200.0);
+  logits.select(1, 6).fill_(std::log(4.0f));
+  torch::manual_seed(2);
+  const auto sampled = sample_replacements(logits, 1.0, special);
+  EXPECT_TRUE(sampled.ge(4).logical_and(sampled.le(8)).all().item<bool>());
+  // Ordinary ids 4..8, softmax over {1, 1, 4, 1, 1}: P(6) = 0.5 in every kind of row.
+  for (int64_t kind = 0; kind < 4; ++kind) {
+    const auto of_kind = sampled.view({1000, 4}).select(1, kind);
+    EXPECT_NEAR((of_kind == 6).to(torch::kDouble).mean().item<double>(), 0.5, 0.06) << kind;
+  }
+}
+
 // Under bf16 autocast the generator head returns bf16 logits. The draws must still follow the
 // softmax of those logits: sampling in bf16 (bf16 uniforms cap the Gumbel noise near 5.5, bf16
 // sums tie and argmax takes the lowest id) gave a total-variation distance of 0.043 here (measured
