@@ -3,6 +3,7 @@
 #include "xlme/common/error.h"
 #include "xlme/common/shape_text.h"
 #include "xlme/common/torch_compat.h"
+#include "xlme/model/attention_probs.h"
 #include "xlme/model/batched_matmul.h"
 #include "xlme/model/dropout.h"
 #include "xlme/model/linear.h"
@@ -259,8 +260,13 @@ torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, con
                              bool training, BiasImpl impl) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   auto scores = batched_matmul(q * scale, k.transpose(-2, -1));  // [B, H, T, T]
+  const auto factor =
+      bias.table.defined() && bias.gate_u.defined() ? gate_factor(q, bias) : torch::Tensor();
+  if (impl == BiasImpl::kAuto && attention_probs_fused(scores, factor, bias.table)) {
+    return batched_matmul(attention_probs(scores, factor, bias.table, padding, dropout, training),
+                          v);
+  }
   if (bias.table.defined()) {
-    const auto factor = bias.gate_u.defined() ? gate_factor(q, bias) : torch::Tensor();
     scores = add_position_bias(scores, factor, bias.table, padding, /*write=*/false, impl);
   } else if (padding.defined()) {
     scores.add_(padding_bias(padding, scores.options()));

@@ -12,24 +12,16 @@
 
 namespace xlme::model {
 
-namespace {
-
-// SplitMix64 (Steele, Lea & Flood 2014): a 64-bit mix of a counter; consecutive counters give
-// independent-looking 64-bit draws, two 32-bit draws each.
-inline uint64_t split_mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
+DropoutDraws::DropoutDraws(double p, uint64_t seed)
+    : seed_(seed), threshold_(static_cast<uint64_t>(std::llround(std::ldexp(p, 32)))) {
+  XLME_CHECK(p >= 0.0 && p < 1.0, "dropout probability must be in [0, 1), got {}", p);
 }
 
-uint64_t seed_from_default_generator() {
+uint64_t DropoutDraws::next_seed() {
   auto generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
   return generator.get<at::CPUGeneratorImpl>()->random64();
 }
-
-}  // namespace
 
 torch::Tensor dropout_mask(torch::IntArrayRef sizes, double p, uint64_t seed,
                            const torch::TensorOptions& options) {
@@ -37,8 +29,7 @@ torch::Tensor dropout_mask(torch::IntArrayRef sizes, double p, uint64_t seed,
   XLME_CHECK(options.device().is_cpu(), "dropout_mask fills CPU tensors, not {}",
              options.device().str());
   auto mask = torch::empty(sizes, options);
-  // Dropped when the 32-bit draw is below p * 2^32 (rounded): P(drop) = p within 2^-33.
-  const auto threshold = static_cast<uint64_t>(std::llround(std::ldexp(p, 32)));
+  const DropoutDraws draws(p, seed);
   const int64_t n = mask.numel();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, mask.scalar_type(), "dropout_mask", [&] {
@@ -48,10 +39,10 @@ torch::Tensor dropout_mask(torch::IntArrayRef sizes, double p, uint64_t seed,
         // Pairs of elements per draw; grain: ~32k elements per task.
         at::parallel_for(0, (n + 1) / 2, 16384, [&](int64_t begin, int64_t end) {
           for (int64_t pair = begin; pair < end; ++pair) {
-            const uint64_t draw = split_mix64(seed ^ split_mix64(static_cast<uint64_t>(pair)));
+            const uint64_t draw = draws.pair_draw(pair);
             const int64_t i = 2 * pair;
-            out[i] = (draw & 0xFFFFFFFFULL) < threshold ? drop : keep;
-            if (i + 1 < n) out[i + 1] = (draw >> 32) < threshold ? drop : keep;
+            out[i] = draws.keeps_draw(draw & 0xFFFFFFFFULL) ? keep : drop;
+            if (i + 1 < n) out[i + 1] = draws.keeps_draw(draw >> 32) ? keep : drop;
           }
         });
       });
@@ -61,7 +52,7 @@ torch::Tensor dropout_mask(torch::IntArrayRef sizes, double p, uint64_t seed,
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training) {
   if (!training || p == 0.0) return x;
   if (!x.device().is_cpu()) return torch::dropout(x, p, /*train=*/true);
-  return x * dropout_mask(x.sizes(), p, seed_from_default_generator(), x.options());
+  return x * dropout_mask(x.sizes(), p, DropoutDraws::next_seed(), x.options());
 }
 
 }  // namespace xlme::model

@@ -35,8 +35,10 @@ struct PositionBias {
 torch::Tensor gate_factor(const torch::Tensor& q, const PositionBias& bias);
 
 // How add_position_bias computes. kAuto: a hand-written loop for CPU tensors (one pass over the
-// scores forward, one read of their gradient backward) and ATen ops on other devices (CUDA);
-// kAten: the ATen ops on every device (tests run the CUDA code path on the CPU with it).
+// scores forward, one read of their gradient backward) and ATen ops on other devices (CUDA); in
+// math attention over float32/float64 CPU scores outside autocast, kAuto also fuses the bias with
+// the softmax and the dropout (attention_probs.h). kAten: the ATen ops on every device (tests run
+// the CUDA code path on the CPU with it), unfused.
 enum class BiasImpl { kAuto, kAten };
 
 // Adds the relative position bias into `scores` in place and returns `scores`:

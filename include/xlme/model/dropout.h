@@ -13,6 +13,41 @@
 
 namespace xlme::model {
 
+// The counter-based draws behind dropout_mask, for kernels that apply a mask without building it.
+class DropoutDraws {
+ public:
+  // `seed` as dropout_mask takes it; p in [0, 1).
+  DropoutDraws(double p, uint64_t seed);
+  // LibTorch's default CPU generator draws the seed (what dropout() does for each call).
+  static uint64_t next_seed();
+
+  // Whether the element at flat index i is kept: its 32-bit draw (the low or high half of the
+  // SplitMix64 of pair i / 2) is at least p * 2^32.
+  bool keeps(int64_t i) const {
+    const uint64_t draw = pair_draw(i >> 1);
+    return ((i & 1) ? (draw >> 32) : (draw & 0xFFFFFFFFULL)) >= threshold_;
+  }
+  // The 64-bit draw of elements 2 * pair (low half) and 2 * pair + 1 (high half).
+  uint64_t pair_draw(int64_t pair) const {
+    return split_mix64(seed_ ^ split_mix64(static_cast<uint64_t>(pair)));
+  }
+  // Whether a 32-bit draw keeps its element.
+  bool keeps_draw(uint64_t draw32) const { return draw32 >= threshold_; }
+
+  // SplitMix64 (Steele, Lea & Flood 2014): a 64-bit mix of a counter; consecutive counters give
+  // independent-looking 64-bit draws, two 32-bit draws each.
+  static uint64_t split_mix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+  }
+
+ private:
+  uint64_t seed_;
+  uint64_t threshold_;  // p * 2^32, rounded
+};
+
 // x * keep / (1 - p) with keep ~ Bernoulli(1 - p) per element when `training`; x unchanged
 // otherwise (or when p = 0). Gradient: the same mask times 1 / (1 - p).
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training);
