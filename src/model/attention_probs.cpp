@@ -1,5 +1,6 @@
 #include "xlme/model/attention_probs.h"
 
+#include "xlme/common/cpu_math.h"
 #include "xlme/common/error.h"
 #include "xlme/common/runtime.h"
 #include "xlme/common/shape_text.h"
@@ -8,9 +9,6 @@
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -22,61 +20,6 @@
 namespace xlme::model {
 
 namespace {
-
-#if defined(__x86_64__)
-// exp of 8 floats that are <= 0 (or NaN), Cephes' expf: x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2
-// split in two for the reduction), e^r by a degree-7 polynomial, 2^n through the exponent bits.
-// Below -87.34 (e^x under float's smallest normal, -inf included) the result is 0.
-__attribute__((target("avx2,fma"))) inline __m256 exp_nonpositive(__m256 x) {
-  const __m256 lowest = _mm256_set1_ps(-87.3365447504f);
-  const __m256 underflow = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);  // false for NaN
-  x = _mm256_max_ps(lowest, x);                                   // keeps NaN (second operand)
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i exponent =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(exponent)));
-}
-
-__attribute__((target("avx2,fma"))) float exp_shifted_sum_avx2(float* x, int64_t n, float shift) {
-  const __m256 s = _mm256_set1_ps(shift);
-  __m256 acc = _mm256_setzero_ps();
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + j), s));
-    _mm256_storeu_ps(x + j, e);
-    acc = _mm256_add_ps(acc, e);
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, acc);
-  float sum = 0.0f;
-  for (const float l : lanes) sum += l;
-  for (; j < n; ++j) {
-    x[j] = std::exp(x[j] - shift);
-    sum += x[j];
-  }
-  return sum;
-}
-#endif
-
-template <typename T>
-T exp_shifted_sum_scalar(T* x, int64_t n, T shift) {
-  T sum = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    x[j] = std::exp(x[j] - shift);
-    sum += x[j];
-  }
-  return sum;
-}
 
 // Rows of T elements per parallel task: enough work to amortize the task (~32k elements).
 int64_t rows_per_task(int64_t length) {
@@ -214,7 +157,7 @@ void probs_forward(const T* scores, T* probs, T* dropped, const ProbsOperands<T>
       if (top == -std::numeric_limits<T>::infinity()) {  // every key padded: NaN, as softmax
         std::fill(x, x + length, std::numeric_limits<T>::quiet_NaN());
       } else {
-        const T inverse = T(1) / exp_shifted_sum(x, length, top);
+        const T inverse = T(1) / cpu::exp_shifted_sum(x, length, top);
         for (int64_t j = 0; j < length; ++j) x[j] *= inverse;
       }
       if (!draws) continue;
@@ -344,17 +287,6 @@ class AttentionProbsFunction : public torch::autograd::Function<AttentionProbsFu
 };
 
 }  // namespace
-
-float exp_shifted_sum(float* x, int64_t n, float shift) {
-#if defined(__x86_64__)
-  if (runtime::cpu_has_avx2_fma()) return exp_shifted_sum_avx2(x, n, shift);
-#endif
-  return exp_shifted_sum_scalar(x, n, shift);
-}
-
-double exp_shifted_sum(double* x, int64_t n, double shift) {
-  return exp_shifted_sum_scalar(x, n, shift);
-}
 
 bool attention_probs_fused(const torch::Tensor& scores, const torch::Tensor& factor,
                            const torch::Tensor& table) {

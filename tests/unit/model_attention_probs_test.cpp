@@ -1,7 +1,6 @@
 // The fused attention probabilities (position bias, softmax and dropout in one autograd function)
 // against the unfused LibTorch operations with the same dropout mask (outputs and the gradients
-// of scores, factor and table), in double and in float32 (the AVX2 row kernels), and its
-// exponentials against std::exp.
+// of scores, factor and table), in double and in float32 (the AVX2 row kernels).
 #include "xlme/model/attention_probs.h"
 
 #include "xlme/model/dropout.h"
@@ -185,39 +184,6 @@ TEST(AttentionProbs, TakesOnlyFloatCpuScoresOutsideAutocast) {
             std::string::npos)
       << message;
   EXPECT_NE(message.find("BFloat16"), std::string::npos) << message;
-}
-
-// The float32 exponentials: within 2 ulp of std::exp wherever e^x is a normal float, 0 below
-// (-inf included), NaN for NaN; the sum is the sum of the written values.
-TEST(ExpShiftedSum, Float32WithinTwoUlpOfStdExp) {
-  std::vector<float> x;
-  for (int i = 0; i <= 2000; ++i) x.push_back(-90.0f + 90.0f * static_cast<float>(i) / 2000);
-  x.push_back(-std::numeric_limits<float>::infinity());
-  x.push_back(-1e-30f);
-  const float shift = 0.5f;
-  for (auto& v : x) v += shift;  // x - shift in [-90, 0]
-  const auto input = x;
-  const float sum = exp_shifted_sum(x.data(), static_cast<int64_t>(x.size()), shift);
-  double written = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double arg = static_cast<double>(input[i]) - shift;
-    const double expected = std::exp(arg);
-    written += x[i];
-    if (expected < std::numeric_limits<float>::min()) {
-      EXPECT_LE(x[i], std::numeric_limits<float>::min()) << arg;
-      continue;
-    }
-    const double ulp =
-        std::nextafter(static_cast<float>(expected), std::numeric_limits<float>::infinity()) -
-        static_cast<float>(expected);
-    EXPECT_LE(std::abs(x[i] - expected), 2 * ulp) << "exp(" << arg << ")";
-  }
-  EXPECT_EQ(x[x.size() - 2], 0.0f);  // -inf
-  EXPECT_NEAR(sum, written, 1e-5 * written);
-  float nan[9] = {0, 0, 0, std::numeric_limits<float>::quiet_NaN(), 0, 0, 0, 0, 0};
-  exp_shifted_sum(nan, 9, 0.0f);
-  EXPECT_TRUE(std::isnan(nan[3]));
-  EXPECT_EQ(nan[0], 1.0f);
 }
 
 }  // namespace

@@ -28,10 +28,4 @@ torch::Tensor attention_probs(const torch::Tensor& scores, const torch::Tensor& 
                               const torch::Tensor& table, const torch::Tensor& padding, double p,
                               bool training);
 
-// exp(x[j] - shift) in place for j < n, and their sum: the softmax's exponentials. x[j] - shift
-// must be <= 0 or NaN (the softmax's shift is the row's maximum). float32 with AVX2 and FMA
-// where the CPU has them (a Cephes-style polynomial, within 2 ulp of std::exp); exposed for tests.
-float exp_shifted_sum(float* x, int64_t n, float shift);
-double exp_shifted_sum(double* x, int64_t n, double shift);
-
 }  // namespace xlme::model
