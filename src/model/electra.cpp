@@ -1,11 +1,13 @@
 #include "xlme/model/electra.h"
 
+#include "xlme/common/cpu_math.h"
 #include "xlme/common/error.h"
 #include "xlme/data/framing.h"
 #include "xlme/model/linear.h"
 #include "xlme/objectives/objective_set.h"
 
 #include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
@@ -81,29 +83,39 @@ torch::Tensor DiscriminatorHeadImpl::forward(const torch::Tensor& hidden) {
 
 namespace {
 
-// Per row of `probs` [N, V] (float32 or float64, contiguous; the ids not to draw at 0): one
-// float64 uniform and a float64 scan of the cumulative probabilities, whose sum over the row is
-// the total. -1 for a row without a positive probability.
-torch::Tensor scan_rows(const torch::Tensor& probs) {
-  const int64_t rows = probs.size(0), vocab = probs.size(1);
+// The CPU draw, row by row in a buffer of the row's own (float32, float64 for float64 logits):
+// the logits divided by the temperature, the special ids at -inf, their exponentials shifted by
+// the largest (cpu::exp_shifted_sum, vectorized), then one float64 uniform and a float64 scan of
+// the cumulative exponentials up to uniform x their sum: a draw from the softmax over the ordinary
+// ids. No [N, V] tensor is written. The Gumbel-max form costs N x V uniforms and two logarithms;
+// on the CPU those dominated (`cpu_small`: ~5% of a step).
+torch::Tensor sample_rows_cpu(const torch::Tensor& logits, double temperature,
+                              const std::vector<int64_t>& special) {
+  const auto scores = logits.detach().contiguous();  // [N, V]
+  const int64_t rows = scores.size(0), vocab = scores.size(1);
   const auto uniform = torch::rand({rows}, torch::kFloat64);  // [N]
   auto sampled = torch::empty({rows}, torch::kInt64);
-  AT_DISPATCH_FLOATING_TYPES(probs.scalar_type(), "sample_rows_cpu", [&] {
-    const scalar_t* p = probs.data_ptr<scalar_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, scores.scalar_type(), "sample_rows_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* x = scores.data_ptr<scalar_t>();
     const double* u = uniform.data_ptr<double>();
     int64_t* out = sampled.data_ptr<int64_t>();
+    const auto inverse = static_cast<acc_t>(1.0 / temperature);
     at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      std::vector<acc_t> e(static_cast<size_t>(vocab));
       for (int64_t r = begin; r < end; ++r) {
-        const scalar_t* row = p + r * vocab;
-        double total = 0.0;  // up to the softmax's rounding, 1 minus the left-out ids' share
-        for (int64_t j = 0; j < vocab; ++j) total += static_cast<double>(row[j]);
-        const double target = u[r] * total;
+        const scalar_t* row = x + r * vocab;
+        for (int64_t j = 0; j < vocab; ++j) e[j] = static_cast<acc_t>(row[j]) * inverse;
+        for (const int64_t id : special) e[id] = -std::numeric_limits<acc_t>::infinity();
+        const acc_t top = cpu::row_max(e.data(), vocab).value;
+        const double target =
+            u[r] * static_cast<double>(cpu::exp_shifted_sum(e.data(), vocab, top));
         double cumulative = 0.0;
         int64_t pick = -1, last = -1;  // last: the last id with a nonzero probability
         for (int64_t j = 0; j < vocab; ++j) {
-          if (!(row[j] > scalar_t(0))) continue;  // the special ids, underflows (and NaN)
+          if (!(e[j] > acc_t(0))) continue;  // the special ids, underflows (and NaN)
           last = j;
-          cumulative += static_cast<double>(row[j]);
+          cumulative += static_cast<double>(e[j]);
           if (cumulative > target) {
             pick = j;
             break;
@@ -113,36 +125,6 @@ torch::Tensor scan_rows(const torch::Tensor& probs) {
       }
     });
   });
-  return sampled;
-}
-
-// The softmax over the ordinary ids of `scores` [N, V] (the special ids' scores set to -inf).
-torch::Tensor ordinary_softmax(torch::Tensor scores, const std::vector<int64_t>& special) {
-  for (const int64_t id : special) {
-    scores.select(1, id).fill_(-std::numeric_limits<double>::infinity());
-  }
-  return torch::softmax(scores, 1).contiguous();
-}
-
-// The CPU draw: the softmax over all ids in float32 (vectorized, parallel; at temperature 1 no
-// copy of the logits), the special ids' probabilities set to 0, then scan_rows: a draw from the
-// softmax over the ordinary ids. A row whose ordinary ids all underflowed next to a special id's
-// score (more than ~87 above theirs in float32) is drawn again from the softmax over the ordinary
-// ids alone. The Gumbel-max form costs N x V uniforms and two logarithms; on the CPU those
-// dominated (`cpu_small`: ~5% of a step), while the softmax is one vectorized pass.
-torch::Tensor sample_rows_cpu(const torch::Tensor& logits, double temperature,
-                              const std::vector<int64_t>& special) {
-  const auto dtype = logits.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  const auto scores =
-      temperature == 1.0 ? logits.detach() : logits.detach().to(dtype) / temperature;  // [N, V]
-  auto probs = torch::softmax(scores, 1, dtype).contiguous();
-  for (const int64_t id : special) probs.select(1, id).zero_();
-  auto sampled = scan_rows(probs);
-  const auto failed = sampled.lt(0).nonzero().view(-1);
-  if (failed.numel() > 0) {
-    sampled.index_put_(
-        {failed}, scan_rows(ordinary_softmax(scores.index_select(0, failed).to(dtype), special)));
-  }
   return sampled;
 }
 

@@ -145,8 +145,8 @@ TEST(SampleReplacements, NeverSpecialAndFollowsTheSoftmax) {
 }
 
 // float32 logits whose special ids score so far above the rest (by 200) that every ordinary id's
-// probability underflows in the softmax over all ids: those rows are drawn from the ordinary ids
-// alone, never a special id and never -1. Rows 1 and 3 are ordinary rows beside them.
+// probability would underflow in a softmax over all ids: the draw is from the softmax over the
+// ordinary ids alone, never a special id and never -1. Rows 1 and 3 are ordinary rows beside them.
 TEST(SampleReplacements, OrdinaryIdsUnderflowingNextToASpecialIdAreStillDrawn) {
   const auto special = data::SpecialIds::for_vocab(10);
   auto logits = torch::zeros({4000, 10}, torch::kFloat32);
