@@ -259,7 +259,7 @@ torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, con
                              const torch::Tensor& padding, const PositionBias& bias, double dropout,
                              bool training, BiasImpl impl) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  auto scores = batched_matmul(q * scale, k.transpose(-2, -1));  // [B, H, T, T]
+  auto scores = batched_matmul(q, k.transpose(-2, -1), scale);  // [B, H, T, T]
   const auto factor =
       bias.table.defined() && bias.gate_u.defined() ? gate_factor(q, bias) : torch::Tensor();
   if (impl == BiasImpl::kAuto && attention_probs_fused(scores, factor, bias.table)) {

@@ -93,18 +93,18 @@ class SingleBlasThread {
 };
 
 template <typename scalar_t>
-void gemm(const char* ta, const char* tb, int m, int n, int k, const scalar_t* a, int lda,
-          const scalar_t* b, int ldb, scalar_t* c, int ldc) {
-  const scalar_t one = 1, zero = 0;
+void gemm(const char* ta, const char* tb, int m, int n, int k, scalar_t alpha, const scalar_t* a,
+          int lda, const scalar_t* b, int ldb, scalar_t* c, int ldc) {
+  const scalar_t zero = 0;
   if constexpr (std::is_same_v<scalar_t, float>) {
-    blas().sgemm(ta, tb, &m, &n, &k, &one, a, &lda, b, &ldb, &zero, c, &ldc);
+    blas().sgemm(ta, tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &zero, c, &ldc);
   } else {
-    blas().dgemm(ta, tb, &m, &n, &k, &one, a, &lda, b, &ldb, &zero, c, &ldc);
+    blas().dgemm(ta, tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &zero, c, &ldc);
   }
 }
 
-// c = a x b for every matrix of the batch; operands already in a BLAS layout.
-torch::Tensor product(torch::Tensor a, torch::Tensor b) {
+// c = alpha a x b for every matrix of the batch; operands already in a BLAS layout.
+torch::Tensor product(torch::Tensor a, torch::Tensor b, double alpha) {
   MatrixLayout la, lb;
   if (!blas_layout(a, &la)) {
     a = a.contiguous();
@@ -134,8 +134,9 @@ torch::Tensor product(torch::Tensor a, torch::Tensor b) {
     at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         gemm<scalar_t>(tb, ta, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-                       pb + b_offsets[i], static_cast<int>(lb.ld), pa + a_offsets[i],
-                       static_cast<int>(la.ld), pc + i * m * n, static_cast<int>(n));
+                       static_cast<scalar_t>(alpha), pb + b_offsets[i], static_cast<int>(lb.ld),
+                       pa + a_offsets[i], static_cast<int>(la.ld), pc + i * m * n,
+                       static_cast<int>(n));
       }
     });
   });
@@ -145,9 +146,10 @@ torch::Tensor product(torch::Tensor a, torch::Tensor b) {
 class BatchedMatmulFunction : public torch::autograd::Function<BatchedMatmulFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& a,
-                               const torch::Tensor& b) {
+                               const torch::Tensor& b, double alpha) {
     ctx->save_for_backward({a, b});
-    return product(a, b);
+    ctx->saved_data["alpha"] = alpha;
+    return product(a, b, alpha);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -155,11 +157,12 @@ class BatchedMatmulFunction : public torch::autograd::Function<BatchedMatmulFunc
     const auto saved = ctx->get_saved_variables();
     const auto& a = saved[0];
     const auto& b = saved[1];
+    const double alpha = ctx->saved_data["alpha"].toDouble();
     const auto& grad = grads[0];  // [..., M, N]
     torch::Tensor da, db;
-    if (ctx->needs_input_grad(0)) da = product(grad, b.transpose(-2, -1));  // [..., M, K]
-    if (ctx->needs_input_grad(1)) db = product(a.transpose(-2, -1), grad);  // [..., K, N]
-    return {da, db};
+    if (ctx->needs_input_grad(0)) da = product(grad, b.transpose(-2, -1), alpha);  // [..., M, K]
+    if (ctx->needs_input_grad(1)) db = product(a.transpose(-2, -1), grad, alpha);  // [..., K, N]
+    return {da, db, torch::Tensor()};
   }
 };
 
@@ -184,15 +187,16 @@ bool batched_matmul_fast_path(const torch::Tensor& a, const torch::Tensor& b) {
 torch::Tensor bf16_emulated_matmul(const torch::Tensor& a, const torch::Tensor& b) {
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
   const auto ra = bf16_rounded(a), rb = bf16_rounded(b);
-  const auto product =
-      float_operands_fit(ra, rb) ? BatchedMatmulFunction::apply(ra, rb) : torch::matmul(ra, rb);
+  const auto product = float_operands_fit(ra, rb) ? BatchedMatmulFunction::apply(ra, rb, 1.0)
+                                                  : torch::matmul(ra, rb);
   return product.to(torch::kBFloat16);
 }
 
-torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b) {
-  if (emulate_bf16_products(a)) return bf16_emulated_matmul(a, b);
-  if (!batched_matmul_fast_path(a, b)) return torch::matmul(a, b);
-  return BatchedMatmulFunction::apply(a, b);
+torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, double alpha) {
+  if (batched_matmul_fast_path(a, b)) return BatchedMatmulFunction::apply(a, b, alpha);
+  const auto scaled = alpha == 1.0 ? a : a * alpha;
+  if (emulate_bf16_products(a)) return bf16_emulated_matmul(scaled, b);
+  return torch::matmul(scaled, b);
 }
 
 }  // namespace xlme::model

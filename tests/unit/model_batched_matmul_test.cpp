@@ -21,11 +21,11 @@ namespace {
 void expect_same_as_matmul(const std::function<torch::Tensor(const torch::Tensor&)>& make_a,
                            const std::function<torch::Tensor(const torch::Tensor&)>& make_b,
                            const torch::Tensor& a_base, const torch::Tensor& b_base,
-                           const std::string& what) {
+                           const std::string& what, double alpha = 1.0) {
   auto a1 = a_base.clone().requires_grad_(), b1 = b_base.clone().requires_grad_();
   auto a2 = a_base.clone().requires_grad_(), b2 = b_base.clone().requires_grad_();
-  const auto ours = batched_matmul(make_a(a1), make_b(b1));
-  const auto reference = torch::matmul(make_a(a2), make_b(b2));
+  const auto ours = batched_matmul(make_a(a1), make_b(b1), alpha);
+  const auto reference = torch::matmul(make_a(a2) * alpha, make_b(b2));
   ASSERT_EQ(ours.sizes(), reference.sizes()) << what;
   EXPECT_TRUE(torch::allclose(ours, reference, 1e-12, 1e-12)) << what;
   const auto weights = torch::randn_like(reference);  // a non-uniform upstream gradient
@@ -48,6 +48,8 @@ TEST(BatchedMatmul, EqualsMatmulForTheLayoutsAttentionUses) {
   const auto x = torch::randn({batch, length, heads * head_dim}, opts);
   const auto y = torch::randn({batch, length, heads * head_dim}, opts);
   expect_same_as_matmul(split, split_transposed, x, y, "q k^T from head views");
+  // The scores' scale as the product's factor (values and both gradients scaled).
+  expect_same_as_matmul(split, split_transposed, x, y, "0.3 q k^T", 0.3);
   const auto probs = torch::randn({batch, heads, length, length}, opts);
   expect_same_as_matmul(identity, split, probs, y, "probs v");
   // Contiguous 3-D operands, and operands BLAS cannot read as they are (every other column).

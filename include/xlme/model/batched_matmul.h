@@ -10,11 +10,13 @@
 
 namespace xlme::model {
 
-// a [..., M, K] x b [..., K, N] -> [..., M, N] (the same leading dimensions, no broadcasting),
-// with autograd. The fast path runs for float32 / float64 CPU tensors outside autocast when the
-// BLAS is OpenBLAS (found at run time); under bf16 CPU autocast on a CPU without fast bf16
-// products it runs on the bf16-rounded operands (see linear.h); anything else is torch::matmul.
-torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b);
+// alpha a [..., M, K] x b [..., K, N] -> [..., M, N] (the same leading dimensions, no
+// broadcasting), with autograd. The fast path runs for float32 / float64 CPU tensors outside
+// autocast when the BLAS is OpenBLAS (found at run time), with alpha as the BLAS product's own
+// factor (no pass over a, forward or backward); under bf16 CPU autocast on a CPU without fast bf16
+// products it runs on the bf16-rounded operands (see linear.h); anything else is
+// torch::matmul(a * alpha, b).
+torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, double alpha = 1.0);
 
 // The emulated bf16 product itself, whatever the CPU (tests; see linear.h).
 torch::Tensor bf16_emulated_matmul(const torch::Tensor& a, const torch::Tensor& b);
