@@ -55,4 +55,79 @@ torch::Tensor dropout(const torch::Tensor& x, double p, bool training) {
   return x * dropout_mask(x.sizes(), p, DropoutDraws::next_seed(), x.options());
 }
 
+namespace {
+
+// The keep mask of dropout_mask as bytes (1 kept, 0 dropped).
+torch::Tensor keep_bytes(int64_t n, const DropoutDraws& draws) {
+  auto keep = torch::empty({n}, torch::kUInt8);
+  uint8_t* out = keep.data_ptr<uint8_t>();
+  at::parallel_for(0, (n + 1) / 2, 16384, [&](int64_t begin, int64_t end) {
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const uint64_t draw = draws.pair_draw(pair);
+      const int64_t i = 2 * pair;
+      out[i] = draws.keeps_draw(draw & 0xFFFFFFFFULL) ? 1 : 0;
+      if (i + 1 < n) out[i + 1] = draws.keeps_draw(draw >> 32) ? 1 : 0;
+    }
+  });
+  return keep;
+}
+
+class ResidualDropoutFunction : public torch::autograd::Function<ResidualDropoutFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& y, double p) {
+    const auto xc = x.contiguous(), yc = y.contiguous();
+    const int64_t n = yc.numel();
+    const auto keep = keep_bytes(n, DropoutDraws(p, DropoutDraws::next_seed()));
+    auto out = torch::empty_like(yc);
+    AT_DISPATCH_FLOATING_TYPES(yc.scalar_type(), "residual_dropout", [&] {
+      const scalar_t* xs = xc.data_ptr<scalar_t>();
+      const scalar_t* ys = yc.data_ptr<scalar_t>();
+      const uint8_t* k = keep.data_ptr<uint8_t>();
+      scalar_t* o = out.data_ptr<scalar_t>();
+      const auto scale = static_cast<scalar_t>(1.0 / (1.0 - p));
+      at::parallel_for(0, n, 32768, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const scalar_t dropped = ys[i] * (k[i] ? scale : scalar_t(0));  // dropout's y * mask
+          o[i] = xs[i] + dropped;
+        }
+      });
+    });
+    ctx->save_for_backward({keep});
+    ctx->saved_data["p"] = p;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto keep = ctx->get_saved_variables()[0];
+    const double p = ctx->saved_data["p"].toDouble();
+    const auto grad = grads[0].contiguous();
+    auto dy = torch::empty_like(grad);
+    AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "residual_dropout_backward", [&] {
+      const scalar_t* g = grad.data_ptr<scalar_t>();
+      const uint8_t* k = keep.data_ptr<uint8_t>();
+      scalar_t* d = dy.data_ptr<scalar_t>();
+      const auto scale = static_cast<scalar_t>(1.0 / (1.0 - p));
+      at::parallel_for(0, grad.numel(), 32768, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) d[i] = g[i] * (k[i] ? scale : scalar_t(0));
+      });
+    });
+    return {grads[0], dy, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor residual_dropout(const torch::Tensor& x, const torch::Tensor& y, double p,
+                               bool training) {
+  const auto dtype = y.scalar_type();
+  const bool fused = training && p > 0.0 && y.device().is_cpu() && x.device().is_cpu() &&
+                     x.sizes() == y.sizes() && x.scalar_type() == dtype &&
+                     (dtype == torch::kFloat32 || dtype == torch::kFloat64);
+  if (!fused) return x + model::dropout(y, p, training);
+  XLME_CHECK(p < 1.0, "dropout probability must be in [0, 1), got {}", p);
+  return ResidualDropoutFunction::apply(x, y, p);
+}
+
 }  // namespace xlme::model

@@ -139,19 +139,19 @@ torch::Tensor EncoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
   XLME_CHECK(!context.defined() || cross_attention,
              "this encoder has no cross-attention to plug in (model.cross_attention=false)");
   if (pre_norm_) {
-    auto h = x + model::dropout(attention(attention_norm(x), padding, table), dropout_, train);
+    auto h = residual_dropout(x, attention(attention_norm(x), padding, table), dropout_, train);
     if (context.defined()) {
-      h = h + model::dropout(cross_attention(cross_attention_norm(h), context, context_padding),
-                             dropout_, train);
+      h = residual_dropout(h, cross_attention(cross_attention_norm(h), context, context_padding),
+                           dropout_, train);
     }
-    return h + model::dropout(ffn(ffn_norm(h)), dropout_, train);
+    return residual_dropout(h, ffn(ffn_norm(h)), dropout_, train);
   }
-  auto h = attention_norm(x + model::dropout(attention(x, padding, table), dropout_, train));
+  auto h = attention_norm(residual_dropout(x, attention(x, padding, table), dropout_, train));
   if (context.defined()) {
     h = cross_attention_norm(
-        h + model::dropout(cross_attention(h, context, context_padding), dropout_, train));
+        residual_dropout(h, cross_attention(h, context, context_padding), dropout_, train));
   }
-  return ffn_norm(h + model::dropout(ffn(h), dropout_, train));
+  return ffn_norm(residual_dropout(h, ffn(h), dropout_, train));
 }
 
 AttentionProjections EncoderLayerImpl::projections(const torch::Tensor& x) {

@@ -52,6 +52,14 @@ class DropoutDraws {
 // otherwise (or when p = 0). Gradient: the same mask times 1 / (1 - p).
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training);
 
+// x + dropout(y, p, training), the residual connection after a sub-layer. On the CPU for float32
+// and float64 when training with p > 0: one autograd function that writes the sum in one pass and
+// keeps the mask as bytes (the same mask dropout draws for y), where the unfused form writes the
+// mask, the dropped-out y and the sum as three float tensors; the gradient passes to x as it is
+// and to y through the mask.
+torch::Tensor residual_dropout(const torch::Tensor& x, const torch::Tensor& y, double p,
+                               bool training);
+
 // The mask itself ({0, 1 / (1 - p)} in `options`' dtype, shape `sizes`), from an explicit seed: the
 // element at flat index i is dropped when the i-th 32-bit draw is below p * 2^32.
 torch::Tensor dropout_mask(torch::IntArrayRef sizes, double p, uint64_t seed,
