@@ -66,6 +66,64 @@ __attribute__((target("avx2,fma"))) float exp_shifted_avx2(float* out, const flo
   return sum;
 }
 
+// Phi(x) = (1 + erf(x / sqrt 2)) / 2 and phi(x) = exp(-x^2 / 2) / sqrt(2 pi) of 8 floats, erf by
+// Abramowitz & Stegun 7.1.26 on |z| (z = x / sqrt 2) with the sign put back.
+struct NormalParts {
+  __m256 cdf, pdf;
+};
+__attribute__((target("avx2,fma"))) inline NormalParts normal_parts(__m256 x) {
+  const __m256 z = _mm256_mul_ps(x, _mm256_set1_ps(0.70710678118654752f));
+  const __m256 sign = _mm256_and_ps(z, _mm256_set1_ps(-0.0f));
+  const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), z);  // |z|
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.3275911f), a, one));
+  __m256 poly = _mm256_set1_ps(1.061405429f);
+  poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(-1.453152027f));
+  poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(1.421413741f));
+  poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(-0.284496736f));
+  poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(0.254829592f));
+  poly = _mm256_mul_ps(poly, t);
+  const __m256 gauss = exp_nonpositive(_mm256_mul_ps(_mm256_mul_ps(a, a), _mm256_set1_ps(-1.0f)));
+  const __m256 erf_abs = _mm256_fnmadd_ps(poly, gauss, one);  // 1 - poly e^{-z^2}
+  const __m256 erf = _mm256_or_ps(erf_abs, sign);
+  return {_mm256_mul_ps(_mm256_add_ps(one, erf), _mm256_set1_ps(0.5f)),
+          _mm256_mul_ps(gauss, _mm256_set1_ps(0.39894228040143268f))};
+}
+
+__attribute__((target("avx2,fma"))) void bias_gelu_avx2(const float* c, const float* b, float* out,
+                                                        int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 x = _mm256_add_ps(_mm256_loadu_ps(c + j), _mm256_loadu_ps(b + j));
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(x, normal_parts(x).cdf));
+  }
+  for (; j < n; ++j) {
+    const float x = c[j] + b[j];
+    out[j] = x * 0.5f * (1.0f + std::erf(x * 0.70710678118654752f));
+  }
+}
+
+__attribute__((target("avx2,fma"))) void bias_gelu_backward_avx2(const float* g, const float* c,
+                                                                 const float* b, float* dc,
+                                                                 float* db_sum, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 x = _mm256_add_ps(_mm256_loadu_ps(c + j), _mm256_loadu_ps(b + j));
+    const NormalParts parts = normal_parts(x);
+    const __m256 d =
+        _mm256_mul_ps(_mm256_loadu_ps(g + j), _mm256_fmadd_ps(x, parts.pdf, parts.cdf));
+    _mm256_storeu_ps(dc + j, d);
+    _mm256_storeu_ps(db_sum + j, _mm256_add_ps(_mm256_loadu_ps(db_sum + j), d));
+  }
+  for (; j < n; ++j) {
+    const float x = c[j] + b[j];
+    const float cdf = 0.5f * (1.0f + std::erf(x * 0.70710678118654752f));
+    const float pdf = std::exp(-0.5f * x * x) * 0.39894228040143268f;
+    dc[j] = g[j] * (cdf + x * pdf);
+    db_sum[j] += dc[j];
+  }
+}
+
 __attribute__((target("avx2,fma"))) float max_avx2(const float* x, int64_t n) {
   __m256 top = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   int64_t j = 0;
@@ -95,6 +153,25 @@ T max_scalar(const T* x, int64_t n) {
   T value = -std::numeric_limits<T>::infinity();
   for (int64_t j = 0; j < n; ++j) value = x[j] > value ? x[j] : value;
   return value;
+}
+
+template <typename T>
+void bias_gelu_scalar(const T* c, const T* b, T* out, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const T x = c[j] + b[j];
+    out[j] = x * T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440)));
+  }
+}
+
+template <typename T>
+void bias_gelu_backward_scalar(const T* g, const T* c, const T* b, T* dc, T* db_sum, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const T x = c[j] + b[j];
+    const T cdf = T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440)));
+    const T pdf = std::exp(T(-0.5) * x * x) * T(0.39894228040143267794);
+    dc[j] = g[j] * (cdf + x * pdf);
+    db_sum[j] += dc[j];
+  }
 }
 
 template <typename T>
@@ -139,6 +216,30 @@ RowMax<float> row_max(const float* x, int64_t n) {
 
 RowMax<double> row_max(const double* x, int64_t n) {
   return first_index_of(x, n, max_scalar(x, n));
+}
+
+void bias_gelu_row(const float* c, const float* b, float* out, int64_t n) {
+#if defined(__x86_64__)
+  if (runtime::cpu_has_avx2_fma()) return bias_gelu_avx2(c, b, out, n);
+#endif
+  bias_gelu_scalar(c, b, out, n);
+}
+
+void bias_gelu_row(const double* c, const double* b, double* out, int64_t n) {
+  bias_gelu_scalar(c, b, out, n);
+}
+
+void bias_gelu_backward_row(const float* g, const float* c, const float* b, float* dc,
+                            float* db_sum, int64_t n) {
+#if defined(__x86_64__)
+  if (runtime::cpu_has_avx2_fma()) return bias_gelu_backward_avx2(g, c, b, dc, db_sum, n);
+#endif
+  bias_gelu_backward_scalar(g, c, b, dc, db_sum, n);
+}
+
+void bias_gelu_backward_row(const double* g, const double* c, const double* b, double* dc,
+                            double* db_sum, int64_t n) {
+  bias_gelu_backward_scalar(g, c, b, dc, db_sum, n);
 }
 
 }  // namespace xlme::cpu

@@ -67,7 +67,7 @@ torch::Tensor GeneratorHeadImpl::forward(const torch::Tensor& hidden,
                                          const torch::Tensor& token_table) {
   // Under bf16 autocast `dense` returns bf16; LibTorch 1.13's CPU LayerNorm does not take bf16
   // input with fp32 weights, so the input is brought to the weights' dtype (a no-op in fp32).
-  const auto activated = torch::gelu(linear(dense, hidden)).to(norm->weight.scalar_type());
+  const auto activated = linear_gelu(dense, hidden).to(norm->weight.scalar_type());
   return linear(norm(activated), token_table, output_bias);
 }
 
@@ -78,7 +78,7 @@ DiscriminatorHeadImpl::DiscriminatorHeadImpl(int64_t hidden_size, double init_st
 }
 
 torch::Tensor DiscriminatorHeadImpl::forward(const torch::Tensor& hidden) {
-  return linear(output, torch::gelu(linear(dense, hidden))).squeeze(-1);
+  return linear(output, linear_gelu(dense, hidden)).squeeze(-1);
 }
 
 namespace {

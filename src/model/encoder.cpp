@@ -85,7 +85,7 @@ FeedForwardImpl::FeedForwardImpl(int64_t hidden_size, int64_t ffn_size, double i
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  return linear(output, torch::gelu(linear(intermediate, x)));
+  return linear(output, linear_gelu(intermediate, x));
 }
 
 EncoderLayerImpl::EncoderLayerImpl(const EncoderOptions& options, const EncoderLayerImpl* first)

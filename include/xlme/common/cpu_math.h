@@ -29,4 +29,17 @@ struct RowMax {
 RowMax<float> row_max(const float* x, int64_t n);
 RowMax<double> row_max(const double* x, int64_t n);
 
+// GELU with a bias, over one row of n columns: out[j] = gelu(c[j] + b[j]), gelu(x) = x Phi(x) =
+// x (1 + erf(x / sqrt 2)) / 2. float32: erf by Abramowitz & Stegun 7.1.26 (absolute error under
+// 1.5e-7, the approximation LibTorch's own vectorized GELU uses); float64: std::erf.
+void bias_gelu_row(const float* c, const float* b, float* out, int64_t n);
+void bias_gelu_row(const double* c, const double* b, double* out, int64_t n);
+
+// Its backward over the same row: dc[j] = g[j] gelu'(c[j] + b[j]), gelu'(x) = Phi(x) + x phi(x);
+// adds dc into db_sum[j] (the bias gradient, summed over rows).
+void bias_gelu_backward_row(const float* g, const float* c, const float* b, float* dc,
+                            float* db_sum, int64_t n);
+void bias_gelu_backward_row(const double* g, const double* c, const double* b, double* dc,
+                            double* db_sum, int64_t n);
+
 }  // namespace xlme::cpu

@@ -41,6 +41,18 @@ inline torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor&
   return linear(x, layer->weight, layer->bias);
 }
 
+// gelu(x w^T + b), the FFN's first half. On float32/float64 CPU tensors outside autocast (b
+// defined): the product without its bias (mm), then the bias and GELU in one pass whose backward
+// also sums the bias gradient (cpu::bias_gelu_row), instead of addmm's copy of the bias into the
+// output, GELU's pass, GELU's backward and the bias gradient's sum over the rows. Elsewhere
+// torch::gelu(linear(x, w, b)).
+torch::Tensor linear_gelu(const torch::Tensor& x, const torch::Tensor& weight,
+                          const torch::Tensor& bias);
+
+inline torch::Tensor linear_gelu(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  return linear_gelu(x, layer->weight, layer->bias);
+}
+
 // The emulated product itself, whatever the CPU (tests): float32 linear of the bf16-rounded
 // operands outside autocast, rounded to bf16.
 torch::Tensor bf16_emulated_linear(const torch::Tensor& x, const torch::Tensor& weight,
