@@ -62,9 +62,9 @@ __attribute__((always_inline)) inline T biased_row(const T* s, const T* t, T f, 
 }
 
 // One row of the backward: ds = p * (g' - sum(g' * p)) with g' = g through the dropout mask
-// (kept where the dropped-out probability pd is nonzero: there pd = p / (1 - p) > 0; where p = 0
-// the mask does not matter, as ds = 0), then the bias reductions: returns sum(ds * t) and adds
-// f * ds to dt (t nullptr: none).
+// (kept where the dropped-out probability pd is nonzero: where p > 0, pd = p * keep > 0 for a kept
+// element and 0 for a dropped one; where p = 0 the mask does not matter, as ds = 0), then the bias
+// reductions: returns sum(ds * t) and adds f * ds to dt (t nullptr: none).
 template <typename T>
 __attribute__((always_inline)) inline T backward_row(const T* g, const T* p, const T* pd, T keep,
                                                      const T* t, T f, T* ds, T* dt, int64_t n) {
