@@ -9,6 +9,8 @@
 #include "xlme/model/linear.h"
 #include "xlme/model/relative_position.h"
 
+#include "kernel_util.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -23,6 +25,10 @@
 #include <utility>
 
 namespace xlme::model {
+
+using kernel::empty_if_undefined;
+using kernel::rows_per_task;
+using kernel::undefined_if_empty;
 
 AttentionKernel resolve_attention_kernel(const std::string& name, const torch::Device& device) {
   if (name == "math") return AttentionKernel::kMath;
@@ -58,11 +64,6 @@ torch::Tensor padding_bias(const torch::Tensor& padding, const torch::TensorOpti
   return torch::zeros({padding.size(0), 1, 1, padding.size(1)}, options)
       .masked_fill_(padding.view({padding.size(0), 1, 1, padding.size(1)}),
                     -std::numeric_limits<double>::infinity());
-}
-
-// Rows of T elements per parallel task: enough work to amortize the task (~32k elements).
-int64_t rows_per_task(int64_t length) {
-  return std::max<int64_t>(1, 32768 / length);
 }
 
 // The forward loop: scores [B, H, T, T] contiguous (scalar_t); factor [B * H * T] and table
@@ -145,16 +146,6 @@ std::pair<torch::Tensor, torch::Tensor> bias_backward_aten(const torch::Tensor& 
                            .unsqueeze(-1);                                // [B, H, T, 1]
   const auto dtable = torch::bmm(f, rows).view({heads, length, length});  // [H, T, T]
   return {dfactor, dtable};
-}
-
-// LibTorch 1.13's autograd functions take no undefined tensor inputs: an empty tensor stands for
-// "none" (no gate factor, no padding) on the way in and is turned back on the way out.
-torch::Tensor empty_if_undefined(const torch::Tensor& t, const torch::TensorOptions& options) {
-  return t.defined() ? t : torch::empty({0}, options);
-}
-
-torch::Tensor undefined_if_empty(const torch::Tensor& t) {
-  return t.numel() > 0 ? t : torch::Tensor();
 }
 
 // add_position_bias as an autograd function: the forward modifies `scores` in place (marked

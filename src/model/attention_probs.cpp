@@ -7,6 +7,8 @@
 #include "xlme/common/torch_compat.h"
 #include "xlme/model/dropout.h"
 
+#include "kernel_util.h"
+
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
@@ -19,12 +21,11 @@
 
 namespace xlme::model {
 
-namespace {
+using kernel::empty_if_undefined;
+using kernel::rows_per_task;
+using kernel::undefined_if_empty;
 
-// Rows of T elements per parallel task: enough work to amortize the task (~32k elements).
-int64_t rows_per_task(int64_t length) {
-  return std::max<int64_t>(1, 32768 / length);
-}
+namespace {
 
 // The fused kernels' operands as raw pointers (nullptr: not given).
 template <typename T>
@@ -96,17 +97,8 @@ __attribute__((always_inline)) inline T backward_row(const T* g, const T* p, con
   return std::accumulate(partial, partial + kLanes, T(0));
 }
 
-// The row functions compiled twice: for any x86-64 (SSE2) and, for float32 where the CPU has
-// them, with AVX2 and FMA (8 floats per instruction instead of 4).
-template <typename T>
-T biased_row_any(const T* s, const T* t, T f, const bool* pad, T* x, int64_t n) {
-  return biased_row(s, t, f, pad, x, n);
-}
-template <typename T>
-T backward_row_any(const T* g, const T* p, const T* pd, T keep, const T* t, T f, T* ds, T* dt,
-                   int64_t n) {
-  return backward_row(g, p, pd, keep, t, f, ds, dt, n);
-}
+// The row functions compiled twice: inlined into the dispatchers below for any x86-64 (SSE2)
+// and, for float32 where the CPU has them, with AVX2 and FMA (8 floats per instruction, not 4).
 #if defined(__x86_64__)
 __attribute__((target("avx2,fma"))) float biased_row_avx2(const float* s, const float* t, float f,
                                                           const bool* pad, float* x, int64_t n) {
@@ -127,7 +119,7 @@ T biased_row_dispatch(const T* s, const T* t, T f, const bool* pad, T* x, int64_
     if (runtime::cpu_has_avx2_fma()) return biased_row_avx2(s, t, f, pad, x, n);
   }
 #endif
-  return biased_row_any(s, t, f, pad, x, n);
+  return biased_row(s, t, f, pad, x, n);
 }
 
 template <typename T>
@@ -138,7 +130,7 @@ T backward_row_dispatch(const T* g, const T* p, const T* pd, T keep, const T* t,
     if (runtime::cpu_has_avx2_fma()) return backward_row_avx2(g, p, pd, keep, t, f, ds, dt, n);
   }
 #endif
-  return backward_row_any(g, p, pd, keep, t, f, ds, dt, n);
+  return backward_row(g, p, pd, keep, t, f, ds, dt, n);
 }
 
 // Forward: probs = softmax(scores + factor * table, -inf at padded keys) row by row, and dropped
@@ -202,14 +194,6 @@ void probs_backward(const T* grad, const T* probs, const T* dropped, T keep, T* 
     const T* add = partial_tables.data() + k * table_size;
     for (int64_t i = 0; i < table_size; ++i) dtable[i] += add[i];
   }
-}
-
-torch::Tensor empty_if_undefined(const torch::Tensor& t, const torch::TensorOptions& options) {
-  return t.defined() ? t : torch::empty({0}, options);
-}
-
-torch::Tensor undefined_if_empty(const torch::Tensor& t) {
-  return t.numel() > 0 ? t : torch::Tensor();
 }
 
 template <typename T>

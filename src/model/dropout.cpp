@@ -23,28 +23,34 @@ uint64_t DropoutDraws::next_seed() {
   return generator.get<at::CPUGeneratorImpl>()->random64();
 }
 
+namespace {
+
+// out[i] = keep where DropoutDraws keeps element i, else 0: pairs of elements per draw; grain:
+// ~32k elements per task.
+template <typename T>
+void fill_mask(T* out, int64_t n, const DropoutDraws& draws, T keep) {
+  at::parallel_for(0, (n + 1) / 2, 16384, [&](int64_t begin, int64_t end) {
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const uint64_t draw = draws.pair_draw(pair);
+      const int64_t i = 2 * pair;
+      out[i] = draws.keeps_draw(draw & 0xFFFFFFFFULL) ? keep : T(0);
+      if (i + 1 < n) out[i + 1] = draws.keeps_draw(draw >> 32) ? keep : T(0);
+    }
+  });
+}
+
+}  // namespace
+
 torch::Tensor dropout_mask(torch::IntArrayRef sizes, double p, uint64_t seed,
                            const torch::TensorOptions& options) {
-  XLME_CHECK(p >= 0.0 && p < 1.0, "dropout probability must be in [0, 1), got {}", p);
   XLME_CHECK(options.device().is_cpu(), "dropout_mask fills CPU tensors, not {}",
              options.device().str());
+  const DropoutDraws draws(p, seed);  // checks p
   auto mask = torch::empty(sizes, options);
-  const DropoutDraws draws(p, seed);
-  const int64_t n = mask.numel();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kBFloat16, at::kHalf, mask.scalar_type(), "dropout_mask", [&] {
-        scalar_t* out = mask.data_ptr<scalar_t>();
-        const auto keep = static_cast<scalar_t>(1.0 / (1.0 - p));
-        const auto drop = static_cast<scalar_t>(0);
-        // Pairs of elements per draw; grain: ~32k elements per task.
-        at::parallel_for(0, (n + 1) / 2, 16384, [&](int64_t begin, int64_t end) {
-          for (int64_t pair = begin; pair < end; ++pair) {
-            const uint64_t draw = draws.pair_draw(pair);
-            const int64_t i = 2 * pair;
-            out[i] = draws.keeps_draw(draw & 0xFFFFFFFFULL) ? keep : drop;
-            if (i + 1 < n) out[i + 1] = draws.keeps_draw(draw >> 32) ? keep : drop;
-          }
-        });
+        fill_mask<scalar_t>(mask.data_ptr<scalar_t>(), mask.numel(), draws,
+                            static_cast<scalar_t>(1.0 / (1.0 - p)));
       });
   return mask;
 }
@@ -60,15 +66,7 @@ namespace {
 // The keep mask of dropout_mask as bytes (1 kept, 0 dropped).
 torch::Tensor keep_bytes(int64_t n, const DropoutDraws& draws) {
   auto keep = torch::empty({n}, torch::kUInt8);
-  uint8_t* out = keep.data_ptr<uint8_t>();
-  at::parallel_for(0, (n + 1) / 2, 16384, [&](int64_t begin, int64_t end) {
-    for (int64_t pair = begin; pair < end; ++pair) {
-      const uint64_t draw = draws.pair_draw(pair);
-      const int64_t i = 2 * pair;
-      out[i] = draws.keeps_draw(draw & 0xFFFFFFFFULL) ? 1 : 0;
-      if (i + 1 < n) out[i + 1] = draws.keeps_draw(draw >> 32) ? 1 : 0;
-    }
-  });
+  fill_mask<uint8_t>(keep.data_ptr<uint8_t>(), n, draws, 1);
   return keep;
 }
 
@@ -127,7 +125,6 @@ torch::Tensor residual_dropout(const torch::Tensor& x, const torch::Tensor& y, d
                      x.sizes() == y.sizes() && x.scalar_type() == dtype &&
                      (dtype == torch::kFloat32 || dtype == torch::kFloat64);
   if (!fused) return x + model::dropout(y, p, training);
-  XLME_CHECK(p < 1.0, "dropout probability must be in [0, 1), got {}", p);
   return ResidualDropoutFunction::apply(x, y, p);
 }
 

@@ -21,13 +21,8 @@ class DropoutDraws {
   // LibTorch's default CPU generator draws the seed (what dropout() does for each call).
   static uint64_t next_seed();
 
-  // Whether the element at flat index i is kept: its 32-bit draw (the low or high half of the
-  // SplitMix64 of pair i / 2) is at least p * 2^32.
-  bool keeps(int64_t i) const {
-    const uint64_t draw = pair_draw(i >> 1);
-    return ((i & 1) ? (draw >> 32) : (draw & 0xFFFFFFFFULL)) >= threshold_;
-  }
-  // The 64-bit draw of elements 2 * pair (low half) and 2 * pair + 1 (high half).
+  // The 64-bit draw of elements 2 * pair (low half) and 2 * pair + 1 (high half): element i is
+  // kept when its 32-bit half is at least p * 2^32.
   uint64_t pair_draw(int64_t pair) const {
     return split_mix64(seed_ ^ split_mix64(static_cast<uint64_t>(pair)));
   }
