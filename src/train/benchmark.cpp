@@ -55,17 +55,21 @@ std::string run_benchmark(const config::Config& config, int64_t steps,
   if (!profile_path.empty()) {
     // A separate pass, so that the profiler's overhead stays out of the figures above.
     const auto profile_start = std::chrono::steady_clock::now();
-    const auto ops = profile_ops([&] {
-      for (int64_t i = 0; i < steps; ++i) trainer.train_step();
-    });
+    const bool on_cuda = trainer.device().is_cuda();
+    const auto ops = profile_ops(
+        [&] {
+          for (int64_t i = 0; i < steps; ++i) trainer.train_step();
+        },
+        on_cuda);
     const double wall_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - profile_start)
             .count();
     write_file_atomic(profile_path, format_op_table(ops, steps, wall_ms, ops.size()));
     spdlog::info(
-        "where the time goes ({} profiled steps, {:.0f} ms per step with the profiler; "
-        "every operator in {}):\n{}",
-        steps, wall_ms / steps, profile_path, format_op_table(ops, steps, wall_ms, 20));
+        "where the time goes ({} profiled steps, {:.0f} ms per step with the profiler, {} "
+        "times; every operator in {}):\n{}",
+        steps, wall_ms / steps, on_cuda ? "CUDA-event (device)" : "host", profile_path,
+        format_op_table(ops, steps, wall_ms, 20));
   }
 
   const auto mfu =

@@ -11,7 +11,7 @@ namespace xlme::train {
 
 namespace profiler = torch::autograd::profiler;
 
-std::vector<OpTime> profile_ops(const std::function<void()>& work) {
+std::vector<OpTime> profile_ops(const std::function<void()>& work, bool device_time) {
   std::map<std::string, OpTime> by_name;
   {
     const auto collect = [&](const profiler::thread_event_lists& threads) {
@@ -24,7 +24,11 @@ std::vector<OpTime> profile_ops(const std::function<void()>& work) {
           } else if (event.kind() == profiler::EventKind::PopRange && !open.empty()) {
             const auto [push, children_us] = open.back();
             open.pop_back();
-            const double us = push->cpuElapsedUs(event);
+            // With device_time, the CUDA events recorded at the range's push and pop on the
+            // current stream: the device time the operator's kernels spanned.
+            const double us = device_time && push->hasCuda() && event.hasCuda()
+                                  ? push->cudaElapsedUs(event)
+                                  : push->cpuElapsedUs(event);
             OpTime& op = by_name[push->name()];
             op.calls += 1;
             op.total_ms += us / 1000;
@@ -35,7 +39,10 @@ std::vector<OpTime> profile_ops(const std::function<void()>& work) {
       }
     };
     profiler::TLSLegacyProfilerGuard guard(
-        torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU), collect);
+        torch::profiler::impl::ProfilerConfig(device_time
+                                                  ? torch::profiler::impl::ProfilerState::CUDA
+                                                  : torch::profiler::impl::ProfilerState::CPU),
+        collect);
     work();
   }
   std::vector<OpTime> ops;

@@ -18,9 +18,11 @@ struct OpTime {
   double self_ms = 0;   // exclusive
 };
 
-// Runs `work` under LibTorch's (legacy, CPU-side) profiler and returns every operator's time,
-// largest self time first. On a GPU the times are the host's (launch) times.
-std::vector<OpTime> profile_ops(const std::function<void()>& work);
+// Runs `work` under LibTorch's legacy profiler and returns every operator's time, largest self
+// time first. The times are the host's unless `device_time` (on CUDA): then each operator's
+// range is timed by CUDA events recorded on the current stream at its start and end, the device
+// time its kernels spanned (LibTorch's old `use_cuda=True`), gaps between launches included.
+std::vector<OpTime> profile_ops(const std::function<void()>& work, bool device_time = false);
 
 // A fixed-width table: operator, calls, self and total milliseconds per step, self share of the
 // profiled wall time.
