@@ -302,11 +302,21 @@ chmod +x "$work/pkg-config"
 
 # --- configure and build --------------------------------------------------------------------------
 build="$work/build"
+# Debian's development links are absolute (libz.so -> /lib/x86_64-linux-gnu/libz.so.1.2.13): on
+# another system they dangle, and FindLibLZMA's symbol checks fail. Link the carried files.
+carried() {  # carried LINK: the carried file a development link names
+  local target
+  target=$(readlink "$1") || { echo "$1"; return; }
+  case "$target" in
+    /*) echo "$R$target" ;;
+    *) echo "$(dirname "$1")/$target" ;;
+  esac
+}
 cmake_args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DXLME_BUILD_TESTS=ON
   "-DCMAKE_PREFIX_PATH=${torch_prefix:+$torch_prefix;}$prefixes"
   "-DPKG_CONFIG_EXECUTABLE=$work/pkg-config"
-  "-DZLIB_INCLUDE_DIR=$R/usr/include" "-DZLIB_LIBRARY=$L/libz.so"
-  "-DLIBLZMA_INCLUDE_DIR=$R/usr/include" "-DLIBLZMA_LIBRARY=$L/liblzma.so"
+  "-DZLIB_INCLUDE_DIR=$R/usr/include" "-DZLIB_LIBRARY=$(carried "$L/libz.so")"
+  "-DLIBLZMA_INCLUDE_DIR=$R/usr/include" "-DLIBLZMA_LIBRARY=$(carried "$L/liblzma.so")"
   # Test discovery at test time: a binary that cannot start shows up as a failed test.
   -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST)
 for pkg in yaml-cpp fmt spdlog CLI11 nlohmann_json GTest; do
