@@ -15,7 +15,8 @@
 #   configure  cmake (once; later calls reuse the build folder .gpubuild/ and only rebuild)
 #   build      ninja -j$(nproc): the binaries and the integration tests
 #   flags      XLME_WITH_CUDA and USE_C10D_NCCL in the build; where gloo/ and fmt/ headers came from
-#   cuda_tests ctest -R '^Cuda' (tests/integration/cuda_test.cpp), one process per test
+#   cuda_tests ctest -R 'Cuda' (tests/integration/cuda_test.cpp and the unit tests with Cuda in
+#              their names, e.g. MultiTensorAdamW.CudaStepsEqualTheCpuSteps), one process per test
 #   bench_*    xlme-pretrain --benchmark: base (configs/pretrain/base.yaml, bf16) and small
 #              (configs/pretrain/demo_small_gpu.yaml), each with model.attention=sdpa and =math
 #
@@ -353,7 +354,8 @@ run_step configure 150 "$out/build.log" -- bash -c "$(declare -f configure); bui
 built_ok=0
 if [ -f "$build/build.ninja" ]; then
   run_step build "${XLME_GPU_CHECK_BUILD_S:-330}" "$out/build.log" -- \
-    ninja -C "$build" -j"$nproc" xlme-pretrain xlme-export xlme-data xlme-finetune xlme_integration_tests &&
+    ninja -C "$build" -j"$nproc" xlme-pretrain xlme-export xlme-data xlme-finetune xlme_unit_tests \
+    xlme_integration_tests &&
     built_ok=1
 else
   record build skipped 0 "not configured"
@@ -387,7 +389,7 @@ fi
 if [ "$built_ok" = 1 ]; then
   export XLME_REFERENCE_PYTHON=${XLME_REFERENCE_PYTHON:-$(command -v python3)}
   run_step cuda_tests 240 "$out/tests.log" -- \
-    ctest --test-dir "$build" -R '^Cuda' -V --timeout 150 --output-junit "$out/tests.xml"
+    ctest --test-dir "$build" -R 'Cuda' -V --timeout 150 --output-junit "$out/tests.xml"
 else
   record cuda_tests skipped 0 "the build failed"
 fi

@@ -54,10 +54,41 @@ torch::Tensor BucketCache::get(int64_t length, const torch::Device& device) {
   return table.narrow(0, 0, length).narrow(1, 0, length);
 }
 
-torch::Tensor toeplitz_bias(const torch::Tensor& d, const torch::Tensor& buckets) {
+namespace {
+
+torch::Tensor gather_buckets(const torch::Tensor& d, const torch::Tensor& buckets) {
   const int64_t length = buckets.size(0);
   // reshape copies the index of a shorter length out of the cached table ([T * T] int64).
   return d.index_select(1, buckets.reshape(-1)).view({d.size(0), length, length});
+}
+
+struct OneHotToeplitzBias : torch::autograd::Function<OneHotToeplitzBias> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& d,
+                               const torch::Tensor& buckets) {
+    ctx->save_for_backward({buckets});
+    ctx->saved_data["num_buckets"] = d.size(1);
+    return gather_buckets(d, buckets);
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto buckets = ctx->get_saved_variables()[0];
+    const int64_t num_buckets = ctx->saved_data["num_buckets"].toInt();
+    const auto& grad = grads[0];
+    const auto one_hot =
+        torch::one_hot(buckets.reshape(-1), num_buckets).to(grad.scalar_type());  // [T*T, K]
+    return {grad.reshape({grad.size(0), -1}).mm(one_hot), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor toeplitz_bias_one_hot(const torch::Tensor& d, const torch::Tensor& buckets) {
+  return OneHotToeplitzBias::apply(d, buckets);
+}
+
+torch::Tensor toeplitz_bias(const torch::Tensor& d, const torch::Tensor& buckets) {
+  return d.is_cuda() ? toeplitz_bias_one_hot(d, buckets) : gather_buckets(d, buckets);
 }
 
 }  // namespace xlme::model

@@ -166,10 +166,11 @@ torch::Tensor MultiTensorAdamW::step(LossClosure closure) {
       const auto step = static_cast<double>(previous + 1);
 #if XLME_HAS_FUSED_ADAMW
       if (lists.params.front().is_cuda()) {
-        // The kernel counts the steps itself: it gets the count before this step.
-        auto counts =
-            torch::full({static_cast<int64_t>(lists.params.size())}, static_cast<double>(previous),
-                        lists.params.front().options().dtype(torch::kFloat32));
+        // The kernel takes the count of this step (PyTorch's _fused_adamw increments before
+        // the call): with the count before it, the first step's bias correction 1 - beta^0 is
+        // 0 and every parameter becomes NaN (found on the first GPU run).
+        auto counts = torch::full({static_cast<int64_t>(lists.params.size())}, step,
+                                  lists.params.front().options().dtype(torch::kFloat32));
         std::vector<torch::Tensor> steps;
         for (int64_t i = 0; i < counts.size(0); ++i) steps.push_back(counts[i]);
         at::_fused_adamw_(lists.params, lists.grads, lists.exp_avgs, lists.exp_avg_sqs, {}, steps,

@@ -90,5 +90,31 @@ TEST(ToeplitzBias, GathersPerHeadTable) {
   }
 }
 
+// The CUDA path's gradient (one product with the one-hot bucket matrix) against index_select's
+// (index_add_), on a sliced, non-contiguous bucket table.
+TEST(ToeplitzBias, OneHotBackwardEqualsIndexSelects) {
+  BucketCache cache(32, 128);
+  const auto buckets = cache.get(64, torch::kCPU).narrow(0, 0, 37).narrow(1, 0, 37);
+  for (const auto dtype : {torch::kDouble, torch::kFloat}) {
+    torch::manual_seed(3);
+    const auto d = torch::randn({3, 32}, dtype);
+    const auto grad = torch::randn({3, 37, 37}, dtype);
+    const auto a = d.clone().requires_grad_();
+    const auto b = d.clone().requires_grad_();
+    const auto by_index = toeplitz_bias(a, buckets);  // CPU: index_select
+    const auto by_one_hot = toeplitz_bias_one_hot(b, buckets);
+    EXPECT_TRUE(torch::equal(by_index, by_one_hot));
+    by_index.backward(grad);
+    by_one_hot.backward(grad);
+    const double tol = dtype == torch::kDouble ? 1e-12 : 1e-4;
+    EXPECT_TRUE(torch::allclose(b.grad(), a.grad(), tol, tol))
+        << (b.grad() - a.grad()).abs().max().item<double>();
+    // Not zeros compared with zeros: each bucket the table uses gets a gradient in every head.
+    const auto used = torch::bincount(buckets.reshape(-1), {}, 32).gt(0).sum().item<int64_t>();
+    EXPECT_GT(used, 16);
+    EXPECT_EQ(a.grad().ne(0).sum().item<int64_t>(), 3 * used);
+  }
+}
+
 }  // namespace
 }  // namespace xlme::model
