@@ -75,8 +75,10 @@ struct OneHotToeplitzBias : torch::autograd::Function<OneHotToeplitzBias> {
     const auto buckets = ctx->get_saved_variables()[0];
     const int64_t num_buckets = ctx->saved_data["num_buckets"].toInt();
     const auto& grad = grads[0];
-    const auto one_hot =
-        torch::one_hot(buckets.reshape(-1), num_buckets).to(grad.scalar_type());  // [T*T, K]
+    // [T * T, K] by a scatter, not torch::one_hot, whose range check reads the index's minimum
+    // and maximum back to the host: a synchronization per layer on a GPU.
+    const auto one_hot = torch::zeros({buckets.numel(), num_buckets}, grad.options())
+                             .scatter_(1, buckets.reshape({-1, 1}), 1.0);
     return {grad.reshape({grad.size(0), -1}).mm(one_hot), torch::Tensor()};
   }
 };
