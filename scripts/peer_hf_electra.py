@@ -142,7 +142,7 @@ def main(argv=None):
         "ms_per_step": statistics.median(times),
         "ms_per_step_min": min(times),
         "tokens_per_step": B * S,
-        "last_loss": float(loss),
+        "last_loss": float(loss.detach()),
         "peak_memory_mib": (torch.cuda.max_memory_allocated() / 2**20
                             if device.type == "cuda" else None),
         "params": sum(p.numel() for p in params),
