@@ -1,6 +1,6 @@
 // A test process that dies of a fatal signal prints its stack first, so that a crash on a machine
 // nobody can log into (a lent GPU: scripts/gpu_check.sh brings back only the logs) names its
-// place. The symbols are readable because the test executables export theirs (ENABLE_EXPORTS).
+// place. The symbols are readable because the test executables export theirs (-rdynamic).
 #include <execinfo.h>
 #include <unistd.h>
 

@@ -45,7 +45,7 @@ TEST(CrashStack, ADyingTestProcessPrintsItsStackNamingTheFunction) {
   EXPECT_EQ(WTERMSIG(status), SIGSEGV);
   const std::string out = read_file(log);
   EXPECT_NE(out.find("fatal signal in an xlme test process"), std::string::npos) << out;
-  // The mangled name of the function that raised it (exported symbols: ENABLE_EXPORTS).
+  // The mangled name of the function that raised it (exported symbols: -rdynamic).
   EXPECT_NE(out.find("crash_here_for_the_stack"), std::string::npos) << out;
 }
 
