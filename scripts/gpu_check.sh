@@ -18,7 +18,11 @@
 #   cuda_tests ctest -R 'Cuda' (tests/integration/cuda_test.cpp and the unit tests with Cuda in
 #              their names, e.g. MultiTensorAdamW.CudaStepsEqualTheCpuSteps), one process per test
 #   bench_*    xlme-pretrain --benchmark: base (configs/pretrain/base.yaml, bf16) and small
-#              (configs/pretrain/demo_small_gpu.yaml), each with model.attention=sdpa and =math
+#              (configs/pretrain/demo_small_gpu.yaml), each with model.attention=sdpa and =math;
+#              base with micro-batches twice as large
+#   profile_base  --benchmark 2 --profile: Base's device time per operator, into bench.log
+#   peer_base_*   scripts/peer_hf_electra.py (HuggingFace ELECTRA, Base shapes), plain and with
+#              the fused AdamW
 #
 # Environment: XLME_GPU_CHECK_BUDGET_S (default 560: the whole run, under the tool's 600 s),
 # XLME_GPU_DEPS (default .gpudeps), XLME_GPU_BUILD (default .gpubuild), XLME_GPU_DEPS_FROM_SOURCE=1
@@ -395,11 +399,12 @@ else
 fi
 
 # --- benchmarks -----------------------------------------------------------------------------------
-bench() {  # bench NAME STEPS CONFIG SETTINGS...
+bench() {  # bench NAME STEPS CONFIG SETTINGS... [-- MORE ARGUMENTS]
   local name=$1 steps=$2 config=$3
   shift 3
   local args=(--config "$config" --benchmark "$steps" --log-level warn --set "run.out_dir=$work/bench-run")
-  for s in "$@"; do args+=(--set "$s"); done
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=(--set "$1"); shift; done
+  [ "${1:-}" = -- ] && { shift; args+=("$@"); }
   echo "### $name" >>"$out/bench.log"
   run_step "$name" 90 "$out/bench.log" -- "$build/xlme-pretrain" "${args[@]}"
 }
@@ -420,6 +425,25 @@ if [ "$built_ok" = 1 ]; then
     bench "bench_base_$attention" "$steps" "${base[0]}" "${base[@]:1}" "model.attention=$attention"
     bench "bench_small_$attention" "$steps" "${small[0]}" "${small[@]:1}" "model.attention=$attention"
   done
+  # Micro-batches of 64 sequences (fit in 80 GB: 38 GiB on an H200).
+  [ "$cpu_mode" != 1 ] && bench bench_base_sdpa_mb64 "$steps" "${base[0]}" "${base[@]:1}" \
+    model.attention=sdpa train.micro_batch_tokens=32768
+  # Where a Base step's device time goes (CUDA-event times per operator), into bench.log.
+  rm -f "$work/profile.txt"
+  bench profile_base 2 "${base[0]}" "${base[@]:1}" model.attention=auto -- --profile \
+    "$work/profile.txt"
+  [ -f "$work/profile.txt" ] && { echo "### profile_base table"; head -c 40000 "$work/profile.txt"; } \
+    >>"$out/bench.log"
+  # The PyTorch peer with the Base shapes, on the same GPU (scripts/peer_hf_electra.py).
+  if [ "$cpu_mode" != 1 ]; then
+    for variant in default fused-adam; do
+      echo "### peer_base_$variant" >>"$out/bench.log"
+      extra=()
+      [ "$variant" = fused-adam ] && extra=(--fused-adam)
+      run_step "peer_base_$variant" 90 "$out/bench.log" -- python3 "$root/scripts/peer_hf_electra.py" \
+        "${extra[@]}"
+    done
+  fi
 else
   record benchmarks skipped 0 "the build failed"
 fi
