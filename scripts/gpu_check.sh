@@ -28,6 +28,8 @@
 # XLME_GPU_DEPS (default .gpudeps), XLME_GPU_BUILD (default .gpubuild), XLME_GPU_DEPS_FROM_SOURCE=1
 # (build the compiled libraries from source even where the prebuilt ones work),
 # XLME_GPU_CHECK_DEPS_S / _BUILD_S (default 240 / 330: those steps' limits),
+# XLME_GPU_CHECK_BUILD_ONLY=1 (env, deps, configure and the four binaries only: no tests, no
+# benchmarks; scripts/gpu_demo.sh),
 # XLME_GPU_CHECK_ALLOW_CPU=1 (no GPU: Debian's CPU LibTorch, CPU benchmark shapes; CUDA tests
 # skip; for checking this script).
 set -uo pipefail
@@ -356,10 +358,12 @@ configure() {
 run_step configure 150 "$out/build.log" -- bash -c "$(declare -f configure); build=$build; \
   cmake_args=($(printf '%q ' "${cmake_args[@]}")); configure"
 built_ok=0
+build_only=${XLME_GPU_CHECK_BUILD_ONLY:-0}
+targets="xlme-pretrain xlme-export xlme-data xlme-finetune"
+[ "$build_only" = 1 ] || targets="$targets xlme_unit_tests xlme_integration_tests"
 if [ -f "$build/build.ninja" ]; then
   run_step build "${XLME_GPU_CHECK_BUILD_S:-330}" "$out/build.log" -- \
-    ninja -C "$build" -j"$nproc" xlme-pretrain xlme-export xlme-data xlme-finetune xlme_unit_tests \
-    xlme_integration_tests &&
+    ninja -C "$build" -j"$nproc" $targets &&
     built_ok=1
 else
   record build skipped 0 "not configured"
@@ -390,7 +394,9 @@ if [ -f "$build/build.ninja" ]; then
 fi
 
 # --- CUDA tests -----------------------------------------------------------------------------------
-if [ "$built_ok" = 1 ]; then
+if [ "$build_only" = 1 ]; then
+  :  # the binaries only (scripts/gpu_demo.sh)
+elif [ "$built_ok" = 1 ]; then
   export XLME_REFERENCE_PYTHON=${XLME_REFERENCE_PYTHON:-$(command -v python3)}
   run_step cuda_tests 240 "$out/tests.log" -- \
     ctest --test-dir "$build" -R 'Cuda' -V --timeout 150 --output-junit "$out/tests.xml"
@@ -408,7 +414,9 @@ bench() {  # bench NAME STEPS CONFIG SETTINGS... [-- MORE ARGUMENTS]
   echo "### $name" >>"$out/bench.log"
   run_step "$name" 90 "$out/bench.log" -- "$build/xlme-pretrain" "${args[@]}"
 }
-if [ "$built_ok" = 1 ]; then
+if [ "$build_only" = 1 ]; then
+  :
+elif [ "$built_ok" = 1 ]; then
   if [ "$cpu_mode" = 1 ]; then
     # CPU stand-ins for checking the script: the benchmark shapes of the CPU reference.
     base=(configs/pretrain/benchmark/cpu_tiny.yaml model.vocab_size=500 train.precision=bf16)
