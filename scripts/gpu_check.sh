@@ -13,7 +13,7 @@
 #   deps       whether the carried prebuilt libraries link and run here (glibc, libstdc++); the
 #              ones that do not are built from the carried Debian sources into the build folder
 #   configure  cmake (once; later calls reuse the build folder .gpubuild/ and only rebuild)
-#   build      ninja -j$(nproc): the binaries and the integration tests
+#   build      ninja -j$(nproc): the binaries and both test executables
 #   flags      XLME_WITH_CUDA and USE_C10D_NCCL in the build; where gloo/ and fmt/ headers came from
 #   cuda_tests ctest -R 'Cuda' (tests/integration/cuda_test.cpp and the unit tests with Cuda in
 #              their names, e.g. MultiTensorAdamW.CudaStepsEqualTheCpuSteps), one process per test
