@@ -151,8 +151,8 @@ def main(argv=None):
         "fused_adam": args.fused_adam,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-        "config": {k: v for k, v in vars(args).items()},
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "config": vars(args),
     }
     print(json.dumps(result))
 
