@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Turns a run folder's metrics.jsonl into PNG curves a person reads at a glance.
 
     scripts/plot_metrics.py RUN_DIR [--out DIR] [--describe]
@@ -206,8 +206,8 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        sys.exit("matplotlib is missing: install python3-matplotlib (scripts/setup.sh does) and "
-                 "run this script with /usr/bin/python3")
+        sys.exit("matplotlib is missing: run this script with the project's .venv/bin/python3 "
+                 "(scripts/setup.sh installs requirements.txt into it)")
     metrics = read_metrics(metrics_path)
     rows = panel_rows(metrics)
     if not rows:

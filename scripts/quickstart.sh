@@ -38,6 +38,7 @@ stage() {
 }
 
 stage "1/8 install and build" "$logs/1-setup.log" scripts/setup.sh --binaries
+python=${XLME_VENV:-$root/.venv}/bin/python3  # made by setup.sh: matplotlib for the curves
 
 if [ -f "$data/counts.tsv" ]; then
   echo "==> 2/8 demo corpus: $data exists, reused"
@@ -83,9 +84,9 @@ else
     --set finetune.init=runs/demo/export --set run.out_dir=runs/demo/retrieval
 fi
 
-stage "8/8 loss curves" "$logs/8-plots.log" /usr/bin/python3 scripts/plot_metrics.py runs/demo
+stage "8/8 loss curves" "$logs/8-plots.log" "$python" scripts/plot_metrics.py runs/demo
 
-/usr/bin/python3 - runs/demo "$data" <<'PY'
+"$python" - runs/demo "$data" <<'PY'
 import json, os, sys
 run, data = sys.argv[1], sys.argv[2]
 records = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]

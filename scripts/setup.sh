@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Installs the Debian packages xlme needs (skipped when all are present), then configures and
-# builds xlme. Safe to run again: it only does what is missing or out of date. quickstart.sh and
-# test.sh configure the same build (warnings as errors, tests on), so the second reuses the first.
+# Installs what xlme needs and builds it. Safe to run again: it only does what is missing or out of
+# date. quickstart.sh and test.sh configure the same build (warnings as errors, tests on), so the
+# second reuses the first.
+#   1. Debian's packages (apt; skipped when all are present): the compiler and build tools and the
+#      C++ libraries xlme links (yaml-cpp, spdlog, fmt, CLI11, SentencePiece, GoogleTest, Gloo's
+#      headers, zlib, liblzma, nlohmann-json).
+#   2. The Python side in a virtual environment in the checkout (.venv, git-ignored): the pinned
+#      packages of requirements.txt (pip; skipped when .venv already holds exactly that file's
+#      set), torch==2.11.0 first of all, whose LibTorch (CUDA 13.0 build, NCCL, cuDNN) xlme
+#      compiles against.
+#   3. CMake configure and build in XLME_BUILD_DIR (CUDA compiled in; the CUDA toolkit's nvcc and
+#      headers in /usr/local/cuda or on PATH are needed to configure: see docs/gpu.md).
 # --binaries builds only the four binaries (quickstart.sh); --print-packages prints the Debian
-# packages and exits (scripts/check_torch2.sh uses it).
+# packages and exits.
 #
 #   scripts/setup.sh [--no-build] [--binaries] [--print-packages] [-- EXTRA CMAKE ARGS]
 #
 # Environment:
-#   XLME_BUILD_DIR     build folder (default: build)
-#   XLME_TORCH_PREFIX  a CUDA LibTorch 2.x, e.g. $(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)');
-#                      default: Debian's libtorch-dev (1.13, CPU)
+#   XLME_BUILD_DIR      build folder (default: build)
+#   XLME_VENV           the virtual environment (default: .venv in the checkout)
+#   XLME_BASE_PYTHON    the Python that makes it (default: python3; 3.10 or later)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,31 +35,26 @@ while [ $# -gt 0 ]; do
     --binaries) binaries_only=1 ;;
     --print-packages) print_packages=1 ;;
     --) shift; cmake_args=("$@"); break ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 
-# libopenblas0-pthread: without it LibTorch falls back to the reference BLAS (~15x slower matmuls).
 # libtcmalloc-minimal4: the allocator the binaries preload (src/common/runtime.h; peak RSS of the
-# demo run less than half of glibc malloc's).
-# python3-torch, python3-numpy: the PyTorch reference loader and its parity test;
-# python3-matplotlib: scripts/plot_metrics.py; python3-sentencepiece and the modules that
-# transformers imports (yaml ... typing-extensions): the transformers export test (docs/testing.md#the-transformers-export-test).
-# zlib1g-dev, liblzma-dev: .gz/.xz corpora (and checkpoint CRC32s); gettext: msgfmt for the
-# .mo tests; nlohmann-json3-dev: reading JSON (XTREME's SQuAD files, safetensors headers,
-# export config.json); sentencepiece: spm_encode/spm_train, the references of the tokenizer
-# tests and benchmark.
+# demo run less than half of glibc malloc's). libgloo-dev: c10d's ProcessGroupGloo.hpp includes
+# Gloo's headers, which the torch wheel does not ship. zlib1g-dev, liblzma-dev: .gz/.xz corpora
+# (and checkpoint CRC32s); gettext: msgfmt for the .mo tests; nlohmann-json3-dev: reading JSON
+# (XTREME's SQuAD files, safetensors headers, export config.json); sentencepiece: spm_encode/
+# spm_train, the references of the tokenizer tests and benchmark. python3-venv: Debian's python3
+# makes virtual environments only with it.
 packages=(
   build-essential cmake ninja-build pkg-config
-  libtorch-dev libgloo-dev libopenblas0-pthread libtcmalloc-minimal4
+  libgloo-dev libtcmalloc-minimal4
   libsentencepiece-dev sentencepiece
   zlib1g-dev liblzma-dev gettext
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev nlohmann-json3-dev
-  python3-torch python3-numpy python3-matplotlib python3-sentencepiece
-  python3-yaml python3-regex python3-requests python3-tqdm python3-filelock python3-packaging
-  python3-fsspec python3-typing-extensions
+  python3-venv
 )
 
 if [ "$print_packages" -eq 1 ]; then
@@ -58,13 +62,13 @@ if [ "$print_packages" -eq 1 ]; then
   exit 0
 fi
 "$root/scripts/install_packages.sh" "${packages[@]}"
+"$root/scripts/install_python.sh"
+venv=${XLME_VENV:-$root/.venv}
 
 [ "$build" -eq 1 ] || exit 0
 
-cmake_args=(-DXLME_WERROR=ON -DXLME_BUILD_TESTS=ON "${cmake_args[@]}")
-if [ -n "${XLME_TORCH_PREFIX:-}" ]; then
-  cmake_args+=("-DCMAKE_PREFIX_PATH=$XLME_TORCH_PREFIX")
-fi
+cmake_args=(-DXLME_WERROR=ON -DXLME_BUILD_TESTS=ON "-DXLME_PYTHON=$venv/bin/python3"
+            "${cmake_args[@]}")
 targets=()
 if [ "$binaries_only" -eq 1 ]; then
   targets=(--target xlme-data xlme-pretrain xlme-finetune xlme-export)

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """A pure PyTorch reference for xlme's encoder: loads an xlme-export folder and computes every
 layer's hidden states, as the C++ model does (docs/ARCHITECTURE.md#model). Needs only torch and numpy;
 copy this file to use an exported model anywhere.

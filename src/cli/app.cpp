@@ -93,13 +93,11 @@ int run_app(int argc, char** argv, const AppSpec& spec,
     spdlog::debug("resolved config:\n{}", config::to_yaml(cfg));
 
     const runtime::ThreadSettings threads = runtime::configure_threads(cfg.run.threads);
-    const runtime::BlasInfo blas = runtime::detect_blas();
     const runtime::AllocatorInfo allocator = runtime::detect_allocator();
     spdlog::info(
-        "threads: {} LibTorch ({} in xlme's own loops), {} BLAS ({}{}), OMP_WAIT_POLICY={}, "
+        "threads: {} LibTorch ({} in xlme's own loops), BLAS: {}, OMP_WAIT_POLICY={}, "
         "allocator: {} ({})",
-        threads.intra_op, threads.own_loops, threads.blas, blas.name,
-        blas.library.empty() ? "" : ", " + blas.library,
+        threads.intra_op, threads.own_loops, runtime::blas_name(),
         threads.omp_wait_policy.empty() ? "(unset: threads may spin)" : threads.omp_wait_policy,
         allocator.name, allocator.note.empty() ? allocator.library : allocator.note);
     if (threads.own_loops < threads.intra_op) {
@@ -108,13 +106,6 @@ int run_app(int argc, char** argv, const AppSpec& spec,
           "without OpenMP, which LibTorch's at::parallel_for needs (CMakeLists.txt links "
           "OpenMP::OpenMP_CXX); rebuild with scripts/setup.sh",
           threads.own_loops, threads.intra_op);
-    }
-    if (blas.reference) {
-      spdlog::warn(
-          "LibTorch is using the reference BLAS ({}): matrix products run ~15x slower. Install "
-          "libopenblas0-pthread (scripts/setup.sh does), or select it with `update-alternatives "
-          "--config libblas.so.3-x86_64-linux-gnu`.",
-          blas.library);
     }
     return body(cfg);
   } catch (const Error& e) {

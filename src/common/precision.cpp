@@ -1,6 +1,6 @@
 #include "xlme/common/precision.h"
 
-#include "xlme/common/torch_compat.h"
+#include <ATen/autocast_mode.h>
 
 #include <ATen/Context.h>
 
@@ -19,14 +19,16 @@ void enable_tf32(const torch::Device& device) {
 AutocastScope::AutocastScope(const torch::Device& device, bool enabled)
     : device_type_(device.type()), enabled_(enabled) {
   if (!enabled_) return;
-  was_enabled_ = compat::autocast_enabled(device_type_);
-  previous_dtype_ = compat::autocast_dtype(device_type_);
-  compat::set_autocast(device_type_, true, at::kBFloat16);
+  was_enabled_ = at::autocast::is_autocast_enabled(device_type_);
+  previous_dtype_ = at::autocast::get_autocast_dtype(device_type_);
+  at::autocast::set_autocast_enabled(device_type_, true);
+  at::autocast::set_autocast_dtype(device_type_, at::kBFloat16);
 }
 
 AutocastScope::~AutocastScope() {
   if (!enabled_) return;
-  compat::set_autocast(device_type_, was_enabled_, previous_dtype_);
+  at::autocast::set_autocast_enabled(device_type_, was_enabled_);
+  at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
   if (!was_enabled_) at::autocast::clear_cache();
 }
 

@@ -1,7 +1,7 @@
 #include "xlme/common/runtime.h"
 
+#include <torch/version.h>
 #include "xlme/common/error.h"
-#include "xlme/common/torch_compat.h"
 
 #include <dlfcn.h>
 #if defined(__GLIBC__)
@@ -31,46 +31,8 @@ bool contains(const std::string& text, const char* part) {
 
 }  // namespace
 
-BlasInfo detect_blas() {
-  BlasInfo info;
-  void* sgemm = dlsym(RTLD_DEFAULT, "sgemm_");
-  Dl_info where{};
-  if (sgemm == nullptr || dladdr(sgemm, &where) == 0 || where.dli_fname == nullptr) {
-    info.name = "LibTorch's built-in BLAS";  // e.g. MKL linked statically into the CUDA wheel
-    return info;
-  }
-  char resolved[PATH_MAX];
-  info.library = realpath(where.dli_fname, resolved) ? resolved : where.dli_fname;
-  std::string lower = info.library;
-  std::transform(lower.begin(), lower.end(), lower.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (contains(lower, "openblas")) {
-    info.name = "OpenBLAS";
-    using ConfigFn = char* (*)();
-    if (auto config = reinterpret_cast<ConfigFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
-      info.detail = config();
-    }
-  } else if (contains(lower, "mkl")) {
-    info.name = "MKL";
-  } else if (contains(lower, "blis")) {
-    info.name = "BLIS";
-  } else if (contains(lower, "atlas")) {
-    info.name = "ATLAS";
-  } else {
-    info.name = "reference BLAS";
-    info.reference = true;
-  }
-  return info;
-}
-
-const OpenBlasThreads& openblas_threads() {
-  static const OpenBlasThreads found = [] {
-    OpenBlasThreads t;
-    t.get = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-    t.set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-    return t;
-  }();
-  return found;
+std::string blas_name() {
+  return at::hasMKL() ? "MKL, linked into LibTorch" : "LibTorch's built-in BLAS";
 }
 
 int available_cores() {
@@ -96,10 +58,6 @@ ThreadSettings configure_threads(int64_t requested) {
   ThreadSettings settings;
   settings.intra_op = requested > 0 ? static_cast<int>(requested) : available_cores();
   at::set_num_threads(settings.intra_op);
-  if (const auto& blas = openblas_threads(); blas.set) {
-    blas.set(settings.intra_op);
-    settings.blas = settings.intra_op;
-  }
   settings.own_loops = parallel_loop_threads();
   const char* policy = std::getenv("OMP_WAIT_POLICY");
   settings.omp_wait_policy = policy ? policy : "";
@@ -230,11 +188,10 @@ bool release_free_memory() {
 }
 
 std::string build_description() {
-  return fmt::format(
-      "xlme {} (LibTorch {}, {}, fused attention: {})", XLME_VERSION, compat::kTorchVersion,
-      torch::cuda::is_available() ? fmt::format("CUDA with {} GPU(s)", torch::cuda::device_count())
-                                  : std::string("CPU only"),
-      compat::kHasScaledDotProductAttention ? "yes" : "no");
+  return fmt::format("xlme {} (LibTorch {}, {})", XLME_VERSION, TORCH_VERSION,
+                     torch::cuda::is_available()
+                         ? fmt::format("CUDA with {} GPU(s)", torch::cuda::device_count())
+                         : std::string("CPU only"));
 }
 
 }  // namespace xlme::runtime

@@ -1,8 +1,8 @@
 #include "xlme/dist/communicator.h"
 
 #include "xlme/common/error.h"
-#include "xlme/common/torch_compat.h"
 
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <torch/cuda.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <fmt/ranges.h>
@@ -27,7 +28,6 @@
 #include <optional>
 #include <string_view>
 #include <thread>
-#include <type_traits>
 
 namespace xlme::dist {
 namespace {
@@ -89,48 +89,11 @@ class StoreListenScope {
   StoreListenScope& operator=(const StoreListenScope&) = delete;
 };
 
-// TCPStoreOptions::useLibUV exists from LibTorch 2.2 and defaults to true from 2.4, but a LibTorch
-// built without libuv (Debian's 2.x packages) refuses it. Detected by member, not by version.
-template <typename Options, typename = void>
-struct HasLibUvOption : std::false_type {};
-template <typename Options>
-struct HasLibUvOption<Options, std::void_t<decltype(std::declval<Options&>().useLibUV)>>
-    : std::true_type {};
-
-// The store with LibTorch's default server backend (libuv where it has it), else the classic
-// one. The refusal comes before any socket is opened, so the retry binds the port only once.
-// A template so that the branch on useLibUV compiles only where the member exists.
-template <typename Options>
-c10::intrusive_ptr<c10d::TCPStore> make_store(const std::string& host, Options options) {
-  try {
-    return c10::make_intrusive<c10d::TCPStore>(host, options);
-  } catch (const std::exception& e) {
-    if constexpr (HasLibUvOption<Options>::value) {
-      if (options.useLibUV && std::string_view(e.what()).find("libuv") != std::string_view::npos) {
-        spdlog::debug("this LibTorch has no libuv TCPStore backend; using the classic one");
-        options.useLibUV = false;
-        return c10::make_intrusive<c10d::TCPStore>(host, options);
-      }
-    }
-    throw;
-  }
-}
-
-// Blocks until `event` completed: Event::synchronize where LibTorch has it (2.x), else polling.
-template <typename Event>
-auto wait_for(Event& event) -> decltype(event.synchronize(), void()) {
-  event.synchronize();
-}
-template <typename Event, typename... Ignored>
-void wait_for(Event& event, Ignored...) {
-  while (!event.query()) std::this_thread::sleep_for(std::chrono::microseconds(20));
-}
-
 }  // namespace
 
 struct Communicator::Group {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<compat::CollectiveGroup> pg;
+  c10::intrusive_ptr<c10d::Backend> pg;
 };
 
 double PendingSum::get() {
@@ -188,7 +151,7 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
   }
   try {
     const StoreListenScope scope(listen_at ? &*listen_at : nullptr);
-    group.store = make_store(launch.master_addr, options);
+    group.store = c10::make_intrusive<c10d::TCPStore>(launch.master_addr, options);
   } catch (const std::exception& e) {
     const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
     const std::string what = torch_error ? torch_error->what_without_backtrace() : e.what();
@@ -260,7 +223,7 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
       XLME_FAIL(
           "dist.backend=nccl needs a CUDA LibTorch built with NCCL; this build ({}) has "
           "none: use dist.backend=gloo",
-          compat::kTorchVersion);
+          TORCH_VERSION);
 #endif
     }
   } catch (const xlme::Error&) {
@@ -358,7 +321,7 @@ PendingSum Communicator::start_sum(double value) {
     auto event = std::make_shared<c10::Event>(device_.type());
     event->record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
     return PendingSum([host, event] {
-      wait_for(*event);
+      event->synchronize();
       return host.data_ptr<double>()[0];
     });
   }
@@ -443,9 +406,8 @@ void all_reduce_gradients(Communicator& comm, const std::vector<torch::Tensor>& 
 
 }  // namespace xlme::dist
 
-// c10d's TCPStore server (LibTorch 1.13: Socket::listen(port); 2.x: the same, or libuv) binds its
-// socket to the wildcard address "::" or "0.0.0.0" whatever host it is given, and LibTorch 1.13
-// offers no option to bind elsewhere or to hand over a bound socket (2.2's masterListenFd). So
+// c10d's TCPStore server (libuv's or the classic one) binds its socket to the wildcard address "::"
+// or "0.0.0.0" whatever host it is given; TCPStoreOptions has no address to bind to. So
 // this process's bind() rewrites a wildcard bind, on the thread creating rank 0's store and only
 // while it does (t_store_listen_address), to MASTER_ADDR with the port asked for: an IPv6 socket
 // takes MASTER_ADDR's IPv4-mapped form (c10d turns IPV6_V6ONLY off), an IPv4 socket cannot take an

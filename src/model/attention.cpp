@@ -1,8 +1,8 @@
 #include "xlme/model/attention.h"
 
+#include <ATen/ATen.h>
 #include "xlme/common/error.h"
 #include "xlme/common/shape_text.h"
-#include "xlme/common/torch_compat.h"
 #include "xlme/model/attention_probs.h"
 #include "xlme/model/batched_matmul.h"
 #include "xlme/model/dropout.h"
@@ -32,16 +32,9 @@ using kernel::undefined_if_empty;
 
 AttentionKernel resolve_attention_kernel(const std::string& name, const torch::Device& device) {
   if (name == "math") return AttentionKernel::kMath;
-  if (name == "sdpa") {
-    XLME_CHECK(compat::kHasScaledDotProductAttention,
-               "model.attention=sdpa needs LibTorch >= 2.0 (this build has {}); use "
-               "model.attention=math or auto",
-               compat::kTorchVersion);
-    return AttentionKernel::kSdpa;
-  }
+  if (name == "sdpa") return AttentionKernel::kSdpa;
   XLME_CHECK(name == "auto", "model.attention must be auto, math or sdpa, not '{}'", name);
-  return compat::kHasScaledDotProductAttention && device.is_cuda() ? AttentionKernel::kSdpa
-                                                                   : AttentionKernel::kMath;
+  return device.is_cuda() ? AttentionKernel::kSdpa : AttentionKernel::kMath;
 }
 
 torch::Tensor gate_factor(const torch::Tensor& q, const PositionBias& bias) {
@@ -280,7 +273,9 @@ torch::Tensor sdpa_attention(const torch::Tensor& q, const torch::Tensor& k, con
   } else if (padding.defined()) {
     mask = padding_bias(padding, q.options());
   }
-  return compat::scaled_dot_product_attention(q, k, v, mask, training ? dropout : 0.0);
+  const auto attn_mask = mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
+  return at::scaled_dot_product_attention(q, k, v, attn_mask, training ? dropout : 0.0,
+                                          /*is_causal=*/false);
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 #include "xlme/model/attention_probs.h"
 
+#include <ATen/autocast_mode.h>
 #include "xlme/common/cpu_math.h"
 #include "xlme/common/error.h"
 #include "xlme/common/runtime.h"
 #include "xlme/common/shape_text.h"
-#include "xlme/common/torch_compat.h"
 #include "xlme/model/dropout.h"
 
 #include "kernel_util.h"
@@ -279,8 +279,8 @@ bool attention_probs_fused(const torch::Tensor& scores, const torch::Tensor& fac
     return !t.defined() || (t.device().is_cpu() && t.scalar_type() == dtype);
   };
   return scores.device().is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kFloat64) &&
-         scores.dim() == 4 && scores.is_contiguous() && !compat::autocast_enabled(at::kCPU) &&
-         fits(factor) && fits(table);
+         scores.dim() == 4 && scores.is_contiguous() &&
+         !at::autocast::is_autocast_enabled(at::kCPU) && fits(factor) && fits(table);
 }
 
 torch::Tensor attention_probs(const torch::Tensor& scores, const torch::Tensor& factor,

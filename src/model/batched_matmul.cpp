@@ -1,7 +1,5 @@
 #include "xlme/model/batched_matmul.h"
 
-#include "xlme/common/runtime.h"
-#include "xlme/common/torch_compat.h"
 #include "xlme/model/linear.h"
 
 #include <ATen/Parallel.h>
@@ -16,9 +14,10 @@ namespace xlme::model {
 
 namespace {
 
-// Fortran BLAS, looked up once in the process (LibTorch loads the BLAS), and OpenBLAS's thread
-// control (runtime::openblas_threads): no link-time dependency, and no fast path where they are
-// absent.
+// The Fortran BLAS LibTorch carries (the wheel's MKL exports sgemm_ and dgemm_ from
+// libtorch_cpu), looked up once in the process: no link-time dependency, and no fast path where it
+// is absent. Called from inside at::parallel_for's OpenMP region, MKL runs each product on the
+// calling thread (MKL_DYNAMIC, its default).
 using SgemmFn = void (*)(const char*, const char*, const int*, const int*, const int*, const float*,
                          const float*, const int*, const float*, const int*, const float*, float*,
                          const int*);
@@ -29,7 +28,7 @@ using DgemmFn = void (*)(const char*, const char*, const int*, const int*, const
 struct Blas {
   SgemmFn sgemm = nullptr;
   DgemmFn dgemm = nullptr;
-  bool usable() const { return sgemm && dgemm && runtime::openblas_threads().found(); }
+  bool usable() const { return sgemm && dgemm; }
 };
 
 const Blas& blas() {
@@ -78,20 +77,6 @@ std::vector<int64_t> batch_offsets(const torch::Tensor& t) {
   return offsets;
 }
 
-// Keeps OpenBLAS on one thread while in scope (the batch is split over LibTorch's threads).
-class SingleBlasThread {
- public:
-  SingleBlasThread() : previous_(runtime::openblas_threads().get()) {
-    runtime::openblas_threads().set(1);
-  }
-  ~SingleBlasThread() { runtime::openblas_threads().set(previous_); }
-  SingleBlasThread(const SingleBlasThread&) = delete;
-  SingleBlasThread& operator=(const SingleBlasThread&) = delete;
-
- private:
-  int previous_;
-};
-
 template <typename scalar_t>
 void gemm(const char* ta, const char* tb, int m, int n, int k, scalar_t alpha, const scalar_t* a,
           int lda, const scalar_t* b, int ldb, scalar_t* c, int ldc) {
@@ -126,7 +111,6 @@ torch::Tensor product(torch::Tensor a, torch::Tensor b, double alpha) {
   // operand is its transpose in column-major terms ("N"); a column-major one needs "T".
   const char* tb = lb.row_major ? "N" : "T";
   const char* ta = la.row_major ? "N" : "T";
-  SingleBlasThread single;
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "batched_matmul", [&] {
     const scalar_t* pa = a.data_ptr<scalar_t>();
     const scalar_t* pb = b.data_ptr<scalar_t>();
@@ -167,7 +151,7 @@ class BatchedMatmulFunction : public torch::autograd::Function<BatchedMatmulFunc
 };
 
 // The operands the own path takes (whatever the autocast state): float32 or float64 CPU tensors
-// of the same dtype and leading dimensions, with OpenBLAS loaded.
+// of the same dtype and leading dimensions, with a BLAS found.
 bool float_operands_fit(const torch::Tensor& a, const torch::Tensor& b) {
   const auto dtype = a.scalar_type();
   return blas().usable() && a.device().is_cpu() && b.device().is_cpu() &&
@@ -181,7 +165,7 @@ bool float_operands_fit(const torch::Tensor& a, const torch::Tensor& b) {
 }  // namespace
 
 bool batched_matmul_fast_path(const torch::Tensor& a, const torch::Tensor& b) {
-  return !compat::autocast_enabled(at::kCPU) && float_operands_fit(a, b);
+  return !at::autocast::is_autocast_enabled(at::kCPU) && float_operands_fit(a, b);
 }
 
 torch::Tensor bf16_emulated_matmul(const torch::Tensor& a, const torch::Tensor& b) {

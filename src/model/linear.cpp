@@ -1,7 +1,6 @@
 #include "xlme/model/linear.h"
 
 #include "xlme/common/cpu_math.h"
-#include "xlme/common/torch_compat.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -37,8 +36,9 @@ bool cpu_has_fast_bf16_products() {
 }
 
 bool emulate_bf16_products(const torch::Tensor& x) {
-  return x.device().is_cpu() && compat::autocast_enabled(at::kCPU) &&
-         compat::autocast_dtype(at::kCPU) == at::kBFloat16 && !cpu_has_fast_bf16_products();
+  return x.device().is_cpu() && at::autocast::is_autocast_enabled(at::kCPU) &&
+         at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 &&
+         !cpu_has_fast_bf16_products();
 }
 
 torch::Tensor bf16_rounded(const torch::Tensor& t) {
@@ -118,7 +118,7 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
 bool bias_gelu_fits(const torch::Tensor& x, const torch::Tensor& weight,
                     const torch::Tensor& bias) {
   const auto dtype = x.scalar_type();
-  return bias.defined() && x.device().is_cpu() && !compat::autocast_enabled(at::kCPU) &&
+  return bias.defined() && x.device().is_cpu() && !at::autocast::is_autocast_enabled(at::kCPU) &&
          (dtype == torch::kFloat32 || dtype == torch::kFloat64) && weight.scalar_type() == dtype &&
          bias.scalar_type() == dtype && x.dim() >= 1 && x.size(-1) == weight.size(1) &&
          x.numel() > 0;

@@ -1,9 +1,9 @@
 #include "xlme/objectives/objectives.h"
 
+#include <ATen/autocast_mode.h>
 #include "xlme/common/cpu_math.h"
 #include "xlme/common/error.h"
 #include "xlme/common/shape_text.h"
-#include "xlme/common/torch_compat.h"
 #include "xlme/data/batch.h"
 
 #include <ATen/Dispatch.h>
@@ -93,7 +93,7 @@ bool fused_cross_entropy_fits(const torch::Tensor& logits) {
   const auto dtype = logits.scalar_type();
   return logits.device().is_cpu() && logits.dim() == 2 && logits.size(1) > 0 &&
          (dtype == torch::kFloat32 || dtype == torch::kFloat64) && logits.is_contiguous() &&
-         !compat::autocast_enabled(at::kCPU);
+         !at::autocast::is_autocast_enabled(at::kCPU);
 }
 
 Term generator_term(const std::string& name, const torch::Tensor& logits,

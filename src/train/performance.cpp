@@ -1,7 +1,6 @@
 #include "xlme/train/performance.h"
 
 #include "xlme/common/error.h"
-#include "xlme/common/torch_compat.h"
 #include "xlme/model/electra.h"
 #include "xlme/model/encoder.h"
 #include "xlme/objectives/objective_set.h"
@@ -10,6 +9,7 @@
 
 #ifdef XLME_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
@@ -52,7 +52,7 @@ double peak_memory_mib(const torch::Device& device) {
   if (device.is_cuda()) {
 #ifdef XLME_WITH_CUDA
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    const auto aggregate = static_cast<size_t>(compat::CudaStatType::AGGREGATE);
+    const auto aggregate = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
     return static_cast<double>(stats.allocated_bytes[aggregate].peak) / (1 << 20);
 #else
     return -1;

@@ -23,13 +23,12 @@ int main(int argc, char** argv) {
   cli.add_option("--length", length, "tokens per sequence");
   cli.add_option("--head-dim", head_dim, "width of one head");
   cli.add_option("--steps", steps, "timed runs");
-  cli.add_option("--threads", threads, "LibTorch and OpenBLAS threads (0: all cores)");
+  cli.add_option("--threads", threads, "LibTorch threads (0: all cores)");
   CLI11_PARSE(cli, argc, argv);
 
   const auto settings = xlme::runtime::configure_threads(threads);
-  fmt::print(
-      "threads {} LibTorch ({} in xlme's own loops), {} BLAS; [B, H, T, d] = [{}, {}, {}, {}]\n",
-      settings.intra_op, settings.own_loops, settings.blas, batch, heads, length, head_dim);
+  fmt::print("threads {} LibTorch ({} in xlme's own loops); [B, H, T, d] = [{}, {}, {}, {}]\n",
+             settings.intra_op, settings.own_loops, batch, heads, length, head_dim);
   torch::manual_seed(0);
   const auto qkv = torch::randn({batch, length, 3 * heads * head_dim}).requires_grad_();
   const auto split = [&](const torch::Tensor& t) {  // [B, T, H * d] -> [B, H, T, d]

@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   cli.add_option("--batch", batch, "sequences per micro-batch");
   cli.add_option("--length", length, "tokens per sequence");
   cli.add_option("--steps", steps, "timed steps");
-  cli.add_option("--threads", threads, "LibTorch and OpenBLAS threads (0: all cores)");
+  cli.add_option("--threads", threads, "LibTorch threads (0: all cores)");
   CLI11_PARSE(cli, argc, argv);
 
   const auto settings = xlme::runtime::configure_threads(threads);
@@ -111,8 +111,8 @@ int main(int argc, char** argv) {
   const char* policy = std::getenv("OMP_WAIT_POLICY");
   fmt::print("{}: vocab {}, {} parameters; micro-batch {} x {} tokens, {} masked\n", config_path,
              vocab, xlme::model::total_count(counts), batch, length, masked);
-  fmt::print("threads {} LibTorch / {} BLAS ({}), OMP_WAIT_POLICY={}\n", settings.intra_op,
-             settings.blas, xlme::runtime::detect_blas().name, policy ? policy : "(unset)");
+  fmt::print("threads {} LibTorch (BLAS: {}), OMP_WAIT_POLICY={}\n", settings.intra_op,
+             xlme::runtime::blas_name(), policy ? policy : "(unset)");
   fmt::print("forward + backward step {:8.1f} ms   ({:.0f} tokens/s)\n", step_ms,
              static_cast<double>(batch * length) / step_ms * 1000.0);
   auto share = [&](const char* name, double ms) {

@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   CLI::App cli{"CPU step-time benchmark for thread settings"};
   int threads = 0;
   int steps = 10;
-  cli.add_option("--threads", threads, "LibTorch and OpenBLAS threads (0: all cores)");
+  cli.add_option("--threads", threads, "LibTorch threads (0: all cores)");
   cli.add_option("--steps", steps, "timed steps");
   CLI11_PARSE(cli, argc, argv);
 
@@ -59,9 +59,8 @@ int main(int argc, char** argv) {
 
   const char* policy = std::getenv("OMP_WAIT_POLICY");
   fmt::print(
-      "threads {:>2} LibTorch / {:>2} BLAS ({}), OMP_WAIT_POLICY={:<8} step {:7.1f} ms   "
+      "threads {:>2} LibTorch (BLAS: {}), OMP_WAIT_POLICY={:<8} step {:7.1f} ms   "
       "matmul {:6.1f} GFLOP/s\n",
-      settings.intra_op, settings.blas, xlme::runtime::detect_blas().name,
-      policy ? policy : "(unset)", step_ms, gflops);
+      settings.intra_op, xlme::runtime::blas_name(), policy ? policy : "(unset)", step_ms, gflops);
   return 0;
 }

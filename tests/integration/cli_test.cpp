@@ -155,18 +155,5 @@ TEST(Cli, TcmallocServesMallocUnlessOptedOut) {
       << r.err;
 }
 
-TEST(Cli, WarnsWhenLibTorchFallsBackToTheReferenceBlas) {
-  const std::string reference = "/usr/lib/x86_64-linux-gnu/blas/libblas.so.3";
-  if (!std::filesystem::exists(reference)) GTEST_SKIP() << "no reference BLAS at " << reference;
-  Result r = run("xlme-export", {});
-  EXPECT_EQ(r.err.find("reference BLAS"), std::string::npos) << r.err;
-  // Put the reference libblas.so.3 first on the library path, as a machine without OpenBLAS has.
-  TempDir dir;
-  std::filesystem::create_symlink(reference, dir / "libblas.so.3");
-  r = run("xlme-export", {}, "LD_LIBRARY_PATH=" + quote(dir.path().string()));
-  EXPECT_TRUE(contains_all(r.err, {"LibTorch is using the reference BLAS (" + reference,
-                                   "Install libopenblas0-pthread"}));
-}
-
 }  // namespace
 }  // namespace xlme

@@ -8,7 +8,6 @@
 #include "xlme/checkpoint/pretrained.h"
 #include "xlme/checkpoint/safetensors.h"
 #include "xlme/common/precision.h"
-#include "xlme/common/torch_compat.h"
 #include "xlme/data/synthetic.h"
 #include "xlme/dist/communicator.h"
 #include "xlme/model/attention.h"
@@ -23,6 +22,7 @@
 #include <torch/cuda.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -40,11 +40,11 @@ using xlme::testing::TempDir;
 // Empty when CUDA tests can run here, else why not.
 std::string cuda_unavailable_reason() {
 #ifndef XLME_WITH_CUDA
-  return std::string("this build has no CUDA (LibTorch ") + compat::kTorchVersion +
+  return "this build has no CUDA (LibTorch " TORCH_VERSION
          " without CUDA libraries: XLME_WITH_CUDA is off)";
 #else
   if (!torch::cuda::is_available()) {
-    return std::string("LibTorch ") + compat::kTorchVersion +
+    return "LibTorch " TORCH_VERSION
            " has CUDA, but torch::cuda::is_available() is false (no visible GPU or driver)";
   }
   return "";
@@ -165,7 +165,6 @@ void expect_kernels_match_float64(torch::ScalarType activation, bool autocast, d
 
 TEST(CudaAttention, SdpaAndMathMatchFloat64InFp32) {
   XLME_REQUIRE_CUDA();
-  if (!compat::kHasScaledDotProductAttention) GTEST_SKIP() << "no SDPA in this LibTorch";
   // Exact fp32 matrix products: the trainer turns TF32 on, a test process does not.
   at::globalContext().setAllowTF32CuBLAS(false);
   expect_kernels_match_float64(torch::kFloat, /*autocast=*/false, 1e-4);
@@ -173,14 +172,12 @@ TEST(CudaAttention, SdpaAndMathMatchFloat64InFp32) {
 
 TEST(CudaAttention, SdpaAndMathMatchFloat64UnderBf16Autocast) {
   XLME_REQUIRE_CUDA();
-  if (!compat::kHasScaledDotProductAttention) GTEST_SKIP() << "no SDPA in this LibTorch";
   // bf16 operands: relative errors of 1e-3 to 1e-2 are bf16's rounding.
   expect_kernels_match_float64(torch::kBFloat16, /*autocast=*/true, 3e-2);
 }
 
 // --- (b) the SDPA backend LibTorch picks ---------------------------------------------------------
 
-#if XLME_TORCH_AT_LEAST(2, 0)
 // at::_fused_sdp_choice's answer as a name (sdp::SDPBackend's order).
 std::string sdp_backend_name(int64_t choice) {
   switch (choice) {
@@ -198,11 +195,9 @@ std::string sdp_backend_name(int64_t choice) {
       return "error (" + std::to_string(choice) + ")";
   }
 }
-#endif
 
 TEST(CudaAttention, ReportsTheFusedBackendForTrainingAndEvaluation) {
   XLME_REQUIRE_CUDA();
-#if XLME_TORCH_AT_LEAST(2, 0)
   // The base model's attention: 12 heads of 64, sequences of 512 and of 128, bf16 (autocast) with
   // the bias + padding mask that model::attention passes (a float mask in q's dtype, [B, H, T, T]).
   for (const int64_t length : {512, 128}) {
@@ -232,9 +227,6 @@ TEST(CudaAttention, ReportsTheFusedBackendForTrainingAndEvaluation) {
       }
     }
   }
-#else
-  GTEST_SKIP() << "at::_fused_sdp_choice needs LibTorch >= 2.0; this is " << compat::kTorchVersion;
-#endif
 }
 
 // --- (c) the replacement sampler under bf16 autocast -------------------------------------------

@@ -1,7 +1,7 @@
 // xlme-export end to end, and parity with the pure PyTorch reference: a tiny model of each
 // architecture variant is trained a few steps and perturbed (so that LayerNorm, biases and gates
 // are far from their initial values), saved by the trainer, exported by the binary, and run on a
-// padded batch by C++ and by /usr/bin/python3 scripts/xlme_reference.py, which reads the export
+// padded batch by C++ and by XLME_PYTHON scripts/xlme_reference.py, which reads the export
 // with its own numpy safetensors reader. Every hidden state (embeddings and each layer) must agree
 // to 1e-4 at the real positions.
 #include "xlme/checkpoint/pretrained.h"
@@ -32,7 +32,7 @@ using xlme::testing::run_tool;
 using xlme::testing::shell;
 using xlme::testing::TempDir;
 
-constexpr const char* kReferencePython = "/usr/bin/python3";
+constexpr const char* kReferencePython = XLME_PYTHON;
 constexpr double kParityTolerance = 1e-4;
 
 class ExportParity : public ::testing::Test {
@@ -54,7 +54,7 @@ class ExportParity : public ::testing::Test {
     const auto [code, out] = shell(std::string(kReferencePython) + " -c 'import torch, numpy'");
     ASSERT_EQ(code, 0) << kReferencePython
                        << " cannot import torch and numpy, which the export parity test needs; "
-                          "run scripts/setup.sh (it installs python3-torch and python3-numpy):\n"
+                          "run scripts/setup.sh (it installs requirements.txt into .venv):\n"
                        << out;
   }
 

@@ -37,7 +37,7 @@ using xlme::testing::write_raw_safetensors;
 // sized by a hostile config does not, and fails inside the test instead of taking the machine.
 constexpr int64_t kHostileExportLimitKiB = 6 * 1024 * 1024;
 
-constexpr const char* kHostileReferencePython = "/usr/bin/python3";
+constexpr const char* kHostileReferencePython = XLME_PYTHON;
 
 class HostileExport : public xlme::testing::TinyCheckpointSuite<HostileExport> {
  public:
@@ -296,9 +296,10 @@ TEST_F(HostileExport, ForceRemovesAnExportButNotWhatItsLinksPointTo) {
 
 TEST_F(HostileExport, TheReferenceLoaderChecksHeadersLikeTheCppReader) {
   const auto [code, out] = shell(std::string(kHostileReferencePython) + " -c 'import torch'");
-  ASSERT_EQ(code, 0) << kHostileReferencePython
-                     << " cannot import torch; run scripts/setup.sh (python3-torch):\n"
-                     << out;
+  ASSERT_EQ(code, 0)
+      << kHostileReferencePython
+      << " cannot import torch; run scripts/setup.sh (requirements.txt into .venv):\n"
+      << out;
   TempDir dir;
   const auto folder = export_copy(dir / "e");
   // The control: the unedited export and a well-formed input file run.

@@ -63,8 +63,8 @@ TEST(Metrics, PlotScriptDrawsASummaryWithPanelsOnTheirOwnScales) {
   }
   EXPECT_EQ(read_file(dir / "run/metrics.jsonl").find("{\"step\": 10, \"kind\": \"train\""), 0u);
   const std::string script = std::string(XLME_SOURCE_DIR) + "/scripts/plot_metrics.py";
-  ASSERT_EQ(run_shell("/usr/bin/python3 " + script + " " + (dir / "run") + " --describe > " +
-                      (dir / "out.txt") + " 2>&1"),
+  ASSERT_EQ(run_shell(std::string(XLME_PYTHON) + " " + script + " " + (dir / "run") +
+                      " --describe > " + (dir / "out.txt") + " 2>&1"),
             0)
       << read_file(dir / "out.txt");
   const std::string out = read_file(dir / "out.txt");
@@ -92,12 +92,12 @@ TEST(Metrics, PlotScriptNamesTheBadLine) {
   TempDir dir;
   write_file(dir / "run/metrics.jsonl", "{\"step\": 1, \"lr\": 0.1}\n{\"step\": 2, \"lr\"\n");
   const std::string script = std::string(XLME_SOURCE_DIR) + "/scripts/plot_metrics.py";
-  EXPECT_NE(run_shell("/usr/bin/python3 " + script + " " + (dir / "run") + " > " +
+  EXPECT_NE(run_shell(std::string(XLME_PYTHON) + " " + script + " " + (dir / "run") + " > " +
                       (dir / "out.txt") + " 2>&1"),
             0);
   EXPECT_TRUE(
       contains_all(read_file(dir / "out.txt"), {dir / "run/metrics.jsonl:2: not a JSON object"}));
-  EXPECT_NE(run_shell("/usr/bin/python3 " + script + " " + (dir / "nothing") + " > " +
+  EXPECT_NE(run_shell(std::string(XLME_PYTHON) + " " + script + " " + (dir / "nothing") + " > " +
                       (dir / "out.txt") + " 2>&1"),
             0);
   EXPECT_TRUE(contains_all(read_file(dir / "out.txt"), {"metrics.jsonl not found"}));

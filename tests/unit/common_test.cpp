@@ -6,12 +6,13 @@
 #include "xlme/common/logging.h"
 #include "xlme/common/runtime.h"
 #include "xlme/common/shape_text.h"
-#include "xlme/common/torch_compat.h"
 
 #include "test_util.h"
 
 #include <torch/torch.h>
+#include <torch/version.h>
 
+#include <dlfcn.h>
 #include <sys/stat.h>
 #include <zlib.h>
 
@@ -202,15 +203,30 @@ TEST(Runtime, OwnParallelLoopsRunOnEveryLibTorchThread) {
   runtime::configure_threads(0);
 }
 
-TEST(Runtime, LibTorchUsesAnOptimizedBlas) {
-  // scripts/setup.sh installs libopenblas0-pthread; the reference BLAS here would make every
-  // matrix product ~15x slower. The integration test checks that the reference one is reported.
-  const runtime::BlasInfo blas = runtime::detect_blas();
-  EXPECT_FALSE(blas.reference) << blas.name << " at " << blas.library;
-  EXPECT_FALSE(blas.name.empty());
-  if (!blas.library.empty()) {
-    EXPECT_EQ(blas.name, "OpenBLAS") << blas.library;
-  }
+TEST(Runtime, TheStandardLibraryIsLibstdcxxNotLibTorchsCopies) {
+  // LibTorch's libraries export copies of libstdc++ functions; when they came first in the
+  // search order, every std::filesystem::remove_all ran LibTorch's copy and crashed
+  // (CMakeLists.txt names libstdc++ first). Where this process binds that one:
+  using RemoveAll = std::uintmax_t (*)(const std::filesystem::path&, std::error_code&);
+  const auto remove_all = static_cast<RemoveAll>(&std::filesystem::remove_all);
+  Dl_info where{};
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(remove_all), &where), 0);
+  EXPECT_TRUE(contains_all(where.dli_fname, {"libstdc++.so"})) << where.dli_fname;
+  // And it works: a folder with a file in it goes.
+  TempDir dir;
+  write_file(dir / "a/b.txt", "x");
+  std::error_code ec;
+  EXPECT_EQ(std::filesystem::remove_all(dir / "a", ec), 2u) << ec.message();
+}
+
+TEST(Runtime, LibTorchsBlasIsMklOnX86) {
+  // PyPI's x86-64 torch wheels link MKL into libtorch_cpu; the start-up line names it.
+#if defined(__x86_64__)
+  EXPECT_TRUE(at::hasMKL());
+  EXPECT_EQ(runtime::blas_name(), "MKL, linked into LibTorch");
+#else
+  EXPECT_FALSE(runtime::blas_name().empty());
+#endif
 }
 
 TEST(Runtime, ReleaseFreeMemoryTrimsTheGlibcHeapAndKeepsLiveTensors) {
@@ -239,10 +255,10 @@ TEST(Runtime, PreloadWithAppendsOnceAndKeepsTheUsersLibraries) {
   EXPECT_EQ(runtime::preload_with(tc + ".5.10", tc), tc + ".5.10:" + tc);
 }
 
-TEST(TorchCompat, VersionMacrosMatchTheLibrary) {
-  EXPECT_TRUE(XLME_TORCH_AT_LEAST(1, 13));
-  EXPECT_FALSE(XLME_TORCH_AT_LEAST(TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR + 1));
-  EXPECT_EQ(compat::kHasScaledDotProductAttention, TORCH_VERSION_MAJOR >= 2);
+TEST(Runtime, BuildDescriptionNamesTheLibTorchItWasBuiltAgainst) {
+  // The one LibTorch xlme builds against (CMakeLists.txt refuses older ones).
+  EXPECT_TRUE(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11))
+      << TORCH_VERSION;
   EXPECT_TRUE(contains_all(runtime::build_description(), {"LibTorch " TORCH_VERSION}));
 }
 

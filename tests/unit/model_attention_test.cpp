@@ -3,7 +3,7 @@
 // loops in double and in bf16, and the SDPA kernel against the math kernel (LibTorch >= 2.0).
 #include "xlme/model/attention.h"
 
-#include "xlme/common/torch_compat.h"
+#include <ATen/autocast_mode.h>
 #include "xlme/model/relative_position.h"
 
 #include "test_util.h"
@@ -381,10 +381,11 @@ TEST(GatedAttention, Bf16AutocastCloseToFp32) {
     bias.gate_u = leaves[4];
     bias.gate_v = leaves[5];
     bias.gate_w = leaves[6];
-    compat::set_autocast(at::kCPU, bf16, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCPU, bf16);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
     auto out = attention(leaves[0], leaves[1], leaves[2], c.padding, bias, 0.0, false,
                          AttentionKernel::kMath);
-    compat::set_autocast(at::kCPU, false, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCPU, false);
     at::autocast::clear_cache();
     (out.to(torch::kFloat) * projection).sum().backward();
     std::vector<torch::Tensor> results{out.detach().to(torch::kFloat)};
@@ -461,18 +462,15 @@ TEST(GatedAttention, GradientsMatchCentralDifferences) {
 TEST(AttentionKernel, ResolvesFromConfig) {
   EXPECT_EQ(resolve_attention_kernel("math", torch::kCPU), AttentionKernel::kMath);
   EXPECT_EQ(resolve_attention_kernel("auto", torch::kCPU), AttentionKernel::kMath);
-  if (!compat::kHasScaledDotProductAttention) {
-    EXPECT_TRUE(testing::contains_all(
-        testing::error_message([] { resolve_attention_kernel("sdpa", torch::kCPU); }),
-        {"model.attention=sdpa", "LibTorch >= 2.0", "model.attention=math"}));
-  }
+  EXPECT_EQ(resolve_attention_kernel("sdpa", torch::kCPU), AttentionKernel::kSdpa);
+  EXPECT_EQ(resolve_attention_kernel("auto", torch::Device(torch::kCUDA, 0)),
+            AttentionKernel::kSdpa);
+  EXPECT_TRUE(testing::contains_all(
+      testing::error_message([] { resolve_attention_kernel("flash", torch::kCPU); }),
+      {"model.attention must be auto, math or sdpa, not 'flash'"}));
 }
 
 TEST(AttentionKernel, SdpaMatchesMath) {
-  if (!compat::kHasScaledDotProductAttention) {
-    GTEST_SKIP() << "scaled_dot_product_attention needs LibTorch >= 2.0; this is "
-                 << compat::kTorchVersion;
-  }
   const auto c = make_case(2, 3, 7, 4);
   const auto weights = torch::randn_like(c.q);  // a loss that weighs every output differently
   for (const bool gated : {true, false}) {

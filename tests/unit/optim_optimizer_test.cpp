@@ -2,8 +2,6 @@
 // clipping helpers against naive double-precision references.
 #include "xlme/optim/optimizer.h"
 
-#include "xlme/common/torch_compat.h"
-
 #include "test_util.h"
 
 #include <torch/cuda.h>
@@ -57,15 +55,6 @@ void set_gradients(std::vector<torch::Tensor>& params, int step) {
 }
 
 TEST(MultiTensorAdamW, BitIdenticalToLibTorchsAdamW) {
-  // The fused float32 step where the CPU has it (the machines these tests run on do): the
-  // comparison below is then between the fused pass and LibTorch's per-parameter operations.
-#if XLME_HAS_OWN_CPU_ADAMW
-  __builtin_cpu_init();
-  EXPECT_EQ(fused_cpu_adamw_available(),
-            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
-#else
-  EXPECT_FALSE(fused_cpu_adamw_available());
-#endif
   auto ours = make_parameters();
   auto reference = clone_parameters(ours);
   const auto train = adamw_settings();

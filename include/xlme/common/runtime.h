@@ -1,5 +1,5 @@
 // Process-wide settings every binary applies at start: threads, OpenMP wait policy, allocator,
-// BLAS check.
+// the start-up line.
 #pragma once
 
 #include <cstdint>
@@ -7,25 +7,9 @@
 
 namespace xlme::runtime {
 
-// The BLAS library LibTorch's matrix products reach.
-struct BlasInfo {
-  std::string name;        // "OpenBLAS", "reference BLAS", "MKL", "LibTorch's built-in BLAS", ...
-  std::string library;     // resolved path of the library that provides sgemm_, "" when built in
-  std::string detail;      // e.g. OpenBLAS's build configuration
-  bool reference = false;  // the unoptimized Netlib BLAS: ~15x slower matrix products
-};
-
-// Finds which loaded library provides `sgemm_` (the symbol LibTorch's CPU matmul calls).
-BlasInfo detect_blas();
-
-// OpenBLAS's thread control (openblas_get_num_threads / openblas_set_num_threads), looked up once
-// in the loaded libraries; both null when OpenBLAS does not serve this process.
-struct OpenBlasThreads {
-  int (*get)() = nullptr;
-  void (*set)(int) = nullptr;
-  bool found() const { return get != nullptr && set != nullptr; }
-};
-const OpenBlasThreads& openblas_threads();
+// The BLAS LibTorch's matrix products use: PyPI's x86-64 wheels link MKL into libtorch_cpu
+// (at::hasMKL()); the name is for the start-up line.
+std::string blas_name();
 
 // Cores this process may run on (its CPU affinity mask).
 int available_cores();
@@ -37,12 +21,10 @@ bool cpu_has_avx2_fma();
 struct ThreadSettings {
   int intra_op = 1;             // LibTorch (OpenMP) threads
   int own_loops = 1;            // threads xlme's own parallel loops run on (parallel_loop_threads)
-  int blas = 0;                 // OpenBLAS threads; 0 when OpenBLAS is not loaded
   std::string omp_wait_policy;  // OMP_WAIT_POLICY as this process started with it
 };
 
-// Sets LibTorch's intra-op threads and OpenBLAS's threads to `requested` (0: all available
-// cores). Debian's LibTorch starts with 1 thread.
+// Sets LibTorch's intra-op threads to `requested` (0: all available cores).
 ThreadSettings configure_threads(int64_t requested);
 
 // How many threads an at::parallel_for in xlme's own code runs on, with LibTorch's current
@@ -74,9 +56,10 @@ std::string preload_with(const std::string& preload, const std::string& library)
 // once with the same arguments (about 0.5 s) when one is missing; returns only if no
 // re-execution happened:
 // - OMP_WAIT_POLICY=PASSIVE when unset. LibTorch's OpenMP threads busy-wait after each parallel
-//   region while OpenBLAS's own threads run the matrix products; on few cores that makes a
-//   training step up to 3x slower. libgomp reads the variable only when it is loaded, before
-//   main(). A user's own OMP_WAIT_POLICY is left alone.
+//   region while other threads need the cores; on few cores that made a training step up to 3x
+//   slower (measured with LibTorch 1.13 and OpenBLAS; scripts/bench_threads.sh measures it).
+//   libgomp reads the variable only when it is loaded, before main(). A user's own OMP_WAIT_POLICY
+//   is left alone.
 // - tcmalloc appended to LD_PRELOAD when it is installed and malloc is glibc's. glibc returns
 //   the large tensors freed every step to the OS and faults them back in on the next, and keeps
 //   what it does not return in a fragmented, resident heap (demo run: 1287 MiB peak RSS against

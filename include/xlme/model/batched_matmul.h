@@ -12,9 +12,9 @@ namespace xlme::model {
 
 // alpha a [..., M, K] x b [..., K, N] -> [..., M, N] (the same leading dimensions, no
 // broadcasting), with autograd. The fast path runs for float32 / float64 CPU tensors outside
-// autocast when the BLAS is OpenBLAS (found at run time), with alpha as the BLAS product's own
-// factor (no pass over a, forward or backward); under bf16 CPU autocast on a CPU without fast bf16
-// products it runs on the bf16-rounded operands (see linear.h); anything else is
+// autocast when LibTorch's BLAS exports sgemm_/dgemm_ (found at run time), with alpha as the BLAS
+// product's own factor (no pass over a, forward or backward); under bf16 CPU autocast on a CPU
+// without fast bf16 products it runs on the bf16-rounded operands (see linear.h); anything else is
 // torch::matmul(a * alpha, b).
 torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, double alpha = 1.0);
 

@@ -15,22 +15,14 @@ namespace xlme::optim {
 bool takes_weight_decay(const torch::Tensor& parameter);
 
 // LibTorch's AdamW with the same state, options and checkpoint format, stepping every parameter
-// of a group at once: one CUDA kernel over all of them where LibTorch has the fused AdamW
-// (>= 2.1); with LibTorch 1.x on x86-64 CPUs with AVX2 and FMA, float32 parameters take one
-// fused pass per parameter
-// (LibTorch 1.13's CPU _foreach_ operations loop over the parameters, ~9 operations and passes
-// each), with the rounding of LibTorch's own CPU kernels: bit-identical parameters and moments;
-// else multi-tensor (_foreach_) operations, which on the CPU perform exactly the arithmetic of
-// LibTorch's per-parameter loop and on CUDA launch a few kernels per group instead of ~6 per
-// parameter. No amsgrad, no maximize (xlme uses neither).
+// of a group at once: on CUDA one fused kernel over all of them (at::_fused_adamw_); on the CPU
+// multi-tensor (_foreach_) operations, which perform exactly the arithmetic of LibTorch's
+// per-parameter loop. No amsgrad, no maximize (xlme uses neither).
 class MultiTensorAdamW : public torch::optim::AdamW {
  public:
   using torch::optim::AdamW::AdamW;
   torch::Tensor step(LossClosure closure = nullptr) override;
 };
-
-// Whether this build and CPU take the fused float32 step (XLME_HAS_OWN_CPU_ADAMW, AVX2 and FMA).
-bool fused_cpu_adamw_available();
 
 // The global L2 norm of the gradients of `parameters` (those that have one) as a 0-dim float32
 // tensor on their device: per-tensor norms in one multi-tensor call, then the norm of those. No
