@@ -5,10 +5,10 @@ xlme_reference.Encoder reads the same dictionary as from the export itself; attr
 the usual `transformers` names (num_hidden_layers, num_attention_heads, ...) on top.
 Defaults are xlme's model.* defaults (a 768-wide, 12-layer, XLM-R-vocabulary encoder).
 """
-from transformers import PretrainedConfig
+from transformers import PreTrainedConfig
 
 
-class XlmeConfig(PretrainedConfig):
+class XlmeConfig(PreTrainedConfig):
     model_type = "xlme"
     attribute_map = {
         "num_hidden_layers": "layers",

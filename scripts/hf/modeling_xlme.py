@@ -9,15 +9,19 @@ and xlme_reference.py into the export folder; config.json's auto_map names the c
 The modules below only hold the parameters, under the names of the export's model.safetensors
 (embeddings.*, discriminator.*), so that from_pretrained loads the file as it is; the computation
 is xlme_reference.Encoder.forward, the same code that checks the C++ encoder (no second copy of
-the math). The heads are xlme-finetune's: XlmeForSequenceClassification is XLM-R's head on <s>
-(dropout, dense, tanh, dropout, output), the token and question-answering heads are dropout and
-one linear map. Position ids default to 0..T-1, as xlme's; token_type_ids are accepted for the
-Trainer's sake and ignored (xlme has no segment embeddings).
+the math), in float32 whatever the parameters' dtype (a bf16 export's weights are widened, as
+xlme's C++ loader widens them). The heads are xlme-finetune's, under its names (head.*): a folder
+with the fine-tuned weights of xlme's FinetuneModel loads into them as it is.
+XlmeForSequenceClassification is XLM-R's head on <s> (dropout, dense, tanh, dropout, output), the
+token and question-answering heads are dropout and one linear map; they run in their own dtype.
+Position ids default to 0..T-1, as xlme's; token_type_ids are accepted for the Trainer's sake and
+ignored (xlme has no segment embeddings). Written for transformers 5.
 """
 import torch
 from torch import nn
 from torch.nn import functional as F
 from transformers import PreTrainedModel
+from transformers import initialization as init
 from transformers.modeling_outputs import (BaseModelOutput, QuestionAnsweringModelOutput,
                                            SequenceClassifierOutput, TokenClassifierOutput)
 
@@ -105,22 +109,23 @@ class XlmePreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         """xlme's initialization: N(0, init_std) weights, zero biases and deltas, unit LayerNorm
-        and gate w."""
+        and gate w. Only for what from_pretrained did not load (a new head): `init`'s functions
+        leave a loaded tensor as it is."""
         std = self.config.init_std
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            module.weight.data.normal_(0.0, std)
+            init.normal_(module.weight, 0.0, std)
             if isinstance(module, nn.Linear):
-                module.bias.data.zero_()
+                init.zeros_(module.bias)
         elif isinstance(module, nn.LayerNorm):
-            module.weight.data.fill_(1.0)
-            module.bias.data.zero_()
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
         for name, parameter in module.named_parameters(recurse=False):
             if name in ("relative_bias", "gate_u", "gate_v"):
-                parameter.data.normal_(0.0, std)
+                init.normal_(parameter, 0.0, std)
             elif name == "gate_w":
-                parameter.data.fill_(1.0)
+                init.ones_(parameter)
             elif name in ("token_delta", "position_delta"):
-                parameter.data.zero_()
+                init.zeros_(parameter)
 
 
 class XlmeModel(XlmePreTrainedModel):
@@ -145,7 +150,7 @@ class XlmeModel(XlmePreTrainedModel):
             raise ValueError("XlmeModel needs input_ids (inputs_embeds is not supported)")
         output_hidden_states = (output_hidden_states if output_hidden_states is not None
                                 else self.config.output_hidden_states)
-        return_dict = return_dict if return_dict is not None else self.config.use_return_dict
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
         encoder = Encoder(self.config.to_dict(), dict(self.named_parameters()), "discriminator")
         encoder.training = self.training
         padding = None if attention_mask is None else attention_mask == 0
@@ -172,11 +177,12 @@ class XlmeForSequenceClassification(XlmePreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 labels=None, output_hidden_states=None, return_dict=None):
-        return_dict = return_dict if return_dict is not None else self.config.use_return_dict
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
         out = self.xlme(input_ids, attention_mask, position_ids=position_ids,
                         output_hidden_states=output_hidden_states, return_dict=True)
         h = self.head
-        logits = h.output(h.dropout(torch.tanh(h.dense(h.dropout(out.last_hidden_state[:, 0])))))
+        first = out.last_hidden_state[:, 0].to(h.output.weight.dtype)  # [B, hidden]: <s>
+        logits = h.output(h.dropout(torch.tanh(h.dense(h.dropout(first)))))  # [B, labels]
         loss = None
         if labels is not None:
             loss = (F.mse_loss(logits.squeeze(-1), labels.float()) if self.num_labels == 1
@@ -200,10 +206,11 @@ class XlmeForTokenClassification(XlmePreTrainedModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 labels=None, output_hidden_states=None, return_dict=None):
-        return_dict = return_dict if return_dict is not None else self.config.use_return_dict
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
         out = self.xlme(input_ids, attention_mask, position_ids=position_ids,
                         output_hidden_states=output_hidden_states, return_dict=True)
-        logits = self.head.output(self.head.dropout(out.last_hidden_state))  # [B, T, labels]
+        hidden = out.last_hidden_state.to(self.head.output.weight.dtype)
+        logits = self.head.output(self.head.dropout(hidden))  # [B, T, labels]
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1),
@@ -228,10 +235,11 @@ class XlmeForQuestionAnswering(XlmePreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 start_positions=None, end_positions=None, output_hidden_states=None,
                 return_dict=None):
-        return_dict = return_dict if return_dict is not None else self.config.use_return_dict
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
         out = self.xlme(input_ids, attention_mask, position_ids=position_ids,
                         output_hidden_states=output_hidden_states, return_dict=True)
-        logits = self.head.output(self.head.dropout(out.last_hidden_state))  # [B, T, 2]
+        hidden = out.last_hidden_state.to(self.head.output.weight.dtype)
+        logits = self.head.output(self.head.dropout(hidden))  # [B, T, 2]
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
         loss = None
         if start_positions is not None and end_positions is not None:

@@ -1,43 +1,83 @@
-"""The `transformers` tokenizer of an xlme export: XLM-R's SentencePiece tokenizer over the
-export's spm.model, giving the ids the model was trained with (xlme-export copies this file;
-tokenizer_config.json's auto_map names the class). Both of xlme's vocabulary layouts put
-<s>=0, <pad>=1, </s>=2, <unk>=3 first and <mask> last (include/xlme/data/tokenizer.h):
-  xlmr: XLM-R's own model (<unk>=0, <s>=1, </s>=2 in SentencePiece): piece i -> i + 1, as
-        XLMRobertaTokenizer does;
+"""The `transformers` tokenizer of an xlme export: the export's spm.model run by the
+`sentencepiece` library (as xlme's C++ tokenizer runs it), its pieces mapped onto the ids the model
+was trained with (xlme-export copies this file; tokenizer_config.json's auto_map names the class).
+Both of xlme's vocabulary layouts put <s>=0, <pad>=1, </s>=2, <unk>=3 first and <mask> last
+(include/xlme/data/tokenizer.h):
+  xlmr: XLM-R's own model (<unk>=0, <s>=1, </s>=2 in SentencePiece): piece i >= 3 -> i + 1, as
+        fairseq's dictionary (XLM-R) maps it;
   own:  models trained by xlme-data train-spm already hold <s>, <pad>, </s>, <unk> as pieces
         0..3: piece i -> i, <mask> = the piece count.
-Needs the `sentencepiece` Python module (Debian: python3-sentencepiece).
+Sequences are framed as XLM-R's: <s> a </s>, and <s> a </s></s> b </s> for a pair (as
+xlme-finetune frames them). Needs the `sentencepiece` Python module.
 """
-from transformers import XLMRobertaTokenizer
+import os
+import shutil
+
+import sentencepiece
+from transformers import PreTrainedTokenizer
+
+SPIECE_UNDERLINE = "\u2581"
 
 
-class XlmeTokenizer(XLMRobertaTokenizer):
+class XlmeTokenizer(PreTrainedTokenizer):
     vocab_files_names = {"vocab_file": "spm.model"}
-    pretrained_vocab_files_map = {}
-    max_model_input_sizes = {}
+    model_input_names = ["input_ids", "attention_mask"]  # xlme has no segment embeddings
 
-    def __init__(self, vocab_file, vocab_layout="xlmr", **kwargs):
+    def __init__(self, vocab_file, vocab_layout="xlmr", bos_token="<s>", pad_token="<pad>",
+                 eos_token="</s>", unk_token="<unk>", mask_token="<mask>", cls_token="<s>",
+                 sep_token="</s>", **kwargs):
         if vocab_layout not in ("xlmr", "own"):
             raise ValueError(f"XlmeTokenizer: vocab_layout is '{vocab_layout}', not xlmr or own "
                              "(tokenizer_config.json)")
-        super().__init__(vocab_file, vocab_layout=vocab_layout, **kwargs)
+        self.vocab_file = vocab_file
         self.vocab_layout = vocab_layout
+        self.sp_model = sentencepiece.SentencePieceProcessor(model_file=vocab_file)
+        pieces = self.sp_model.get_piece_size()
         expected = ["<s>", "<pad>", "</s>", "<unk>"] if vocab_layout == "own" else ["<unk>", "<s>",
                                                                                    "</s>"]
-        pieces = [self.sp_model.IdToPiece(i) for i in range(len(expected))]
-        if pieces != expected:
+        found = [self.sp_model.IdToPiece(i) for i in range(min(pieces, len(expected)))]
+        if pieces <= len(expected) or found != expected:
             raise ValueError(f"{vocab_file}: SentencePiece pieces 0..{len(expected) - 1} are "
-                             f"{pieces}, not {expected} as the '{vocab_layout}' layout has "
+                             f"{found}, not {expected} as the '{vocab_layout}' layout has "
                              "(tokenizer_config.json's vocab_layout)")
-        if str(self._mask_token) != "<mask>":
-            # transformers without the `tokenizers` package: its stand-in AddedToken has no
-            # __str__, so that mask_token would be the token's repr (and mask_token_id <unk>).
-            class MaskToken(type(self._mask_token)):
-                def __str__(self):
-                    return self.content
+        # xlmr: every piece moves up by one to make room for <pad>=1.
+        self.offset = 1 if vocab_layout == "xlmr" else 0
+        self.special_ids = {str(bos_token): 0, str(pad_token): 1, str(eos_token): 2,
+                            str(unk_token): 3, str(mask_token): pieces + self.offset}
+        self.special_tokens = {i: token for token, i in self.special_ids.items()}
+        super().__init__(vocab_layout=vocab_layout, bos_token=bos_token, pad_token=pad_token,
+                         eos_token=eos_token, unk_token=unk_token, mask_token=mask_token,
+                         cls_token=cls_token, sep_token=sep_token,
+                         special_tokens_pattern="cls_double_sep", **kwargs)
 
-            self._mask_token = MaskToken(**vars(self._mask_token))
-        if vocab_layout == "own":
-            self.fairseq_offset = 0
-            self.fairseq_tokens_to_ids["<mask>"] = len(self.sp_model)
-            self.fairseq_ids_to_tokens = {v: k for k, v in self.fairseq_tokens_to_ids.items()}
+    @property
+    def vocab_size(self):
+        return self.sp_model.get_piece_size() + self.offset + 1  # <mask> included
+
+    def get_vocab(self):
+        return {self._convert_id_to_token(i): i for i in range(self.vocab_size)}
+
+    def _tokenize(self, text):
+        return self.sp_model.encode(text, out_type=str)
+
+    def _convert_token_to_id(self, token):
+        if token in self.special_ids:
+            return self.special_ids[token]
+        piece = self.sp_model.PieceToId(token)
+        return self.special_ids[str(self.unk_token)] if piece == self.sp_model.unk_id() \
+            else piece + self.offset
+
+    def _convert_id_to_token(self, index):
+        if index in self.special_tokens:
+            return self.special_tokens[index]
+        return self.sp_model.IdToPiece(index - self.offset)
+
+    def convert_tokens_to_string(self, tokens):
+        return "".join(tokens).replace(SPIECE_UNDERLINE, " ").strip()
+
+    def save_vocabulary(self, save_directory, filename_prefix=None):
+        out = os.path.join(save_directory,
+                           (filename_prefix + "-" if filename_prefix else "") + "spm.model")
+        if os.path.abspath(out) != os.path.abspath(self.vocab_file):
+            shutil.copyfile(self.vocab_file, out)
+        return (out,)

@@ -1,23 +1,24 @@
-// HuggingFace `transformers` loads an xlme export: for each variant of the reference-parity test
-// (export_parity_test.cpp), a tiny trained checkpoint is exported by the binary and
-// tests/python/test_hf_export.py builds it through AutoConfig / AutoModel.from_config
-// (trust_remote_code) from the folder, with the weights read by the reference loader's
-// safetensors reader (and AutoModel.from_pretrained where the `safetensors` package imports).
-// Every hidden state must equal the C++ encoder's within 1e-4 at the real positions; the
-// sequence, token and QA heads train one step; AutoTokenizer gives the C++ tokenizer's ids.
-// transformers 4.29.2 comes from ../shared/peer (XLME_PEER_DIR overrides), unpacked into the
-// build folder once; the test skips only where those sources are absent.
+// HuggingFace `transformers` loads an xlme export as its users load it: for each variant of the
+// reference-parity test (export_parity_test.cpp), a tiny trained checkpoint is exported by the
+// binary and tests/python/test_hf_export.py, run offline by the project's Python (XLME_PYTHON: the
+// transformers and safetensors of requirements.txt), calls AutoModel.from_pretrained and
+// AutoTokenizer.from_pretrained(trust_remote_code=True) on the export folder itself. Every hidden
+// state must equal the C++ encoder's within 1e-4 at the real positions (also through from_config
+// and the reference's own safetensors reader); the sequence, token and QA heads train one step
+// from the export; each head, fine-tuned by xlme's C++ FinetuneModel and written beside the export
+// under its parameter names, loads through from_pretrained and gives the C++ model's logits within
+// 1e-4; AutoTokenizer gives the C++ tokenizer's ids.
+#include "xlme/checkpoint/export_folder.h"
 #include "xlme/checkpoint/pretrained.h"
 #include "xlme/checkpoint/safetensors.h"
+#include "xlme/checkpoint/weights.h"
 #include "xlme/data/tokenizer.h"
+#include "xlme/finetune/model.h"
 
 #include "export_fixtures.h"
 
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 
-#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <regex>
@@ -39,53 +40,56 @@ using xlme::testing::run_tool;
 using xlme::testing::shell;
 using xlme::testing::TempDir;
 
-constexpr const char* kHfPython = "/usr/bin/python3";
 constexpr double kHfTolerance = 1e-4;
-constexpr const char* kTransformersArchive = "transformers-4.29.2-src.tar.xz";
-constexpr const char* kHubArchive = "huggingface_hub-0.14.1-src.tar.xz";
-
-// PYTHONPATH with transformers' and huggingface_hub's sources, unpacked from the peer's archives
-// into <build>/peer once (under a temporary name, then renamed: parallel tests race safely).
-// Empty, with `why` set, where the archives are absent.
-std::string prepare_transformers(std::string& why) {
-  const char* env = std::getenv("XLME_PEER_DIR");
-  const fs::path peer = env ? fs::path(env) : fs::path(XLME_SOURCE_DIR) / ".." / "shared" / "peer";
-  if (!fs::is_regular_file(peer / kTransformersArchive) ||
-      !fs::is_regular_file(peer / kHubArchive)) {
-    why = "no " + std::string(kTransformersArchive) + " and " + kHubArchive + " in " +
-          peer.string() +
-          " (../shared/peer beside the checkout, or XLME_PEER_DIR): the transformers export test "
-          "needs transformers 4.29.2's sources";
-    return "";
-  }
-  const fs::path dest = fs::path(XLME_BINARY_DIR) / "peer";
-  const fs::path marker = dest / "transformers-4.29.2" / "src" / "transformers" / "__init__.py";
-  if (!fs::exists(marker)) {
-    const fs::path tmp = dest.string() + ".tmp-" + std::to_string(::getpid());
-    fs::create_directories(tmp);
-    for (const char* archive : {kTransformersArchive, kHubArchive}) {
-      const auto [code, out] =
-          shell("tar -xJf " + quote(peer / archive) + " -C " + quote(tmp.string()));
-      if (code != 0) {
-        why = "cannot unpack " + (peer / archive).string() + ": " + out;
-        return "";
-      }
-    }
-    std::error_code ec;
-    fs::rename(tmp, dest, ec);  // fails where another test got there first
-    fs::remove_all(tmp, ec);
-  }
-  return (dest / "transformers-4.29.2" / "src").string() + ":" +
-         (dest / "huggingface_hub-0.14.1" / "src").string();
-}
+// The N(0, std) of the fine-tuned heads' weights and biases: logits of order one, biases that
+// count (a new head's are N(0, init_std) and zero).
+constexpr double kHeadStd = 0.2;
 
 // Text in the tiny tokenizer's letters, plus characters it has never seen (<unk>).
 const std::vector<std::string> kTexts = {"the quick brown fox", "Zürich 42 ☃ abc", "a"};
+
+// A fine-tuning head the test compares: the folder name test_hf_export.py reads, the head of
+// xlme-finetune's FinetuneModel and its classes (extractive QA: a token head with start, end).
+struct HeadCase {
+  const char* kind;
+  finetune::HeadKind head;
+  int64_t classes;
+};
+constexpr HeadCase kHeads[] = {{"sequence", finetune::HeadKind::kSequence, 3},
+                               {"token", finetune::HeadKind::kToken, 3},
+                               {"qa", finetune::HeadKind::kToken, 2}};
+
+// The export folder with the weights of the fine-tuned `model` (FinetuneModel's names:
+// embeddings.*, discriminator.*, head.*; float32, as config.json then says) and its number of
+// classes: a fine-tuned model as transformers loads it.
+void write_finetuned_folder(const fs::path& export_dir, const fs::path& out,
+                            const finetune::FinetuneModel& model, int64_t classes) {
+  fs::create_directories(out.parent_path());
+  fs::copy(export_dir, out, fs::copy_options::recursive);
+  SafetensorsContent weights;
+  weights.tensors = checkpoint::named_weights(*model);
+  weights.metadata = {{"format", "pt"}};
+  write_safetensors(out / checkpoint::kExportWeightsFile, weights);
+  const auto config_path = out / checkpoint::kExportConfigFile;
+  auto config = nlohmann::ordered_json::parse(read_file(config_path));
+  config["dtype"] = config["torch_dtype"] = "float32";
+  config["num_labels"] = classes;
+  xlme::testing::write_file(config_path, config.dump(2));
+}
 
 class TransformersExport : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     setup_.run([] {
+      const auto [python_code, python_out] =
+          shell(quote(XLME_PYTHON) +
+                " -c 'import torch, numpy, sentencepiece, safetensors, transformers'");
+      XLME_CHECK(python_code == 0,
+                 "XLME_PYTHON={} cannot import torch, numpy, sentencepiece, safetensors and "
+                 "transformers, which the transformers export test needs: run scripts/setup.sh (it "
+                 "installs requirements.txt into .venv), or configure with -DXLME_PYTHON=<a python "
+                 "with them>:\n{}",
+                 XLME_PYTHON, python_out);
       dir_ = new TempDir();
       own_tokenizer_ = new std::string(xlme::testing::train_tiny_tokenizer(*dir_ / "tok"));
       // XLM-R's layout: spm_train's default ids (<unk>=0, <s>=1, </s>=2), as
@@ -104,26 +108,13 @@ class TransformersExport : public ::testing::Test {
   }
   inline static xlme::testing::SuiteSetUp setup_;
 
-  void SetUp() override {
-    ASSERT_NO_FATAL_FAILURE(setup_.check());
-    std::string why;
-    pythonpath_ = prepare_transformers(why);
-    if (pythonpath_.empty()) GTEST_SKIP() << why;
-    const auto [code, out] = shell("PYTHONPATH=" + quote(pythonpath_) + " " + kHfPython +
-                                   " -c 'import torch, numpy, sentencepiece, transformers'");
-    ASSERT_EQ(code, 0) << kHfPython
-                       << " cannot import torch, numpy, sentencepiece and transformers (with its "
-                          "dependencies), which the transformers export test needs; run "
-                          "scripts/setup.sh (it installs the Debian packages):\n"
-                       << out;
-  }
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(setup_.check()); }
 
-  // Exports a checkpoint of the variant, runs the C++ encoder and the transformers checks on a
-  // padded batch; returns the largest |difference| per hidden state (from_config). With a
-  // generator exported too, the transformers model ignores its tensors.
-  std::vector<double> check(const ExportVariant& variant, bool xlmr_layout = false) {
+  // Exports a checkpoint of the variant, runs the C++ encoder and the fine-tuning heads on a padded
+  // batch, and test_hf_export.py on the export. With a generator exported too, the transformers
+  // model ignores its tensors.
+  void check(const ExportVariant& variant, bool xlmr_layout = false) {
     const std::string& name = variant.label;
-    const std::vector<std::string>& export_args = variant.export_args;
     TempDir dir;
     auto config = xlme::testing::tiny_export_config(*own_tokenizer_, variant.overrides);
     if (xlmr_layout) {
@@ -134,22 +125,34 @@ class TransformersExport : public ::testing::Test {
     }
     const auto checkpoint = xlme::testing::make_tiny_checkpoint(config, dir / "run");
     std::vector<std::string> args{"--checkpoint", checkpoint.path, "--out", dir / "export"};
-    args.insert(args.end(), export_args.begin(), export_args.end());
+    args.insert(args.end(), variant.export_args.begin(), variant.export_args.end());
     const auto run = run_tool("xlme-export", args);
-    EXPECT_EQ(run.code, 0) << run.err;
-    if (run.code != 0) return {};
+    ASSERT_EQ(run.code, 0) << run.err;
 
     Pretrained p = load_pretrained(dir / "export");
     const auto batch = parity_batch(p.special_ids, /*length=*/24);
+    SafetensorsContent inputs, expected;
+    inputs.tensors = {
+        {"input_ids", batch.ids}, {"positions", batch.positions}, {"padding", batch.padding}};
     std::vector<torch::Tensor> states;
     {
       torch::NoGradGuard no_grad;
       states =
           p.discriminator->discriminator->hidden_states(batch.ids, batch.positions, batch.padding);
+      torch::manual_seed(17);
+      for (const auto& head : kHeads) {
+        finetune::FinetuneModel model(p.discriminator->embeddings, p.discriminator->discriminator,
+                                      head.head, head.classes, /*dropout=*/0.1);
+        for (auto& item : model->named_parameters()) {
+          if (item.key().rfind("head.", 0) == 0) item.value().normal_(0.0, kHeadStd);
+        }
+        model->eval();
+        expected.tensors[std::string("logits.") + head.kind] =
+            model->forward(batch.ids, batch.positions, batch.padding);
+        write_finetuned_folder(dir.path() / "export", dir.path() / "heads" / head.kind, model,
+                               head.classes);
+      }
     }
-    SafetensorsContent inputs, expected;
-    inputs.tensors = {
-        {"input_ids", batch.ids}, {"positions", batch.positions}, {"padding", batch.padding}};
     for (size_t i = 0; i < states.size(); ++i) {
       expected.tensors["hidden." + std::to_string(i)] = states[i];
     }
@@ -161,26 +164,31 @@ class TransformersExport : public ::testing::Test {
     xlme::testing::write_file(dir / "tokens.json", tokens.dump());
 
     const auto [code, out] = shell(
-        "cd " + quote(XLME_SOURCE_DIR) + " && PYTHONPATH=" + quote(pythonpath_) + " " + kHfPython +
+        "cd " + quote(XLME_SOURCE_DIR) + " && " + quote(XLME_PYTHON) +
         " tests/python/test_hf_export.py --model " + quote(dir / "export") + " --inputs " +
         quote(dir / "inputs.safetensors") + " --expected " + quote(dir / "expected.safetensors") +
-        " --tokens " + quote(dir / "tokens.json") + " --tolerance " + std::to_string(kHfTolerance));
+        " --heads " + quote(dir / "heads") + " --tokens " + quote(dir / "tokens.json") +
+        " --tolerance " + std::to_string(kHfTolerance));
     EXPECT_EQ(code, 0) << out;
     std::smatch match;
     const bool parsed = std::regex_search(out, match, std::regex(R"(\{"transformers": .*\})"));
-    EXPECT_TRUE(parsed) << out;
-    if (!parsed) return {};
+    ASSERT_TRUE(parsed) << out;
     const auto report = nlohmann::json::parse(match[0].str());
-    const auto diffs = report["max_abs_diff"].get<std::vector<double>>();
     std::cout << "[ hf       ] " << name << ": " << report.dump() << std::endl;
-    EXPECT_EQ(diffs.size(), states.size());
-    for (size_t i = 0; i < diffs.size(); ++i) {
-      EXPECT_LE(diffs[i], kHfTolerance) << name << " hidden state " << i;
+    for (const char* path : {"from_pretrained", "from_config"}) {
+      const auto diffs = report[path].get<std::vector<double>>();
+      EXPECT_EQ(diffs.size(), states.size()) << path;
+      for (size_t i = 0; i < diffs.size(); ++i) {
+        EXPECT_LE(diffs[i], kHfTolerance) << name << " " << path << " hidden state " << i;
+      }
     }
-    return diffs;
+    for (const auto& head : kHeads) {
+      ASSERT_TRUE(report["head_logits"].contains(head.kind)) << head.kind;
+      EXPECT_LE(report["head_logits"][head.kind].get<double>(), kHfTolerance)
+          << name << " " << head.kind << " head";
+    }
   }
 
-  std::string pythonpath_;
   static TempDir* dir_;
   static std::string* own_tokenizer_;
   static std::string* xlmr_tokenizer_;
