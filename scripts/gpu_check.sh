@@ -6,10 +6,14 @@
 #   scripts/gpu_check.sh --prepare   here (Debian 12, root, apt): fills .gpudeps/ with what the
 #                                    build needs beyond the wheel, as unpacked Debian packages
 #                                    plus the Debian sources of the compiled libraries
-#   scripts/gpu_check.sh OUT_DIR     on the GPU machine, in the repository root: carry .gpudeps
+#   scripts/gpu_check.sh OUT_DIR     on the GPU machine, in the repository root: carry .gpubundle
+#                                    (scripts/gpu_bundle.sh: no build there) or .gpudeps (a build)
 #
 # Steps (each time-limited, each failure recorded in the JSON; independent steps still run):
 #   env        nvidia-smi, the wheel's torch (version, CUDA, cmake prefix), nvcc, cmake, compiler
+#   bundle     where .gpubundle/xlme-gpu.tar.xz was built from this checkout's sources against this
+#              machine's torch (scripts/gpu_bundle.sh --install): unpacked, and deps, configure and
+#              build are skipped; otherwise recorded as not used, and the steps below build
 #   deps       whether the carried prebuilt libraries link and run here (glibc, libstdc++); the
 #              ones that do not are built from the carried Debian sources into the build folder
 #   configure  cmake (once; later calls reuse the build folder .gpubuild/ and only rebuild)
@@ -25,13 +29,14 @@
 #              the fused AdamW
 #
 # Environment: XLME_GPU_CHECK_BUDGET_S (default 560: the whole run, under the tool's 600 s),
+# XLME_GPU_BUNDLE (default .gpubundle/xlme-gpu.tar.xz; XLME_GPU_BUNDLE=none: always build),
 # XLME_GPU_DEPS (default .gpudeps), XLME_GPU_BUILD (default .gpubuild), XLME_GPU_DEPS_FROM_SOURCE=1
 # (build the compiled libraries from source even where the prebuilt ones work),
 # XLME_GPU_CHECK_DEPS_S / _BUILD_S (default 240 / 330: those steps' limits),
 # XLME_GPU_CHECK_BUILD_ONLY=1 (env, deps, configure and the four binaries only: no tests, no
 # benchmarks; scripts/gpu_demo.sh),
-# XLME_GPU_CHECK_ALLOW_CPU=1 (no GPU: Debian's CPU LibTorch, CPU benchmark shapes; CUDA tests
-# skip; for checking this script).
+# XLME_GPU_CHECK_ALLOW_CPU=1 (no GPU: CPU benchmark shapes; CUDA tests skip; for checking this
+# script on a CPU machine).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -183,7 +188,22 @@ if [ "$cpu_mode" != 1 ]; then
   [ -n "$cuda_root" ] || record cuda_toolkit failed 0 "no nvcc on PATH or in /usr/local/cuda"
 fi
 
+# --- bundle: the binaries built on a CPU machine, when they fit this checkout and this torch -----
+bundle=${XLME_GPU_BUNDLE:-$root/.gpubundle/xlme-gpu.tar.xz}
+bundled=0
+if [ "$bundle" != none ] && [ -f "$bundle" ]; then
+  if run_step bundle 120 "$out/build.log" -- "$root/scripts/gpu_bundle.sh" --install "$bundle"; then
+    bundled=1
+    build=$(tail -1 "$out/build.log")
+    export LD_LIBRARY_PATH="$build/.bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export PATH="$build/.bundle/bin:$PATH"
+  fi
+else
+  record bundle skipped 0 "no bundle at $bundle (scripts/gpu_bundle.sh makes one): building"
+fi
+
 # --- deps: the carried libraries, prebuilt or built here ------------------------------------------
+if [ "$bundled" = 0 ]; then
 R="$deps/root"
 L="$R/usr/lib/$arch"
 built="$work/deps-built"  # libraries built from the carried sources, when needed
@@ -325,7 +345,9 @@ cmake_args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DXLME_BU
   "-DZLIB_INCLUDE_DIR=$R/usr/include" "-DZLIB_LIBRARY=$(carried "$L/libz.so")"
   "-DLIBLZMA_INCLUDE_DIR=$R/usr/include" "-DLIBLZMA_LIBRARY=$(carried "$L/liblzma.so")"
   # Test discovery at test time: a binary that cannot start shows up as a failed test.
-  -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST)
+  -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST
+  # The machine's python3 (its torch is the wheel's), or .venv's where it exists (CPU mode here).
+  "-DXLME_PYTHON=$([ -x "$root/.venv/bin/python3" ] && echo "$root/.venv/bin/python3" || command -v python3)")
 for pkg in yaml-cpp fmt spdlog CLI11 nlohmann_json GTest; do
   for dir in "$built/lib/cmake/$pkg" "$built/share/cmake/$pkg" "$L/cmake/$pkg" "$R/usr/share/cmake/$pkg" "$R/usr/lib/cmake/$pkg"; do
     [ -d "$dir" ] && { cmake_args+=("-D${pkg}_DIR=$dir"); break; }
@@ -368,6 +390,16 @@ if [ -f "$build/build.ninja" ]; then
 else
   record build skipped 0 "not configured"
 fi
+
+else
+  built_ok=1
+  build_only=${XLME_GPU_CHECK_BUILD_ONLY:-0}
+  record deps skipped 0 "the bundle carries the libraries"
+  record build skipped 0 "the bundle's binaries (built from the same sources on a CPU machine)"
+fi
+
+# The build folder this check used (scripts/gpu_demo.sh reads it).
+echo "$build" >"$work/build_dir"
 
 # --- flags and header origins ---------------------------------------------------------------------
 if [ -f "$build/build.ninja" ]; then

@@ -8,9 +8,10 @@
 #   scripts/gpu_demo.sh --prepare [DATA]   here, after the quickstart's corpus (DATA, default
 #                                          data/demo): packs what the runs read (tokenizer,
 #                                          shards, held-out pairs) into the git-ignored .gpudemo/
-#   scripts/gpu_demo.sh OUT_DIR            on the GPU machine, carrying .gpudeps/root,
-#                                          .gpudeps/MANIFEST and .gpudemo (56 MB in all):
-#                                          builds the binaries (scripts/gpu_check.sh's build),
+#   scripts/gpu_demo.sh OUT_DIR            on the GPU machine, carrying .gpudemo and
+#                                          .gpubundle (scripts/gpu_bundle.sh; else .gpudeps/root
+#                                          and .gpudeps/MANIFEST, and it builds): the binaries
+#                                          through scripts/gpu_check.sh,
 #                                          trains both until the budget's end, exports, evaluates;
 #                                          OUT_DIR/gpu_demo.json and 4 logs
 #
@@ -64,7 +65,7 @@ if [ -n "${XLME_GPU_DEMO_BUILD:-}" ]; then
 else
   XLME_GPU_CHECK_BUILD_ONLY=1 XLME_GPU_CHECK_BUDGET_S=$(($(left) - eval_s - 60)) \
     bash "$root/scripts/gpu_check.sh" "$out/.check" >"$out/build.log" 2>&1
-  build=${XLME_GPU_BUILD:-$root/.gpubuild}/build
+  build=$(cat "${XLME_GPU_BUILD:-$root/.gpubuild}/build_dir" 2>/dev/null)
   cp "$out/.check/gpu_check.json" "$out/build.json" 2>/dev/null
   cat "$out/.check/build.log" >>"$out/build.log" 2>/dev/null
   rm -rf "$out/.check"
