@@ -1,15 +1,18 @@
 // The four binaries as a user runs them: --help, --version, --print-config (read back through the
 // config loader), overrides, errors with their exit codes, log files, the OpenMP wait policy, the
-// preloaded allocator and the reference-BLAS warning.
+// preloaded allocator, and a run without a GPU that says so without CUDA warnings.
 #include "xlme/common/runtime.h"
 #include "xlme/config/config.h"
 
 #include "test_util.h"
 
 #include <sys/wait.h>
+#include <torch/cuda.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
+#include <sstream>
 
 namespace xlme {
 namespace {
@@ -153,6 +156,31 @@ TEST(Cli, TcmallocServesMallocUnlessOptedOut) {
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains_all(r.err, {"XLME_ALLOCATOR must be tcmalloc", "system", "'jemalloc'"}))
       << r.err;
+}
+
+TEST(Cli, NoCudaWarningsWithoutAGpu) {
+  // Every build has CUDA compiled in; where no GPU is visible a run goes on on the CPU, says so on
+  // its start-up line, and LibTorch's CUDA probing leaves no warning in the output or the log.
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a GPU is visible here";
+  TempDir dir;
+  const Result r =
+      run("xlme-pretrain", {"--config", "configs/pretrain/benchmark/cpu_tiny.yaml", "--benchmark",
+                            "1", "--set", "run.out_dir=" + (dir / "run")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"(LibTorch ", ", CPU only)"})) << r.err;
+  EXPECT_TRUE(contains_all(r.out, {"\"device\": \"cpu\""})) << r.out;
+  const std::string log = read_file(dir / "run/logs/rank0.log");
+  EXPECT_TRUE(contains_all(log, {", CPU only)"})) << log;
+  for (const std::string& text : {r.out, r.err, log}) {
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      std::string lower = line;
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      const bool cuda = lower.find("cuda") != std::string::npos;
+      const bool warning = lower.find("warn") != std::string::npos || line.rfind("[W", 0) == 0;
+      EXPECT_FALSE(cuda && warning) << line;
+    }
+  }
 }
 
 }  // namespace
