@@ -7,6 +7,7 @@
 #include "xlme/model/batched_matmul.h"
 #include "xlme/model/dropout.h"
 #include "xlme/model/linear.h"
+#include "xlme/model/own_kernels.h"
 #include "xlme/model/relative_position.h"
 
 #include "kernel_util.h"
@@ -246,7 +247,8 @@ torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, con
   auto scores = batched_matmul(q, k.transpose(-2, -1), scale);  // [B, H, T, T]
   const auto factor =
       bias.table.defined() && bias.gate_u.defined() ? gate_factor(q, bias) : torch::Tensor();
-  if (impl == BiasImpl::kAuto && attention_probs_fused(scores, factor, bias.table)) {
+  if (impl == BiasImpl::kAuto && own_cpu_kernel(OwnKernel::kAttentionProbs) &&
+      attention_probs_fused(scores, factor, bias.table)) {
     return batched_matmul(attention_probs(scores, factor, bias.table, padding, dropout, training),
                           v);
   }
@@ -288,7 +290,8 @@ torch::Tensor add_position_bias(torch::Tensor scores, const torch::Tensor& facto
                  table.size(2) == scores.size(3),
              "add_position_bias: scores {} and table {} must be [B, H, T, T] and [H, T, T]",
              shape_text(scores.sizes()), shape_text(table.sizes()));
-  const bool aten = impl == BiasImpl::kAten || !scores.device().is_cpu();
+  const bool aten = impl == BiasImpl::kAten || !scores.device().is_cpu() ||
+                    !own_cpu_kernel(OwnKernel::kPositionBias);
   return PositionBiasFunction::apply(std::move(scores), empty_if_undefined(factor, table.options()),
                                      table, empty_if_undefined(padding, torch::kBool), write, aten);
 }

@@ -1,6 +1,7 @@
 #include "xlme/model/batched_matmul.h"
 
 #include "xlme/model/linear.h"
+#include "xlme/model/own_kernels.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
@@ -154,9 +155,9 @@ class BatchedMatmulFunction : public torch::autograd::Function<BatchedMatmulFunc
 // of the same dtype and leading dimensions, with a BLAS found.
 bool float_operands_fit(const torch::Tensor& a, const torch::Tensor& b) {
   const auto dtype = a.scalar_type();
-  return blas().usable() && a.device().is_cpu() && b.device().is_cpu() &&
-         (dtype == torch::kFloat32 || dtype == torch::kFloat64) && b.scalar_type() == dtype &&
-         a.dim() >= 3 && a.dim() == b.dim() &&
+  return own_cpu_kernel(OwnKernel::kBatchedMatmul) && blas().usable() && a.device().is_cpu() &&
+         b.device().is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kFloat64) &&
+         b.scalar_type() == dtype && a.dim() >= 3 && a.dim() == b.dim() &&
          a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2) &&
          a.size(-1) == b.size(-2) &&
          std::max({a.size(-2), a.size(-1), b.size(-1)}) <= std::numeric_limits<int>::max();

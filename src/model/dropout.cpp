@@ -1,6 +1,7 @@
 #include "xlme/model/dropout.h"
 
 #include "xlme/common/error.h"
+#include "xlme/model/own_kernels.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
@@ -57,7 +58,9 @@ torch::Tensor dropout_mask(torch::IntArrayRef sizes, double p, uint64_t seed,
 
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training) {
   if (!training || p == 0.0) return x;
-  if (!x.device().is_cpu()) return torch::dropout(x, p, /*train=*/true);
+  if (!x.device().is_cpu() || !own_cpu_kernel(OwnKernel::kDropout)) {
+    return torch::dropout(x, p, /*train=*/true);
+  }
   return x * dropout_mask(x.sizes(), p, DropoutDraws::next_seed(), x.options());
 }
 
@@ -121,8 +124,9 @@ class ResidualDropoutFunction : public torch::autograd::Function<ResidualDropout
 torch::Tensor residual_dropout(const torch::Tensor& x, const torch::Tensor& y, double p,
                                bool training) {
   const auto dtype = y.scalar_type();
-  const bool fused = training && p > 0.0 && y.device().is_cpu() && x.device().is_cpu() &&
-                     x.sizes() == y.sizes() && x.scalar_type() == dtype &&
+  const bool fused = own_cpu_kernel(OwnKernel::kResidualDropout) && training && p > 0.0 &&
+                     y.device().is_cpu() && x.device().is_cpu() && x.sizes() == y.sizes() &&
+                     x.scalar_type() == dtype &&
                      (dtype == torch::kFloat32 || dtype == torch::kFloat64);
   if (!fused) return x + model::dropout(y, p, training);
   return ResidualDropoutFunction::apply(x, y, p);

@@ -4,6 +4,7 @@
 #include "xlme/common/error.h"
 #include "xlme/data/framing.h"
 #include "xlme/model/linear.h"
+#include "xlme/model/own_kernels.h"
 #include "xlme/objectives/objective_set.h"
 
 #include <ATen/Dispatch.h>
@@ -128,6 +129,28 @@ torch::Tensor sample_rows_cpu(const torch::Tensor& logits, double temperature,
   return sampled;
 }
 
+// The CPU draw with LibTorch's operations: inverse CDF. The softmax over the ordinary ids (special
+// ids at -inf get probability 0 exactly, so a special id that dominates a row cannot make the
+// ordinary ids underflow), its cumulative sums (the CPU cumsum accumulates float32 in float64),
+// one uniform per row scaled by the row's total, and a binary search for the first cumulative sum
+// above it: three passes over [N, V] and N uniforms, where Gumbel-max draws N x V uniforms and
+// takes two logarithms of each.
+torch::Tensor sample_rows_by_cdf(const torch::Tensor& logits, double temperature,
+                                 const std::vector<int64_t>& special) {
+  const auto dtype = logits.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  auto scores = torch::div(logits.detach().to(dtype), temperature);  // [N, V]
+  for (const int64_t id : special) {
+    scores.select(1, id).fill_(-std::numeric_limits<double>::infinity());
+  }
+  const auto cdf = torch::softmax(scores, 1).cumsum_(1);  // [N, V]
+  const auto total = cdf.narrow(1, cdf.size(1) - 1, 1);   // [N, 1]
+  // u x total may round up to total itself, which no cumulative sum exceeds; the largest value
+  // below it falls in the last id with a nonzero probability.
+  const auto target = torch::minimum(torch::rand(total.sizes(), total.options()) * total,
+                                     torch::nextafter(total, torch::zeros_like(total)));
+  return torch::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(1);
+}
+
 }  // namespace
 
 torch::Tensor sample_replacements(const torch::Tensor& logits, double temperature,
@@ -136,7 +159,8 @@ torch::Tensor sample_replacements(const torch::Tensor& logits, double temperatur
   const std::vector<int64_t> excluded{special.bos, special.pad, special.eos, special.unk,
                                       special.mask};
   if (logits.device().is_cpu()) {
-    return sample_rows_cpu(logits, temperature, excluded);
+    return own_cpu_kernel(OwnKernel::kSampler) ? sample_rows_cpu(logits, temperature, excluded)
+                                               : sample_rows_by_cdf(logits, temperature, excluded);
   }
   // Gumbel-max: argmax(s / temperature + G), G = -log(-log U), is a draw from
   // softmax(s / temperature). Built in place in the noise tensor: one [N, V] buffer, in float32

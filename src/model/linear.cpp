@@ -1,6 +1,7 @@
 #include "xlme/model/linear.h"
 
 #include "xlme/common/cpu_math.h"
+#include "xlme/model/own_kernels.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -118,7 +119,8 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
 bool bias_gelu_fits(const torch::Tensor& x, const torch::Tensor& weight,
                     const torch::Tensor& bias) {
   const auto dtype = x.scalar_type();
-  return bias.defined() && x.device().is_cpu() && !at::autocast::is_autocast_enabled(at::kCPU) &&
+  return own_cpu_kernel(OwnKernel::kLinearGelu) && bias.defined() && x.device().is_cpu() &&
+         !at::autocast::is_autocast_enabled(at::kCPU) &&
          (dtype == torch::kFloat32 || dtype == torch::kFloat64) && weight.scalar_type() == dtype &&
          bias.scalar_type() == dtype && x.dim() >= 1 && x.size(-1) == weight.size(1) &&
          x.numel() > 0;

@@ -5,6 +5,7 @@
 #include "xlme/common/error.h"
 #include "xlme/common/shape_text.h"
 #include "xlme/data/batch.h"
+#include "xlme/model/own_kernels.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -102,8 +103,8 @@ Term generator_term(const std::string& name, const torch::Tensor& logits,
   Term term;
   term.name = name;
   term.count = torch::full({}, targets.size(0), targets.options().dtype(torch::kInt64));
-  if (fused_cross_entropy_fits(logits) && targets.scalar_type() == torch::kInt64 &&
-      targets.device().is_cpu()) {
+  if (model::own_cpu_kernel(model::OwnKernel::kCrossEntropy) && fused_cross_entropy_fits(logits) &&
+      targets.scalar_type() == torch::kInt64 && targets.device().is_cpu()) {
     auto outputs = CrossEntropyFunction::apply(logits, targets);
     term.loss_sum = outputs[0];
     term.statistics["correct"] = outputs[1];

@@ -1,6 +1,7 @@
 #include "xlme/optim/optimizer.h"
 
 #include "xlme/common/error.h"
+#include "xlme/model/own_kernels.h"
 
 #include <ATen/ATen.h>
 
@@ -50,7 +51,8 @@ torch::Tensor MultiTensorAdamW::step(LossClosure closure) {
     }
     for (auto& [previous, lists] : by_step) {
       const auto step = static_cast<double>(previous + 1);
-      if (lists.params.front().is_cuda()) {
+      if (lists.params.front().is_cuda() ||
+          !model::own_cpu_kernel(model::OwnKernel::kForeachAdamW)) {
         // The kernel takes the count of this step (PyTorch's _fused_adamw increments before
         // the call): with the count before it, the first step's bias correction 1 - beta^0 is
         // 0 and every parameter becomes NaN (found on the first GPU run).
