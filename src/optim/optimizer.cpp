@@ -1,7 +1,6 @@
 #include "xlme/optim/optimizer.h"
 
 #include "xlme/common/error.h"
-#include "xlme/model/own_kernels.h"
 
 #include <ATen/ATen.h>
 
@@ -50,33 +49,16 @@ torch::Tensor MultiTensorAdamW::step(LossClosure closure) {
       s.step(s.step() + 1);
     }
     for (auto& [previous, lists] : by_step) {
-      const auto step = static_cast<double>(previous + 1);
-      if (lists.params.front().is_cuda() ||
-          !model::own_cpu_kernel(model::OwnKernel::kForeachAdamW)) {
-        // The kernel takes the count of this step (PyTorch's _fused_adamw increments before
-        // the call): with the count before it, the first step's bias correction 1 - beta^0 is
-        // 0 and every parameter becomes NaN (found on the first GPU run).
-        auto counts = torch::full({static_cast<int64_t>(lists.params.size())}, step,
-                                  lists.params.front().options().dtype(torch::kFloat32));
-        std::vector<torch::Tensor> steps;
-        for (int64_t i = 0; i < counts.size(0); ++i) steps.push_back(counts[i]);
-        at::_fused_adamw_(lists.params, lists.grads, lists.exp_avgs, lists.exp_avg_sqs, {}, steps,
-                          lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
-                          /*maximize=*/false);
-        continue;
-      }
-      const double bias_correction1 = 1 - std::pow(beta1, step);
-      const double bias_correction2 = 1 - std::pow(beta2, step);
-      // LibTorch's AdamW::step, operation for operation, over lists.
-      if (weight_decay != 0) at::_foreach_mul_(lists.params, 1 - lr * weight_decay);
-      at::_foreach_mul_(lists.exp_avgs, beta1);
-      at::_foreach_add_(lists.exp_avgs, lists.grads, 1 - beta1);
-      at::_foreach_mul_(lists.exp_avg_sqs, beta2);
-      at::_foreach_addcmul_(lists.exp_avg_sqs, lists.grads, lists.grads, 1 - beta2);
-      auto denom = at::_foreach_sqrt(lists.exp_avg_sqs);
-      at::_foreach_div_(denom, std::sqrt(bias_correction2));
-      at::_foreach_add_(denom, eps);
-      at::_foreach_addcdiv_(lists.params, lists.exp_avgs, denom, -lr / bias_correction1);
+      // The kernel takes the count of this step (PyTorch's _fused_adamw increments before the
+      // call): with the count before it, the first step's bias correction 1 - beta^0 is 0 and
+      // every parameter becomes NaN (found on the first GPU run).
+      auto counts = torch::full({static_cast<int64_t>(lists.params.size())},
+                                static_cast<double>(previous + 1),
+                                lists.params.front().options().dtype(torch::kFloat32));
+      std::vector<torch::Tensor> steps;
+      for (int64_t i = 0; i < counts.size(0); ++i) steps.push_back(counts[i]);
+      at::_fused_adamw_(lists.params, lists.grads, lists.exp_avgs, lists.exp_avg_sqs, {}, steps, lr,
+                        beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
     }
   }
   return loss;

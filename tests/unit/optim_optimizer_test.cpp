@@ -1,5 +1,5 @@
-// The multi-tensor AdamW against LibTorch's per-parameter AdamW, and the gradient norm and
-// clipping helpers against naive double-precision references.
+// The multi-tensor AdamW (LibTorch's fused kernel) against LibTorch's per-parameter AdamW, and the
+// gradient norm and clipping helpers against naive double-precision references.
 #include "xlme/optim/optimizer.h"
 
 #include "test_util.h"
@@ -19,7 +19,7 @@ using xlme::testing::TempDir;
 // not); the same values for both optimizers.
 std::vector<torch::Tensor> make_parameters() {
   torch::manual_seed(4);
-  // [301, 229]: more than one 32k span of the fused CPU step, and not a multiple of 8.
+  // [301, 229]: more than one parallel chunk of the fused kernel, and not a multiple of 8.
   return {torch::randn({5, 3}).requires_grad_(), torch::randn({7}).requires_grad_(),
           torch::randn({2, 4, 3}).requires_grad_(), torch::randn({1}).requires_grad_(),
           torch::randn({301, 229}).requires_grad_()};
@@ -54,7 +54,7 @@ void set_gradients(std::vector<torch::Tensor>& params, int step) {
   }
 }
 
-TEST(MultiTensorAdamW, BitIdenticalToLibTorchsAdamW) {
+TEST(MultiTensorAdamW, EqualsLibTorchsAdamWWithinRounding) {
   auto ours = make_parameters();
   auto reference = clone_parameters(ours);
   const auto train = adamw_settings();
@@ -83,8 +83,19 @@ TEST(MultiTensorAdamW, BitIdenticalToLibTorchsAdamW) {
     multi->step();
     libtorch.step();
   }
+  // LibTorch's fused kernel orders and fuses the operations its own way: equal to the loop within
+  // float32 rounding, not bit for bit. Each element may differ by 2 units in the last place of its
+  // own magnitude plus one rounding (2^-24, relative) of each step's update, whose size is at most
+  // the learning rate (3e-2): 12 x 3e-2 x 2^-24 = 2.1e-8. (Measured: at most 1 unit in the last
+  // place, and 3.2e-9 on an element of magnitude 4e-5.) A wrong formula (a bias correction or the
+  // decoupled decay missed) moves them by 1e-3 or more.
+  const double update_roundings = 12 * 3e-2 * std::ldexp(1.0, -24);
   for (std::size_t i = 0; i < ours.size(); ++i) {
-    EXPECT_TRUE(torch::equal(ours[i], reference[i])) << "parameter " << i;
+    const auto error = (ours[i] - reference[i]).abs().to(torch::kDouble);
+    const auto allowed =
+        reference[i].abs().to(torch::kDouble) * 2 * std::ldexp(1.0, -23) + update_roundings;
+    EXPECT_TRUE((error <= allowed).all().item<bool>())
+        << "parameter " << i << ": worst excess " << (error - allowed).max().item<double>();
   }
 }
 
@@ -111,8 +122,8 @@ TEST(MultiTensorAdamW, StateRoundTripsThroughLibTorchsFormat) {
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
 }
 
-// On CUDA the fused kernel (LibTorch >= 2.1) or the multi-tensor kernels do the same arithmetic
-// in another order: equal to the CPU's steps within float rounding.
+// On CUDA the fused kernel does the same arithmetic in another order: equal to the CPU's steps
+// within float rounding.
 TEST(MultiTensorAdamW, CudaStepsEqualTheCpuSteps) {
   if (!torch::cuda::is_available())
     GTEST_SKIP() << "no CUDA device: the CUDA AdamW path is not run";
