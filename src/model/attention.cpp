@@ -3,33 +3,17 @@
 #include <ATen/ATen.h>
 #include "xlme/common/error.h"
 #include "xlme/common/shape_text.h"
-#include "xlme/model/attention_probs.h"
-#include "xlme/model/batched_matmul.h"
 #include "xlme/model/dropout.h"
 #include "xlme/model/linear.h"
-#include "xlme/model/own_kernels.h"
 #include "xlme/model/relative_position.h"
 
-#include "kernel_util.h"
-
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-#include <fmt/ranges.h>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
-#include <tuple>
 #include <utility>
 
 namespace xlme::model {
-
-using kernel::empty_if_undefined;
-using kernel::rows_per_task;
-using kernel::undefined_if_empty;
 
 AttentionKernel resolve_attention_kernel(const std::string& name, const torch::Device& device) {
   if (name == "math") return AttentionKernel::kMath;
@@ -60,75 +44,22 @@ torch::Tensor padding_bias(const torch::Tensor& padding, const torch::TensorOpti
                     -std::numeric_limits<double>::infinity());
 }
 
-// The forward loop: scores [B, H, T, T] contiguous (scalar_t); factor [B * H * T] and table
-// [H * T * T] in acc_t (factor nullptr = 1); padding [B * T] (nullptr = none).
-template <typename scalar_t, typename acc_t>
-void bias_forward_cpu(scalar_t* scores, const acc_t* factor, const acc_t* table,
-                      const bool* padding, int64_t batch, int64_t heads, int64_t length,
-                      bool write) {
-  const int64_t rows = heads * length;  // (h, i) pairs per sequence
-  at::parallel_for(0, batch * rows, rows_per_task(length), [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {  // row = (b, h, i)
-      const int64_t b = row / rows;
-      scalar_t* s = scores + row * length;
-      const acc_t* t = table + (row % rows) * length;
-      const acc_t f = factor ? factor[row] : acc_t(1);
-      for (int64_t j = 0; j < length; ++j) {
-        s[j] = static_cast<scalar_t>((write ? acc_t(0) : static_cast<acc_t>(s[j])) + f * t[j]);
-      }
-      if (padding) {
-        const bool* pad = padding + b * length;
-        for (int64_t j = 0; j < length; ++j) {
-          if (pad[j]) s[j] = -std::numeric_limits<scalar_t>::infinity();
-        }
-      }
-    }
-  });
+// LibTorch's autograd functions (1.13 and 2.11 alike) take no undefined tensor inputs: an empty
+// tensor stands for "none" (no gate factor, no padding) on the way in and is turned back on the
+// way out.
+torch::Tensor empty_if_undefined(const torch::Tensor& t, const torch::TensorOptions& options) {
+  return t.defined() ? t : torch::empty({0}, options);
 }
 
-// The backward loop, parallel over (h, i): each task reads its rows of grad [B, H, T, T]
-// (scalar_t, contiguous) once, for every b, and produces both reductions in acc_t:
-// dfactor[b, h, i] (when factor is not nullptr) and dtable[h, i, :].
-template <typename scalar_t, typename acc_t>
-void bias_backward_cpu(const scalar_t* grad, const acc_t* factor, const acc_t* table,
-                       acc_t* dfactor, acc_t* dtable, int64_t batch, int64_t heads,
-                       int64_t length) {
-  const int64_t rows = heads * length;
-  constexpr int64_t kLanes = 8;  // independent partial sums, so that the dot product vectorizes
-  at::parallel_for(0, rows, rows_per_task(length * batch), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {  // r = (h, i)
-      const acc_t* t = table + r * length;
-      acc_t* dt = dtable + r * length;
-      std::fill(dt, dt + length, acc_t(0));
-      for (int64_t b = 0; b < batch; ++b) {
-        const int64_t row = b * rows + r;  // (b, h, i)
-        const scalar_t* g = grad + row * length;
-        const acc_t f = factor ? factor[row] : acc_t(1);
-        acc_t partial[kLanes] = {};
-        int64_t j = 0;
-        for (; j + kLanes <= length; j += kLanes) {
-          for (int64_t l = 0; l < kLanes; ++l) {
-            const auto gj = static_cast<acc_t>(g[j + l]);
-            partial[l] += gj * t[j + l];
-            dt[j + l] += f * gj;
-          }
-        }
-        for (; j < length; ++j) {
-          const auto gj = static_cast<acc_t>(g[j]);
-          partial[0] += gj * t[j];
-          dt[j] += f * gj;
-        }
-        if (dfactor) dfactor[row] = std::accumulate(partial, partial + kLanes, acc_t(0));
-      }
-    }
-  });
+torch::Tensor undefined_if_empty(const torch::Tensor& t) {
+  return t.numel() > 0 ? t : torch::Tensor();
 }
 
-// The ATen version of the backward (CUDA): both reductions as batched products over (h, i), on a
-// view of the contiguous gradient [B, H, T, T] -> [H * T, B, T].
-std::pair<torch::Tensor, torch::Tensor> bias_backward_aten(const torch::Tensor& grad,
-                                                           const torch::Tensor& factor,
-                                                           const torch::Tensor& table) {
+// The bias' backward: both reductions as batched products over (h, i), on a view of the
+// contiguous gradient [B, H, T, T] -> [H * T, B, T].
+std::pair<torch::Tensor, torch::Tensor> bias_backward(const torch::Tensor& grad,
+                                                      const torch::Tensor& factor,
+                                                      const torch::Tensor& table) {
   const int64_t batch = grad.size(0), heads = grad.size(1), length = grad.size(2);
   if (!factor.defined()) return {torch::Tensor(), grad.sum(0)};
   const auto rows = grad.permute({1, 2, 0, 3}).reshape({heads * length, batch, length});
@@ -148,41 +79,10 @@ class PositionBiasFunction : public torch::autograd::Function<PositionBiasFuncti
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor scores,
                                const torch::Tensor& factor_or_empty, const torch::Tensor& table,
-                               const torch::Tensor& padding_or_empty, bool write, bool aten) {
+                               const torch::Tensor& padding_or_empty, bool write) {
     ctx->save_for_backward({factor_or_empty, table});
     const auto factor = undefined_if_empty(factor_or_empty);
     const auto padding = undefined_if_empty(padding_or_empty);
-    ctx->saved_data["aten"] = aten;
-    if (aten) {
-      forward_aten(scores, factor, table, padding, write);
-    } else {
-      forward_cpu(scores, factor, table, padding, write);
-    }
-    ctx->mark_dirty({scores});
-    return scores;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto factor = undefined_if_empty(saved[0]);
-    const auto& table = saved[1];
-    const auto grad = grads[0].contiguous();  // [B, H, T, T]
-    torch::Tensor dfactor, dtable;
-    if (ctx->saved_data["aten"].toBool()) {
-      std::tie(dfactor, dtable) = bias_backward_aten(grad, factor, table);
-    } else {
-      std::tie(dfactor, dtable) = backward_cpu(grad, factor, table);
-    }
-    if (dfactor.defined()) dfactor = dfactor.to(factor.scalar_type());
-    // The scores' gradient passes through; none for the padding and the two flags.
-    return {grads[0],        dfactor,         dtable.to(table.scalar_type()),
-            torch::Tensor(), torch::Tensor(), torch::Tensor()};
-  }
-
- private:
-  static void forward_aten(torch::Tensor& scores, const torch::Tensor& factor,
-                           const torch::Tensor& table, const torch::Tensor& padding, bool write) {
     const auto dtype = scores.scalar_type();
     const auto t = table.to(dtype);  // [H, T, T]
     if (factor.defined()) {
@@ -198,72 +98,40 @@ class PositionBiasFunction : public torch::autograd::Function<PositionBiasFuncti
       scores.add_(t);
     }
     if (padding.defined()) scores.add_(padding_bias(padding, scores.options()));
+    ctx->mark_dirty({scores});
+    return scores;
   }
 
-  static void forward_cpu(torch::Tensor& scores, const torch::Tensor& factor,
-                          const torch::Tensor& table, const torch::Tensor& padding, bool write) {
-    XLME_CHECK(scores.is_contiguous(), "add_position_bias needs contiguous scores");
-    const int64_t batch = scores.size(0), heads = scores.size(1), length = scores.size(2);
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kBFloat16, at::kHalf, scores.scalar_type(), "add_position_bias", [&] {
-          using acc_t = at::opmath_type<scalar_t>;
-          const auto acc = c10::CppTypeToScalarType<acc_t>::value;
-          const auto f = factor.defined() ? factor.to(acc).contiguous() : torch::Tensor();
-          const auto t = table.to(acc).contiguous();
-          const auto pad = padding.defined() ? padding.contiguous() : torch::Tensor();
-          bias_forward_cpu<scalar_t, acc_t>(
-              scores.data_ptr<scalar_t>(), f.defined() ? f.data_ptr<acc_t>() : nullptr,
-              t.data_ptr<acc_t>(), pad.defined() ? pad.data_ptr<bool>() : nullptr, batch, heads,
-              length, write);
-        });
-  }
-
-  static std::pair<torch::Tensor, torch::Tensor> backward_cpu(const torch::Tensor& grad,
-                                                              const torch::Tensor& factor,
-                                                              const torch::Tensor& table) {
-    const int64_t batch = grad.size(0), heads = grad.size(1), length = grad.size(2);
-    torch::Tensor dfactor, dtable;
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kBFloat16, at::kHalf, grad.scalar_type(), "add_position_bias_backward", [&] {
-          using acc_t = at::opmath_type<scalar_t>;
-          const auto options = grad.options().dtype(c10::CppTypeToScalarType<acc_t>::value);
-          const auto f = factor.defined() ? factor.to(options).contiguous() : torch::Tensor();
-          const auto t = table.to(options).contiguous();
-          if (f.defined()) dfactor = torch::empty({batch, heads, length, 1}, options);
-          dtable = torch::empty({heads, length, length}, options);
-          bias_backward_cpu<scalar_t, acc_t>(
-              grad.data_ptr<scalar_t>(), f.defined() ? f.data_ptr<acc_t>() : nullptr,
-              t.data_ptr<acc_t>(), f.defined() ? dfactor.data_ptr<acc_t>() : nullptr,
-              dtable.data_ptr<acc_t>(), batch, heads, length);
-        });
-    return {dfactor, dtable};
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto factor = undefined_if_empty(saved[0]);
+    const auto& table = saved[1];
+    auto [dfactor, dtable] = bias_backward(grads[0].contiguous(), factor, table);
+    if (dfactor.defined()) dfactor = dfactor.to(factor.scalar_type());
+    // The scores' gradient passes through; none for the padding and the flag.
+    return {grads[0], dfactor, dtable.to(table.scalar_type()), torch::Tensor(), torch::Tensor()};
   }
 };
 
 torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const torch::Tensor& padding, const PositionBias& bias, double dropout,
-                             bool training, BiasImpl impl) {
+                             bool training) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   auto scores = batched_matmul(q, k.transpose(-2, -1), scale);  // [B, H, T, T]
-  const auto factor =
-      bias.table.defined() && bias.gate_u.defined() ? gate_factor(q, bias) : torch::Tensor();
-  if (impl == BiasImpl::kAuto && own_cpu_kernel(OwnKernel::kAttentionProbs) &&
-      attention_probs_fused(scores, factor, bias.table)) {
-    return batched_matmul(attention_probs(scores, factor, bias.table, padding, dropout, training),
-                          v);
-  }
   if (bias.table.defined()) {
-    scores = add_position_bias(scores, factor, bias.table, padding, /*write=*/false, impl);
+    const auto factor = bias.gate_u.defined() ? gate_factor(q, bias) : torch::Tensor();
+    scores = add_position_bias(scores, factor, bias.table, padding);
   } else if (padding.defined()) {
     scores.add_(padding_bias(padding, scores.options()));
   }
-  auto probs = model::dropout(torch::softmax(scores, -1), dropout, training);
+  const auto probs = model::dropout(torch::softmax(scores, -1), dropout, training);
   return batched_matmul(probs, v);
 }
 
 torch::Tensor sdpa_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const torch::Tensor& padding, const PositionBias& bias, double dropout,
-                             bool training, BiasImpl impl) {
+                             bool training) {
   // The fused kernels take one additive mask of the query's dtype (bf16 under autocast): the bias
   // plus -inf at padded keys, written once.
   torch::Tensor mask;
@@ -271,7 +139,7 @@ torch::Tensor sdpa_attention(const torch::Tensor& q, const torch::Tensor& k, con
     const auto factor = bias.gate_u.defined() ? gate_factor(q, bias) : torch::Tensor();
     const int64_t batch = q.size(0), heads = q.size(1), length = q.size(2);
     mask = add_position_bias(torch::empty({batch, heads, length, length}, q.options()), factor,
-                             bias.table, padding, /*write=*/true, impl);
+                             bias.table, padding, /*write=*/true);
   } else if (padding.defined()) {
     mask = padding_bias(padding, q.options());
   }
@@ -284,25 +152,23 @@ torch::Tensor sdpa_attention(const torch::Tensor& q, const torch::Tensor& k, con
 
 torch::Tensor add_position_bias(torch::Tensor scores, const torch::Tensor& factor,
                                 const torch::Tensor& table, const torch::Tensor& padding,
-                                bool write, BiasImpl impl) {
+                                bool write) {
   XLME_CHECK(scores.dim() == 4 && scores.size(2) == scores.size(3) && table.dim() == 3 &&
                  table.size(0) == scores.size(1) && table.size(1) == scores.size(2) &&
                  table.size(2) == scores.size(3),
              "add_position_bias: scores {} and table {} must be [B, H, T, T] and [H, T, T]",
              shape_text(scores.sizes()), shape_text(table.sizes()));
-  const bool aten = impl == BiasImpl::kAten || !scores.device().is_cpu() ||
-                    !own_cpu_kernel(OwnKernel::kPositionBias);
   return PositionBiasFunction::apply(std::move(scores), empty_if_undefined(factor, table.options()),
-                                     table, empty_if_undefined(padding, torch::kBool), write, aten);
+                                     table, empty_if_undefined(padding, torch::kBool), write);
 }
 
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& padding, const PositionBias& bias, double dropout,
-                        bool training, AttentionKernel kernel, BiasImpl impl) {
+                        bool training, AttentionKernel kernel) {
   if (kernel == AttentionKernel::kSdpa) {
-    return sdpa_attention(q, k, v, padding, bias, dropout, training, impl);
+    return sdpa_attention(q, k, v, padding, bias, dropout, training);
   }
-  return math_attention(q, k, v, padding, bias, dropout, training, impl);
+  return math_attention(q, k, v, padding, bias, dropout, training);
 }
 
 SelfAttentionImpl::SelfAttentionImpl(const SelfAttentionOptions& options) : options_(options) {

@@ -85,7 +85,7 @@ FeedForwardImpl::FeedForwardImpl(int64_t hidden_size, int64_t ffn_size, double i
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  return linear(output, linear_gelu(intermediate, x));
+  return linear(output, torch::gelu(linear(intermediate, x)));
 }
 
 EncoderLayerImpl::EncoderLayerImpl(const EncoderOptions& options, const EncoderLayerImpl* first)
@@ -138,20 +138,22 @@ torch::Tensor EncoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
   const bool train = is_training();
   XLME_CHECK(!context.defined() || cross_attention,
              "this encoder has no cross-attention to plug in (model.cross_attention=false)");
+  // The residual connections: x + dropout(sub-layer(x)).
+  const auto residual = [&](const torch::Tensor& stream, const torch::Tensor& sublayer) {
+    return stream + model::dropout(sublayer, dropout_, train);
+  };
   if (pre_norm_) {
-    auto h = residual_dropout(x, attention(attention_norm(x), padding, table), dropout_, train);
+    auto h = residual(x, attention(attention_norm(x), padding, table));
     if (context.defined()) {
-      h = residual_dropout(h, cross_attention(cross_attention_norm(h), context, context_padding),
-                           dropout_, train);
+      h = residual(h, cross_attention(cross_attention_norm(h), context, context_padding));
     }
-    return residual_dropout(h, ffn(ffn_norm(h)), dropout_, train);
+    return residual(h, ffn(ffn_norm(h)));
   }
-  auto h = attention_norm(residual_dropout(x, attention(x, padding, table), dropout_, train));
+  auto h = attention_norm(residual(x, attention(x, padding, table)));
   if (context.defined()) {
-    h = cross_attention_norm(
-        residual_dropout(h, cross_attention(h, context, context_padding), dropout_, train));
+    h = cross_attention_norm(residual(h, cross_attention(h, context, context_padding)));
   }
-  return ffn_norm(residual_dropout(h, ffn(h), dropout_, train));
+  return ffn_norm(residual(h, ffn(h)));
 }
 
 AttentionProjections EncoderLayerImpl::projections(const torch::Tensor& x) {

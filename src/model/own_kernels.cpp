@@ -9,21 +9,28 @@
 #include <cstdint>
 #include <cstdlib>
 #include <sstream>
+#include <vector>
 
 namespace xlme::model {
 
 namespace {
+
+// Every kernel's name as XLME_OWN_CPU_KERNELS spells it, in OwnKernel's order.
+const std::vector<std::string>& kernel_names() {
+  static const std::vector<std::string> names{"dropout"};
+  return names;
+}
 
 uint32_t bit(size_t index) {
   return uint32_t{1} << index;
 }
 
 uint32_t all_bits() {
-  return bit(own_kernel_names().size()) - 1;
+  return bit(kernel_names().size()) - 1;
 }
 
 uint32_t parse(const std::string& spec) {
-  const auto& names = own_kernel_names();
+  const auto& names = kernel_names();
   std::vector<std::string> tokens;
   std::stringstream stream(spec);
   for (std::string token; std::getline(stream, token, ',');) {
@@ -60,29 +67,12 @@ std::atomic<uint32_t>& state() {
 
 }  // namespace
 
-const std::vector<std::string>& own_kernel_names() {
-  static const std::vector<std::string> names{
-      "attention_probs", "position_bias", "batched_matmul", "linear_gelu",  "residual_dropout",
-      "dropout",         "cross_entropy", "sampler",        "foreach_adamw"};
-  return names;
-}
-
 bool own_cpu_kernel(OwnKernel kernel) {
   return (state().load(std::memory_order_relaxed) & bit(static_cast<size_t>(kernel))) != 0;
 }
 
 void set_own_cpu_kernels(const std::string& spec) {
   state().store(parse(spec));
-}
-
-std::string own_cpu_kernels_off() {
-  const auto on = state().load();
-  std::vector<std::string> off;
-  const auto& names = own_kernel_names();
-  for (size_t i = 0; i < names.size(); ++i) {
-    if ((on & bit(i)) == 0) off.push_back(names[i]);
-  }
-  return fmt::format("{}", fmt::join(off, ","));
 }
 
 }  // namespace xlme::model

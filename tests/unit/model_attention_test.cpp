@@ -1,6 +1,6 @@
 // Gated-bias attention against a naive loop over (i, j) (outputs and gradients), its gradients
-// against central differences, the position bias function (CPU loop and ATen ops) against naive
-// loops in double and in bf16, and the SDPA kernel against the math kernel (LibTorch >= 2.0).
+// against central differences, the position bias function against naive loops in double and in
+// bf16, and the SDPA kernel against the math kernel (LibTorch >= 2.0).
 #include "xlme/model/attention.h"
 
 #include <ATen/autocast_mode.h>
@@ -49,8 +49,7 @@ AttentionCase make_case(int64_t batch, int64_t heads, int64_t length, int64_t he
   return c;
 }
 
-torch::Tensor run(const AttentionCase& c, bool relative, bool gated,
-                  BiasImpl impl = BiasImpl::kAuto) {
+torch::Tensor run(const AttentionCase& c, bool relative, bool gated) {
   PositionBias bias;
   if (relative) bias.table = toeplitz_bias(c.d, c.buckets);
   if (relative && gated) {
@@ -58,7 +57,7 @@ torch::Tensor run(const AttentionCase& c, bool relative, bool gated,
     bias.gate_v = c.gv;
     bias.gate_w = c.w;
   }
-  return attention(c.q, c.k, c.v, c.padding, bias, 0.0, false, AttentionKernel::kMath, impl);
+  return attention(c.q, c.k, c.v, c.padding, bias, 0.0, false, AttentionKernel::kMath);
 }
 
 double sigmoid(double x) {
@@ -118,12 +117,8 @@ TEST(GatedAttention, MatchesNaiveLoopWithPadding) {
   const auto c = make_case(/*batch=*/2, /*heads=*/3, /*length=*/7, /*head_dim=*/4);
   for (const bool relative : {true, false}) {
     for (const bool gated : {true, false}) {
-      const auto expected = naive(c, relative, gated);
-      for (const auto impl : {BiasImpl::kAuto, BiasImpl::kAten}) {
-        EXPECT_TRUE(torch::allclose(run(c, relative, gated, impl), expected, 1e-12, 1e-12))
-            << "relative " << relative << " gated " << gated << " aten "
-            << (impl == BiasImpl::kAten);
-      }
+      EXPECT_TRUE(torch::allclose(run(c, relative, gated), naive(c, relative, gated), 1e-12, 1e-12))
+          << "relative " << relative << " gated " << gated;
     }
   }
   // The three variants really differ.
@@ -166,8 +161,8 @@ torch::Tensor naive_differentiable(const std::vector<torch::Tensor>& p,
   return torch::stack(rows).view_as(q);
 }
 
-// Outputs and gradients w.r.t. q, k, v, the table d and u, v, w of both bias implementations,
-// against autograd through the naive loop, in double; gated, plain and no relative bias.
+// Outputs and gradients w.r.t. q, k, v, the table d and u, v, w against autograd through the naive
+// loop, in double; gated, plain and no relative bias.
 TEST(GatedAttention, GradientsMatchNaiveLoop) {
   const auto c = make_case(/*batch=*/2, /*heads=*/2, /*length=*/6, /*head_dim=*/3);
   torch::manual_seed(5);
@@ -194,31 +189,28 @@ TEST(GatedAttention, GradientsMatchNaiveLoop) {
       const auto naive_leaves = leaves_of();
       const auto expected_out = naive_differentiable(naive_leaves, c.padding, relative, gated);
       const auto expected = gradients(expected_out, naive_leaves);
-      for (const auto impl : {BiasImpl::kAuto, BiasImpl::kAten}) {
-        const auto leaves = leaves_of();
-        PositionBias bias;
-        if (relative) bias.table = toeplitz_bias(leaves[3], c.buckets);
-        if (gated) {
-          bias.gate_u = leaves[4];
-          bias.gate_v = leaves[5];
-          bias.gate_w = leaves[6];
-        }
-        const auto out = attention(leaves[0], leaves[1], leaves[2], c.padding, bias, 0.0, false,
-                                   AttentionKernel::kMath, impl);
-        const auto grads = gradients(out, leaves);
-        const std::string where =
-            fmt::format("relative {} gated {} aten {}", relative, gated, impl == BiasImpl::kAten);
-        EXPECT_TRUE(torch::allclose(out, expected_out, 1e-12, 1e-12)) << where;
-        for (size_t n = 0; n < grads.size(); ++n) {
-          EXPECT_TRUE(torch::allclose(grads[n], expected[n], 1e-10, 1e-12))
-              << "d" << names[n] << ", " << where << "\n"
-              << grads[n] << "\n"
-              << expected[n];
-        }
-        // The bias parameters get gradients exactly when they are used.
-        EXPECT_EQ(grads[3].abs().sum().item<double>() > 0, relative) << where;
-        EXPECT_EQ(grads[4].abs().sum().item<double>() > 0, gated) << where;
+      const auto leaves = leaves_of();
+      PositionBias bias;
+      if (relative) bias.table = toeplitz_bias(leaves[3], c.buckets);
+      if (gated) {
+        bias.gate_u = leaves[4];
+        bias.gate_v = leaves[5];
+        bias.gate_w = leaves[6];
       }
+      const auto out = attention(leaves[0], leaves[1], leaves[2], c.padding, bias, 0.0, false,
+                                 AttentionKernel::kMath);
+      const auto grads = gradients(out, leaves);
+      const std::string where = fmt::format("relative {} gated {}", relative, gated);
+      EXPECT_TRUE(torch::allclose(out, expected_out, 1e-12, 1e-12)) << where;
+      for (size_t n = 0; n < grads.size(); ++n) {
+        EXPECT_TRUE(torch::allclose(grads[n], expected[n], 1e-10, 1e-12))
+            << "d" << names[n] << ", " << where << "\n"
+            << grads[n] << "\n"
+            << expected[n];
+      }
+      // The bias parameters get gradients exactly when they are used.
+      EXPECT_EQ(grads[3].abs().sum().item<double>() > 0, relative) << where;
+      EXPECT_EQ(grads[4].abs().sum().item<double>() > 0, gated) << where;
     }
   }
 }
@@ -248,15 +240,14 @@ BiasCase make_bias_case(int64_t batch, int64_t heads, int64_t length, torch::Sca
 
 // The output and the gradients w.r.t. scores, factor and table of add_position_bias, all in
 // double (the gradients are undefined for what is not differentiated).
-std::vector<torch::Tensor> bias_forward_backward(const BiasCase& c, bool gated, bool write,
-                                                 BiasImpl impl) {
+std::vector<torch::Tensor> bias_forward_backward(const BiasCase& c, bool gated, bool write) {
   auto scores = c.scores.detach().clone().requires_grad_(true);
   auto factor = c.factor.detach().clone().requires_grad_(true);
   auto table = c.table.detach().clone().requires_grad_(true);
   // Added into a non-leaf, as the attention's matmul output; written into a new tensor that does
   // not require gradients, as the SDPA mask.
   auto out = add_position_bias(write ? torch::empty_like(c.scores) : scores * 1,
-                               gated ? factor : torch::Tensor(), table, c.padding, write, impl);
+                               gated ? factor : torch::Tensor(), table, c.padding, write);
   out.backward(c.upstream);
   return {
       out.detach().to(torch::kDouble), write ? torch::Tensor() : scores.grad().to(torch::kDouble),
@@ -292,8 +283,7 @@ std::vector<torch::Tensor> bias_naive(const BiasCase& c, bool gated, bool write)
   return {out, write ? torch::Tensor() : upstream, gated ? dfactor : torch::Tensor(), dtable};
 }
 
-// Both implementations against the naive loops in double; lengths below and above the CPU loop's
-// 8 lanes, with a tail.
+// Against the naive loops in double, two lengths.
 TEST(PositionBias, MatchesNaiveLoopInDouble) {
   const char* names[] = {"output", "dscores", "dfactor", "dtable"};
   for (const int64_t length : {5, 19}) {
@@ -301,15 +291,12 @@ TEST(PositionBias, MatchesNaiveLoopInDouble) {
     for (const bool gated : {true, false}) {
       for (const bool write : {false, true}) {
         const auto expected = bias_naive(c, gated, write);
-        for (const auto impl : {BiasImpl::kAuto, BiasImpl::kAten}) {
-          const auto got = bias_forward_backward(c, gated, write, impl);
-          for (size_t n = 0; n < got.size(); ++n) {
-            ASSERT_EQ(got[n].defined(), expected[n].defined()) << names[n];
-            if (!got[n].defined()) continue;
-            EXPECT_TRUE(torch::allclose(got[n], expected[n], 1e-12, 1e-12))
-                << names[n] << ": T " << length << " gated " << gated << " write " << write
-                << " aten " << (impl == BiasImpl::kAten);
-          }
+        const auto got = bias_forward_backward(c, gated, write);
+        for (size_t n = 0; n < got.size(); ++n) {
+          ASSERT_EQ(got[n].defined(), expected[n].defined()) << names[n];
+          if (!got[n].defined()) continue;
+          EXPECT_TRUE(torch::allclose(got[n], expected[n], 1e-12, 1e-12))
+              << names[n] << ": T " << length << " gated " << gated << " write " << write;
         }
       }
     }
@@ -319,10 +306,9 @@ TEST(PositionBias, MatchesNaiveLoopInDouble) {
 // bf16 scores and factor (as under bf16 autocast) with an fp32 table, against the same values in
 // double. Each result may be off by a few bf16 roundings (relative 2^-9 each) of the magnitudes
 // it is summed from: the same formulas on absolute values (|s| + |f| |t|, sum |g| |t|, ...). The
-// CPU loop rounds once (its output, and dfactor to the factor's dtype) after fp32 sums: 2
-// roundings are allowed. The ATen ops round the table, the product and the sum, and LibTorch
-// 1.13's CPU bf16 bmm rounds its running sum after each of up to T terms (cuBLAS sums in fp32):
-// T + 3 roundings are allowed there.
+// ATen ops round the table, the product and the sum, and a CPU bf16 bmm may round its running sum
+// after each of up to T terms (LibTorch 1.13's did; oneDNN and cuBLAS sum in fp32): T + 3
+// roundings are allowed.
 TEST(PositionBias, Bf16IsDoubleWithinRounding) {
   constexpr int64_t kLength = 21;
   BiasCase c16 = make_bias_case(/*batch=*/4, /*heads=*/2, kLength, torch::kFloat);
@@ -341,18 +327,15 @@ TEST(PositionBias, Bf16IsDoubleWithinRounding) {
   const auto bound = bias_naive(magnitude, true, false);
   const char* names[] = {"output", "dscores", "dfactor", "dtable"};
   const double rounding = 1.0 / 512;  // bf16 keeps 8 significant bits
-  for (const auto impl : {BiasImpl::kAuto, BiasImpl::kAten}) {
-    const auto got = bias_forward_backward(c16, true, false, impl);
-    EXPECT_EQ(got[0].isinf().sum().item<int64_t>(), 3 * 2 * kLength) << "padded keys";
-    const double roundings = impl == BiasImpl::kAuto ? 2 : kLength + 3;
-    for (size_t n = 0; n < got.size(); ++n) {
-      const auto finite = expected[n].isfinite();
-      const auto error = (got[n] - expected[n]).abs().masked_fill(~finite, 0.0);
-      const auto allowed = bound[n].masked_fill(~finite, 0.0) * roundings * rounding + 1e-12;
-      EXPECT_TRUE((error <= allowed).all().item<bool>())
-          << names[n] << " aten " << (impl == BiasImpl::kAten) << ": worst excess "
-          << (error - allowed).max().item<double>();
-    }
+  const auto got = bias_forward_backward(c16, true, false);
+  EXPECT_EQ(got[0].isinf().sum().item<int64_t>(), 3 * 2 * kLength) << "padded keys";
+  const double roundings = kLength + 3;
+  for (size_t n = 0; n < got.size(); ++n) {
+    const auto finite = expected[n].isfinite();
+    const auto error = (got[n] - expected[n]).abs().masked_fill(~finite, 0.0);
+    const auto allowed = bound[n].masked_fill(~finite, 0.0) * roundings * rounding + 1e-12;
+    EXPECT_TRUE((error <= allowed).all().item<bool>())
+        << names[n] << ": worst excess " << (error - allowed).max().item<double>();
   }
 }
 

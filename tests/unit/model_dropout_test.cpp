@@ -1,9 +1,13 @@
 // Dropout's CPU path: the counter-based keep mask (rate, scale, independence of neighbouring
-// elements, seeding from LibTorch's generator, thread count) and its gradient.
+// elements, seeding from LibTorch's generator, thread count) and its gradient; the switch that
+// turns it off (XLME_OWN_CPU_KERNELS).
 #include "xlme/model/dropout.h"
+
+#include "xlme/model/own_kernels.h"
 
 #include "test_util.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
@@ -76,39 +80,49 @@ TEST(Dropout, EvaluationAndZeroRateLeaveTheInputAndBf16StaysBf16) {
   EXPECT_EQ(model::dropout(x.to(torch::kBFloat16), 0.1, true).scalar_type(), torch::kBFloat16);
 }
 
-// The fused residual connection equals x + dropout(y) with the same seed, bit for bit, values and
-// both gradients, in float32 and float64, on 3 threads (several tasks); outside training it is
-// the plain sum.
-TEST(ResidualDropout, EqualsTheSumWithDropoutBitForBit) {
-  const int threads = at::get_num_threads();
-  at::set_num_threads(3);
-  for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
-    torch::manual_seed(3);
-    const auto x0 = torch::randn({7, 33, 701}, dtype), y0 = torch::randn({7, 33, 701}, dtype);
-    const auto weights = torch::randn({7, 33, 701}, dtype);
-    auto x1 = x0.clone().requires_grad_(), y1 = y0.clone().requires_grad_();
-    auto x2 = x0.clone().requires_grad_(), y2 = y0.clone().requires_grad_();
-    torch::manual_seed(12);
-    const auto fused = residual_dropout(x1, y1, 0.1, /*training=*/true);
-    torch::manual_seed(12);
-    const auto reference = x2 + model::dropout(y2, 0.1, true);
-    EXPECT_TRUE(torch::equal(fused, reference)) << dtype;
-    (fused * weights).sum().backward();
-    (reference * weights).sum().backward();
-    EXPECT_TRUE(torch::equal(x1.grad(), x2.grad())) << dtype;
-    EXPECT_TRUE(torch::equal(y1.grad(), y2.grad())) << dtype;
-    const double dropped = y1.grad().eq(0).to(torch::kDouble).mean().item<double>();
-    EXPECT_NEAR(dropped, 0.1, 0.005) << dtype;
-  }
-  at::set_num_threads(threads);
-  const auto x = torch::randn({4, 5}), y = torch::randn({4, 5});
-  EXPECT_TRUE(torch::equal(residual_dropout(x, y, 0.1, /*training=*/false), x + y));
-  EXPECT_TRUE(torch::equal(residual_dropout(x, y, 0.0, true), x + y));
-}
-
 TEST(Dropout, RejectsARateOfOne) {
   EXPECT_EQ(error_message([] { dropout_mask({4}, 1.0, 0, torch::kFloat32); }),
             "dropout probability must be in [0, 1), got 1");
+}
+
+// The mask of each call is dropout_mask's with a seed drawn from LibTorch's default generator.
+TEST(Dropout, TheSeedComesFromLibTorchsGenerator) {
+  const auto x = torch::ones({40, 30});
+  torch::manual_seed(17);
+  const auto dropped = model::dropout(x, 0.3, /*training=*/true);
+  torch::manual_seed(17);
+  const uint64_t seed =
+      at::detail::getDefaultCPUGenerator().get<at::CPUGeneratorImpl>()->random64();
+  EXPECT_TRUE(torch::equal(dropped, dropout_mask({40, 30}, 0.3, seed, torch::kFloat32)));
+}
+
+// Restores every own kernel when a test that switched some off ends.
+struct OwnKernelsRestored {
+  ~OwnKernelsRestored() { set_own_cpu_kernels("all"); }
+};
+
+TEST(OwnKernels, WithDropoutOffItIsLibTorchsDropout) {
+  const OwnKernelsRestored restore;
+  const auto x = torch::randn({64, 50});
+  for (const std::string spec : {"none", "-dropout", "all,-dropout"}) {
+    set_own_cpu_kernels(spec);
+    EXPECT_FALSE(own_cpu_kernel(OwnKernel::kDropout)) << spec;
+    torch::manual_seed(8);
+    const auto ours = model::dropout(x, 0.2, /*training=*/true);
+    torch::manual_seed(8);
+    EXPECT_TRUE(torch::equal(ours, torch::dropout(x, 0.2, /*train=*/true))) << spec;
+  }
+  for (const std::string spec : {"all", "dropout", "none,dropout", ""}) {
+    set_own_cpu_kernels(spec);
+    EXPECT_TRUE(own_cpu_kernel(OwnKernel::kDropout)) << spec;
+  }
+}
+
+TEST(OwnKernels, AnUnknownNameListsTheKernels) {
+  const OwnKernelsRestored restore;
+  EXPECT_EQ(error_message([] { set_own_cpu_kernels("-dropout,-sampler"); }),
+            "XLME_OWN_CPU_KERNELS: unknown kernel 'sampler' in '-dropout,-sampler'; the kernels "
+            "are dropout (or all, none; -name turns one off)");
 }
 
 }  // namespace

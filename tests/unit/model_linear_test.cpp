@@ -1,12 +1,10 @@
 // The model's products under bf16 CPU autocast on CPUs without fast bf16 products: float32
 // products of bf16-rounded operands, rounded to bf16, equal (values and gradients) what LibTorch's
 // own bf16 products give, within bf16's rounding.
-#include "xlme/model/batched_matmul.h"
 #include "xlme/model/linear.h"
 
 #include "xlme/common/precision.h"
 
-#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <gtest/gtest.h>
@@ -18,46 +16,6 @@ namespace {
 double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
   const auto a64 = a.to(torch::kFloat64), b64 = b.to(torch::kFloat64);
   return ((a64 - b64).norm() / b64.norm()).item<double>();
-}
-
-// linear_gelu against torch::gelu(torch::linear) (values and the gradients of x, w and b), in
-// float64 and float32 (the AVX2 rows), on 3 threads with several row blocks each; under autocast
-// it is LibTorch's own.
-TEST(LinearGelu, EqualsGeluOfLinearWithGradients) {
-  const int threads = at::get_num_threads();
-  at::set_num_threads(3);
-  for (const auto dtype : {torch::kFloat64, torch::kFloat32}) {
-    torch::manual_seed(6);
-    const auto x0 = torch::randn({4, 300, 40}, dtype);
-    const auto w0 = torch::randn({96, 40}, dtype) * 0.3;
-    const auto b0 = torch::randn({96}, dtype);
-    const auto weights = torch::randn({4, 300, 96}, dtype);
-    auto x1 = x0.clone().requires_grad_(), w1 = w0.clone().requires_grad_(),
-         b1 = b0.clone().requires_grad_();
-    auto x2 = x0.clone().requires_grad_(), w2 = w0.clone().requires_grad_(),
-         b2 = b0.clone().requires_grad_();
-    const auto ours = linear_gelu(x1, w1, b1);
-    const auto reference = torch::gelu(torch::linear(x2, w2, b2));
-    ASSERT_EQ(ours.sizes(), reference.sizes());
-    (ours * weights).sum().backward();
-    (reference * weights).sum().backward();
-    // float32: A&S erf (absolute error 1.5e-7) and another summation order for the bias.
-    const double tolerance = dtype == torch::kFloat64 ? 1e-12 : 2e-6;
-    const auto close = [&](const torch::Tensor& a, const torch::Tensor& b) {
-      return (a - b).abs().max().item<double>() <= tolerance * b.abs().max().item<double>();
-    };
-    EXPECT_TRUE(close(ours, reference)) << dtype;
-    EXPECT_TRUE(close(x1.grad(), x2.grad())) << dtype;
-    EXPECT_TRUE(close(w1.grad(), w2.grad())) << dtype;
-    EXPECT_TRUE(close(b1.grad(), b2.grad())) << dtype;
-  }
-  at::set_num_threads(threads);
-  const auto x = torch::randn({3, 8}), w = torch::randn({5, 8}), b = torch::randn({5});
-  {
-    AutocastScope autocast(torch::kCPU, /*enabled=*/true);
-    EXPECT_EQ(linear_gelu(x, w, b).scalar_type(), torch::kBFloat16);
-  }
-  EXPECT_TRUE(torch::allclose(linear_gelu(x, w, torch::Tensor()), torch::gelu(x.matmul(w.t()))));
 }
 
 TEST(Bf16Products, EmulatedLinearIsTheBf16ProductOfTheRoundedOperands) {

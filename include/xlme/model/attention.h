@@ -34,26 +34,19 @@ struct PositionBias {
 // that scales the head's Toeplitz table for query i.
 torch::Tensor gate_factor(const torch::Tensor& q, const PositionBias& bias);
 
-// How add_position_bias computes. kAuto: a hand-written loop for CPU tensors (one pass over the
-// scores forward, one read of their gradient backward) and ATen ops on other devices (CUDA); in
-// math attention over float32/float64 CPU scores outside autocast, kAuto also fuses the bias with
-// the softmax and the dropout (attention_probs.h). kAten: the ATen ops on every device (tests run
-// the CUDA code path on the CPU with it), unfused.
-enum class BiasImpl { kAuto, kAten };
-
 // Adds the relative position bias into `scores` in place and returns `scores`:
 //   scores[b, h, i, j] += factor[b, h, i] * table[h, i, j], and -inf at padded keys j,
-// computed in the accumulation type (fp32 for bf16 scores) and rounded once to the scores'
-// dtype; `write` = true overwrites `scores` instead of adding to it (the SDPA mask). No
-// [B, H, T, T] temporary is made or saved. Differentiable w.r.t. scores, factor and table; the
-// backward reads the scores' gradient once and reduces it to
+// with the factor and table rounded to the scores' dtype and ATen's addcmul_ (under bf16 autocast:
+// in bf16); `write` = true overwrites `scores` instead of adding to it (the SDPA mask). No
+// [B, H, T, T] tensor is saved for the backward. Differentiable w.r.t. scores, factor and table;
+// the backward reduces the scores' gradient with two batched products:
 //   d factor[b, h, i] = sum_j grad[b, h, i, j] * table[h, i, j]
 //   d table[h, i, j]  = sum_b factor[b, h, i] * grad[b, h, i, j].
 // scores: [B, H, T, T] floating; factor: [B, H, T, 1] (undefined = ungated, a factor of 1);
 // table: [H, T, T]; padding: [B, T] bool (undefined = none).
 torch::Tensor add_position_bias(torch::Tensor scores, const torch::Tensor& factor,
                                 const torch::Tensor& table, const torch::Tensor& padding,
-                                bool write = false, BiasImpl impl = BiasImpl::kAuto);
+                                bool write = false);
 
 // q, k, v: [B, H, T, d_k]; padding: [B, T] bool, true at <pad> (keys there get no attention;
 // undefined = no padding) -> context [B, H, T, d_k]. Every sequence needs at least one real token.
@@ -62,7 +55,7 @@ torch::Tensor add_position_bias(torch::Tensor scores, const torch::Tensor& facto
 // [B, H, T, T] tensor; the SDPA kernel builds it once, in q's dtype, as its additive mask.
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& padding, const PositionBias& bias, double dropout,
-                        bool training, AttentionKernel kernel, BiasImpl impl = BiasImpl::kAuto);
+                        bool training, AttentionKernel kernel);
 
 struct SelfAttentionOptions {
   int64_t hidden_size = 768;

@@ -1,14 +1,15 @@
-// The model's matrix products: linear layers and (in batched_matmul.h) attention's batched ones.
-// - Through ATen's linear: LibTorch 1.13's C++ torch::nn::Linear (its functional::linear)
-//   multiplies an input of more than 2 dimensions and then adds the bias in a second pass over the
-//   output; ATen's linear, which PyTorch calls, folds the bias into the product (addmm) for
-//   contiguous 3-D inputs.
-// - bf16 autocast on a CPU without a fast bf16 product: LibTorch 1.13 hands bf16 products to
-//   oneDNN only on CPUs with AVX512 (BW, VL, DQ); elsewhere it runs a scalar loop, ~20x slower
-//   than its float32 product (measured on a 2-core AMD EPYC with AVX2). There the products run in
-//   float32 on operands rounded to bf16, and the result is rounded to bf16: what a bf16 product
-//   with float32 accumulation computes (the products of bf16 values are exact in float32), up to
-//   the order of the sums. Gradients take the same path.
+// The model's matrix products: linear layers and attention's batched products.
+// - Through ATen's linear: LibTorch's C++ torch::nn::Linear (its functional::linear, in 2.11 as in
+//   1.13) multiplies an input of more than 2 dimensions and then adds the bias in a second pass
+//   over the output; ATen's linear, which PyTorch calls, folds the bias into the product (addmm)
+//   for contiguous 3-D inputs.
+// - bf16 autocast on a CPU without a fast bf16 product: LibTorch hands bf16 products to oneDNN
+//   only on CPUs with AVX512 (BW, VL, DQ); elsewhere LibTorch 1.13 ran a scalar loop, ~20x slower
+//   than its float32 product (measured on a 2-core AMD EPYC with AVX2; LibTorch 2.11's fallback
+//   has not been measured on such a CPU). There the products run in float32 on operands rounded
+//   to bf16, and the result is rounded to bf16: what a bf16 product with float32 accumulation
+//   computes (the products of bf16 values are exact in float32), up to the order of the sums.
+//   Gradients take the same path.
 #pragma once
 
 #include <torch/nn/modules/linear.h>
@@ -41,22 +42,15 @@ inline torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor&
   return linear(x, layer->weight, layer->bias);
 }
 
-// gelu(x w^T + b), the FFN's first half. On float32/float64 CPU tensors outside autocast (b
-// defined): the product without its bias (mm), then the bias and GELU in one pass whose backward
-// also sums the bias gradient (cpu::bias_gelu_row), instead of addmm's copy of the bias into the
-// output, GELU's pass, GELU's backward and the bias gradient's sum over the rows. Elsewhere
-// torch::gelu(linear(x, w, b)).
-torch::Tensor linear_gelu(const torch::Tensor& x, const torch::Tensor& weight,
-                          const torch::Tensor& bias);
+// alpha a [..., M, K] x b [..., K, N] -> [..., M, N]: torch::matmul(a * alpha, b) under the
+// current autocast state, or emulated as above where emulate_bf16_products(a).
+torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, double alpha = 1.0);
 
-inline torch::Tensor linear_gelu(const torch::nn::Linear& layer, const torch::Tensor& x) {
-  return linear_gelu(x, layer->weight, layer->bias);
-}
-
-// The emulated product itself, whatever the CPU (tests): float32 linear of the bf16-rounded
-// operands outside autocast, rounded to bf16.
+// The emulated products themselves, whatever the CPU (tests): float32 products of the
+// bf16-rounded operands outside autocast, rounded to bf16.
 torch::Tensor bf16_emulated_linear(const torch::Tensor& x, const torch::Tensor& weight,
                                    const torch::Tensor& bias);
+torch::Tensor bf16_emulated_matmul(const torch::Tensor& a, const torch::Tensor& b);
 
 // t rounded to bf16 and held in float32 (differentiable).
 torch::Tensor bf16_rounded(const torch::Tensor& t);

@@ -34,9 +34,7 @@ struct Term {
 };
 
 // Generator term: cross-entropy over the masked positions.
-// logits: [N, V]; targets: [N] int64. On float32/float64 CPU logits outside autocast the loss and
-// its "correct" count come from one fused pass (fused_cross_entropy_fits), which writes no
-// [N, V] tensor forward and one, the logits' gradient, backward.
+// logits: [N, V]; targets: [N] int64.
 Term generator_term(const std::string& name, const torch::Tensor& logits,
                     const torch::Tensor& targets);
 
@@ -64,10 +62,6 @@ torch::Tensor hidden_cosine_sum(const torch::Tensor& student, const torch::Tenso
 // positions; false for the discriminator terms (mrtd, trtd) and the distillation terms, normalized
 // by real tokens.
 bool is_generator_term(const std::string& name);
-
-// Whether generator_term fuses its cross-entropy for these logits: a contiguous 2-D float32 or
-// float64 CPU tensor, CPU autocast off.
-bool fused_cross_entropy_fits(const torch::Tensor& logits);
 
 // True for the distillation terms (qq_kl, kk_kl, vv_kl, hidden_cos), which have no statistics.
 bool is_distillation_term(const std::string& name);
