@@ -158,7 +158,7 @@ TEST(Cli, TcmallocServesMallocUnlessOptedOut) {
       << r.err;
 }
 
-TEST(Cli, NoCudaWarningsWithoutAGpu) {
+TEST(Cli, WithoutAGpuRunsOnTheCpuQuietly) {
   // Every build has CUDA compiled in; where no GPU is visible a run goes on on the CPU, says so on
   // its start-up line, and LibTorch's CUDA probing leaves no warning in the output or the log.
   if (torch::cuda::is_available()) GTEST_SKIP() << "a GPU is visible here";
