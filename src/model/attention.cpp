@@ -55,8 +55,8 @@ torch::Tensor undefined_if_empty(const torch::Tensor& t) {
   return t.numel() > 0 ? t : torch::Tensor();
 }
 
-// The bias' backward: both reductions as batched products over (h, i), on a view of the
-// contiguous gradient [B, H, T, T] -> [H * T, B, T].
+// The bias' backward: both reductions as batched products over (h, i), on the gradient
+// [B, H, T, T] rearranged to [H * T, B, T] (one copy).
 std::pair<torch::Tensor, torch::Tensor> bias_backward(const torch::Tensor& grad,
                                                       const torch::Tensor& factor,
                                                       const torch::Tensor& table) {
@@ -64,7 +64,13 @@ std::pair<torch::Tensor, torch::Tensor> bias_backward(const torch::Tensor& grad,
   if (!factor.defined()) return {torch::Tensor(), grad.sum(0)};
   const auto rows = grad.permute({1, 2, 0, 3}).reshape({heads * length, batch, length});
   const auto t = table.to(grad.scalar_type()).reshape({heads * length, length, 1});
-  const auto f = factor.to(grad.scalar_type()).reshape({batch, heads * length}).t().unsqueeze(1);
+  // Contiguous: the CPU bmm copies a strided operand one batch item at a time (2.1 against 0.9 ms
+  // for both products at `cpu_small`'s shape, LibTorch 2.11).
+  const auto f = factor.to(grad.scalar_type())
+                     .reshape({batch, heads * length})
+                     .t()
+                     .contiguous()
+                     .unsqueeze(1);         // [H * T, 1, B]
   const auto dfactor = torch::bmm(rows, t)  // [H * T, B, 1]
                            .view({heads, length, batch})
                            .permute({2, 0, 1})
