@@ -42,18 +42,6 @@ int available_cores() {
   return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
 }
 
-bool cpu_has_avx2_fma() {
-#if defined(__x86_64__)
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return has;
-#else
-  return false;
-#endif
-}
-
 ThreadSettings configure_threads(int64_t requested) {
   ThreadSettings settings;
   settings.intra_op = requested > 0 ? static_cast<int>(requested) : available_cores();

@@ -14,10 +14,6 @@ std::string blas_name();
 // Cores this process may run on (its CPU affinity mask).
 int available_cores();
 
-// Whether this CPU has AVX2 and FMA (x86-64; false elsewhere): the condition of xlme's own
-// vectorized CPU kernels (the fused AdamW, attention's exponentials).
-bool cpu_has_avx2_fma();
-
 struct ThreadSettings {
   int intra_op = 1;             // LibTorch (OpenMP) threads
   int own_loops = 1;            // threads xlme's own parallel loops run on (parallel_loop_threads)
