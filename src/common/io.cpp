@@ -143,10 +143,27 @@ std::string host_name() {
   return name;
 }
 
+void require_plain_file_or_missing(const std::string& path, const std::string& what) {
+  struct stat info {};
+  if (::lstat(path.c_str(), &info) != 0) return;
+  XLME_CHECK(S_ISREG(info.st_mode),
+             "{} '{}' is {}, not a regular file; xlme never writes through it (a link would "
+             "overwrite its target): remove or rename it, and run again",
+             what, path, file_type_name(info.st_mode));
+}
+
 FileLock::FileLock(const std::string& path, const std::string& what) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // O_NOFOLLOW: a lock file that is a symbolic link is refused, never truncated through the link.
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd_ < 0 && errno == ELOOP) require_plain_file_or_missing(path, "the lock file of " + what);
   XLME_CHECK(fd_ >= 0, "cannot open the lock file '{}' of {}: {}", path, what,
              std::strerror(errno));
+  struct stat info {};
+  if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    require_plain_file_or_missing(path, "the lock file of " + what);
+  }
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     char holder[512] = {};

@@ -1,6 +1,7 @@
 #include "xlme/common/logging.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/io.h"
 
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -38,6 +39,7 @@ std::string init(const Options& options) {
     std::filesystem::create_directories(options.dir, ec);
     XLME_CHECK(!ec, "cannot create the log folder '{}': {}", options.dir, ec.message());
     file = (std::filesystem::path(options.dir) / fmt::format("rank{}.log", options.rank)).string();
+    require_plain_file_or_missing(file, "the log file");
     auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(file, /*truncate=*/false);
     file_sink->set_level(level);
     file_sink->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");

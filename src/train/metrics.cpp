@@ -51,6 +51,7 @@ MetricsWriter::MetricsWriter(const std::string& path, std::optional<int64_t> res
   const auto folder = std::filesystem::path(path).parent_path();
   std::error_code ec;
   if (!folder.empty()) std::filesystem::create_directories(folder, ec);
+  require_plain_file_or_missing(path, "the metrics file");
   if (resumed_step && std::filesystem::is_regular_file(path)) {
     std::ifstream in(path);
     std::string kept, line;

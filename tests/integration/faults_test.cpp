@@ -180,6 +180,26 @@ TEST(Faults, SecondRunInTheSameFolderFailsNamingTheHolder) {
   EXPECT_FALSE(fs::exists(run + "/metrics.jsonl"));
 }
 
+// Issue 36 item 1: a run.lock, logs/rank0.log or metrics.jsonl that is a symbolic link is refused
+// naming the file, and the link's target (the user's notes) is neither truncated nor appended to.
+TEST(Faults, RunFilesThatAreSymbolicLinksAreRefusedAndTheirTargetsKept) {
+  for (const std::string name : {"run.lock", "logs/rank0.log", "metrics.jsonl"}) {
+    SCOPED_TRACE(name);
+    TempDir dir;
+    const std::string run = dir / "run";
+    const std::string notes = dir / "notes";
+    testing::write_file(notes, "my notes\n");
+    fs::create_directories(fs::path(run + "/" + name).parent_path());
+    fs::create_symlink(notes, run + "/" + name);
+    const auto r = run_tool("xlme-pretrain", tiny_pretrain_args(run, 1));
+    EXPECT_EQ(r.code, kExitError);
+    EXPECT_TRUE(contains_all(
+        r.err, {"'" + run + "/" + name + "' is a symbolic link", "remove or rename it"}))
+        << r.err;
+    EXPECT_EQ(read_file(notes), "my notes\n");
+  }
+}
+
 // Item 3: the lock goes with the process; the next run proceeds.
 TEST(Faults, TheRunFolderLockEndsWithTheRun) {
   TempDir dir;

@@ -37,12 +37,18 @@ void fsync_path(const std::string& path, int flags);
 // Bytes available to this user on the file system holding `path` (0 when unknown).
 uint64_t free_bytes(const std::string& path);
 
+// Throws xlme::Error naming `what` (e.g. "metrics file") and `path` when `path` exists and is not
+// a regular file: a symbolic link (whose target a write would change), a FIFO, a folder... Files
+// a run creates or appends to in its folder are checked with it before they are opened.
+void require_plain_file_or_missing(const std::string& path, const std::string& what);
+
 // An exclusive advisory lock (flock) on a file, held until destruction; the operating system
 // releases it when the process ends, crash included. The file records the holder's pid and host.
 class FileLock {
  public:
   // Takes the lock on `path` (created if missing) or throws xlme::Error naming `what`, the file
-  // and the holder's pid and host, without waiting.
+  // and the holder's pid and host, without waiting. A `path` that is a symbolic link or not a
+  // regular file is refused, never followed.
   FileLock(const std::string& path, const std::string& what);
   ~FileLock();
   FileLock(const FileLock&) = delete;
