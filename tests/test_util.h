@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -132,6 +133,36 @@ inline ToolRun run_tool(const std::string& tool, const std::vector<std::string>&
   const int status = std::system(command.c_str());
   ToolRun r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_file(scratch / "out");
+  r.err = read_file(scratch / "err");
+  return r;
+}
+
+// A ToolRun with the process's peak resident memory.
+struct MeasuredRun : ToolRun {
+  int64_t peak_rss_kib = 0;  // ru_maxrss of the tool's own process, from wait4()
+};
+
+// Runs the built binary `tool` with `args` in the source tree like run_tool (the shell execs the
+// tool, so that the pid waited for is the tool's) and measures its peak resident memory: what a
+// memory bound is checked on, never a timing.
+inline MeasuredRun run_tool_measured(const std::string& tool,
+                                     const std::vector<std::string>& args) {
+  const TempDir scratch;
+  std::string command = "cd " + quote(XLME_SOURCE_DIR) + " && exec " +
+                        quote(std::string(XLME_BINARY_DIR) + "/" + tool);
+  for (const auto& a : args) command += " " + quote(a);
+  command += " >" + quote(scratch / "out") + " 2>" + quote(scratch / "err");
+  std::string shell = "/bin/sh", dash_c = "-c";
+  char* argv[] = {shell.data(), dash_c.data(), command.data(), nullptr};
+  pid_t pid = -1;
+  MeasuredRun r;
+  if (posix_spawn(&pid, shell.c_str(), nullptr, nullptr, argv, environ) != 0) return r;
+  int status = 0;
+  struct rusage usage {};
+  ::wait4(pid, &status, 0, &usage);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.peak_rss_kib = usage.ru_maxrss;
   r.out = read_file(scratch / "out");
   r.err = read_file(scratch / "err");
   return r;

@@ -220,6 +220,18 @@ std::string read_text(const std::string& path) {
   return text;
 }
 
+// Hands the bytes of `path` to `consume` in blocks of 1 MiB.
+void stream_file(const std::string& path, const std::function<void(const void*, size_t)>& consume) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  XLME_CHECK(f != nullptr, "cannot read '{}': {}", path, std::strerror(errno));
+  std::vector<char> buffer(1 << 20);
+  for (size_t n; (n = std::fread(buffer.data(), 1, buffer.size(), f)) > 0;)
+    consume(buffer.data(), n);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  XLME_CHECK(!failed, "cannot read '{}': read error; check the disk", path);
+}
+
 uint64_t source_signature(const std::vector<std::string>& paths) {
   std::string key;
   for (const auto& path : paths) {
@@ -516,19 +528,25 @@ class ShardBuilder {
   }
 
   // .idx = header + offsets + end offset (+ document starts + end); .bin renamed into place
-  // before .idx, so an .idx always has its .bin.
+  // before .idx, so an .idx always has its .bin. The index is streamed from the .partial files
+  // twice (its CRC, then the file), so that memory stays flat in the number of sentences.
   void finish() {
     bin_->close();
     offsets_->close();
     docs_->close();
-    std::string payload = read_text(stem_ + ".offsets.partial");
     const auto end = static_cast<uint64_t>(state_.tokens);
-    payload.append(reinterpret_cast<const char*>(&end), 8);
-    if (kind_ == ShardKind::kMono) {
-      payload += read_text(stem_ + ".docs.partial");
-      const auto sentences = static_cast<uint64_t>(state_.segments);
-      payload.append(reinterpret_cast<const char*>(&sentences), 8);
-    }
+    const auto sentences = static_cast<uint64_t>(state_.segments);
+    const auto stream_payload = [&](const std::function<void(const void*, size_t)>& consume) {
+      stream_file(stem_ + ".offsets.partial", consume);
+      consume(&end, 8);
+      if (kind_ == ShardKind::kMono) {
+        stream_file(stem_ + ".docs.partial", consume);
+        consume(&sentences, 8);
+      }
+    };
+    uint32_t index_crc = 0;
+    stream_payload(
+        [&](const void* data, size_t size) { index_crc = crc32_update(index_crc, data, size); });
     ShardHeader header;
     std::memcpy(header.magic, kShardMagic, sizeof(kShardMagic));
     header.kind = static_cast<uint32_t>(kind_);
@@ -544,12 +562,13 @@ class ShardBuilder {
     header.source_lines = static_cast<uint64_t>(state_.source_lines);
     header.invalid_utf8_lines = static_cast<uint64_t>(state_.invalid);
     header.empty_lines = static_cast<uint64_t>(state_.empty);
-    header.index_crc32 = crc32_update(0, payload.data(), payload.size());
+    header.index_crc32 = index_crc;
     std::snprintf(header.name, sizeof(header.name), "%s", report_.name.c_str());
     fs::rename(stem_ + ".bin.partial", stem_ + ".bin");
-    write_file_atomic(
-        stem_ + ".idx",
-        std::string(reinterpret_cast<const char*>(&header), sizeof(header)) + payload);
+    write_file_streamed(stem_ + ".idx", [&](const ByteSink& sink) {
+      sink(&header, sizeof(header));
+      stream_payload([&](const void* data, size_t size) { sink(data, size); });
+    });
     fs::remove(stem_ + ".offsets.partial");
     fs::remove(stem_ + ".docs.partial");
     fs::remove(stem_ + ".progress");
