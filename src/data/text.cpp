@@ -30,6 +30,13 @@ Utf8Char utf8_char_at(std::string_view text, size_t i) {
   return {cp, len, true};
 }
 
+std::string_view utf8_prefix(std::string_view text, size_t bytes) {
+  if (text.size() <= bytes) return text;
+  size_t end = bytes;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xc0) == 0x80) --end;
+  return text.substr(0, end);
+}
+
 bool valid_utf8(std::string_view text) {
   for (size_t i = 0; i < text.size();) {
     if (static_cast<unsigned char>(text[i]) < 0x80) {  // the common case, without the call

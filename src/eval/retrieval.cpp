@@ -2,8 +2,10 @@
 
 #include "xlme/common/error.h"
 #include "xlme/common/shape_text.h"
+#include "xlme/data/text.h"
 
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -16,7 +18,9 @@ std::vector<int64_t> sentence_ids(const data::Tokenizer& tokenizer, const std::s
                                   int64_t max_len) {
   XLME_CHECK(max_len >= 2, "sentence max_len must be >= 2 (<s> and </s>), got {}", max_len);
   const auto& special = tokenizer.special_ids();
-  const std::vector<int32_t> pieces = tokenizer.encode(text);
+  const std::string_view bounded =
+      data::utf8_prefix(text, static_cast<size_t>(max_len * data::kMaxBytesPerPiece));
+  const std::vector<int32_t> pieces = tokenizer.encode(std::string(bounded));
   const auto kept = std::min<size_t>(pieces.size(), static_cast<size_t>(max_len - 2));
   std::vector<int64_t> ids;
   ids.reserve(kept + 2);
@@ -31,7 +35,18 @@ std::vector<std::vector<int64_t>> sentence_ids(const data::Tokenizer& tokenizer,
                                                int64_t max_len) {
   std::vector<std::vector<int64_t>> out;
   out.reserve(texts.size());
-  for (const auto& text : texts) out.push_back(sentence_ids(tokenizer, text, max_len));
+  const auto bound = static_cast<size_t>(max_len * data::kMaxBytesPerPiece);
+  int64_t cut = 0, first = 0;
+  for (const auto& text : texts) {
+    if (text.size() > bound && cut++ == 0) first = static_cast<int64_t>(out.size()) + 1;
+    out.push_back(sentence_ids(tokenizer, text, max_len));
+  }
+  if (cut > 0) {
+    spdlog::warn(
+        "{} sentence(s) longer than {} bytes ({} bytes per token of max_len {}) were cut to that "
+        "length before tokenization, the first at line {} of its file",
+        cut, bound, data::kMaxBytesPerPiece, max_len, first);
+  }
   return out;
 }
 

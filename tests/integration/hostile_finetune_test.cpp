@@ -124,5 +124,47 @@ TEST_F(HostileFinetune, HundredMegabyteFieldIsCutBeforeTokenization) {
   EXPECT_TRUE(fs::exists(out_dir() + "/results.json"));
 }
 
+// Issue 36 item 3: one 30 MB line in LASER's Tatoeba files or a retrieval pair's file took ~80
+// bytes of memory per byte (2.4 GB) to tokenize; it is cut to retrieval_max_len * 64 bytes
+// first, with a warning, so that the peak RSS grows by less than 4 bytes per byte of the line.
+TEST_F(HostileFinetune, HugeTatoebaAndRetrievalLinesAreCutBeforeTokenization) {
+  const std::string words = "alpha beta gamma\ndelta epsilon zeta\neta theta iota\n";
+  const std::string huge(30 << 20, 'a');
+  struct Case {
+    std::string task, xx, en;  // the files of a language pair
+    std::string dir_key;       // the key naming their folder
+  };
+  const std::string gold = root_ / "gold", pairs = root_ / "pairs";
+  for (const Case& c : {Case{"tatoeba", gold + "/tatoeba.deu-eng.deu",
+                             gold + "/tatoeba.deu-eng.eng", "finetune.gold_dir=" + gold},
+                        Case{"retrieval", pairs + "/de-en.de", pairs + "/de-en.en",
+                             "finetune.data_dir=" + pairs}}) {
+    SCOPED_TRACE(c.task);
+    const auto peak = [&](const std::string& first_line) {
+      write_file(c.xx, first_line + "\n" + words);
+      write_file(c.en, "zero\n" + words);
+      std::vector<std::string> args;
+      for (const auto& s :
+           {"finetune.task=" + c.task, "finetune.init=" + checkpoint(), c.dir_key,
+            std::string("finetune.languages=[de]"), std::string("finetune.min_sentences=1"),
+            std::string("finetune.layer=2"), "run.out_dir=" + out_dir(),
+            std::string("run.device=cpu"), std::string("run.threads=1")}) {
+        args.insert(args.end(), {"--set", s});
+      }
+      return xlme::testing::run_tool_measured("xlme-finetune", args);
+    };
+    const auto plain = peak("one two");
+    ASSERT_EQ(plain.code, 0) << plain.err;
+    const auto cut = peak(huge);
+    ASSERT_EQ(cut.code, 0) << cut.err;
+    EXPECT_TRUE(contains_all(cut.err, {"1 sentence(s) longer than", "bytes per token of max_len",
+                                       "the first at line 1 of its file"}))
+        << cut.err;
+    EXPECT_LT(cut.peak_rss_kib - plain.peak_rss_kib, 4 * (30 << 10))
+        << "peak RSS " << plain.peak_rss_kib << " KiB without the line, " << cut.peak_rss_kib
+        << " KiB with it";
+  }
+}
+
 }  // namespace
 }  // namespace xlme::finetune

@@ -22,6 +22,15 @@ Utf8Char utf8_char_at(std::string_view text, size_t i);
 // True when `text` is well-formed UTF-8: utf8_char_at is valid at every sequence start.
 bool valid_utf8(std::string_view text);
 
+// A SentencePiece piece covers at most 16 code points (max_sentencepiece_length's default), 64
+// UTF-8 bytes: `n` tokens never need more than n * kMaxBytesPerPiece bytes of a text (runs of
+// whitespace, which make no piece, aside). Texts are cut to that before tokenization, which
+// bounds the tokenizer's memory on a hostile line (~80 bytes per input byte).
+constexpr int64_t kMaxBytesPerPiece = 64;
+
+// The longest prefix of `text` of at most `bytes` bytes that ends on a code-point boundary.
+std::string_view utf8_prefix(std::string_view text, size_t bytes);
+
 // `text` with runs of whitespace (space, tab, CR, LF, VT, FF) collapsed to one space and trimmed.
 std::string collapse_whitespace(std::string_view text);
 

@@ -15,7 +15,8 @@
 namespace xlme::eval {
 
 // <s> pieces </s> of one sentence, at most `max_len` ids (>= 2): a longer sentence keeps its
-// first max_len - 2 pieces and still ends with </s>.
+// first max_len - 2 pieces and still ends with </s>. The text is cut to max_len *
+// data::kMaxBytesPerPiece bytes before tokenization (the many-sentence form warns with the count).
 std::vector<int64_t> sentence_ids(const data::Tokenizer& tokenizer, const std::string& text,
                                   int64_t max_len);
 std::vector<std::vector<int64_t>> sentence_ids(const data::Tokenizer& tokenizer,
