@@ -17,6 +17,7 @@
 #include "xlme/train/trainer.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -29,6 +30,33 @@ namespace xlme::train {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Refuses a train.micro_batch_tokens whose micro-batch cannot fit in this machine's memory, before
+// the loader or the dry run allocates it (the dry run's allocation can succeed on an
+// overcommitting system and the run then grows until it is killed). A lower bound, not an
+// estimate: the host holds at least ids, targets and mask (8 bytes each) per token, and on the CPU
+// every layer of both models keeps its fp32 input [tokens, hidden] for the backward pass.
+void check_micro_batch_memory(const config::Config& config, const torch::Device& device) {
+  const double tokens = static_cast<double>(config.train.micro_batch_tokens);
+  double bytes_per_token = 3 * 8;
+  std::string what = "its ids, targets and mask (24 bytes a token)";
+  if (device.is_cpu()) {
+    const int64_t layers = config.model.layers + config.model.generator.layers + 1;
+    bytes_per_token += 4.0 * static_cast<double>(config.model.hidden_size * layers);
+    what = fmt::format(
+        "its hidden states alone: model.hidden_size {} x 4 bytes x {} layers of both models kept "
+        "for the backward pass, and the ids",
+        config.model.hidden_size, layers);
+  }
+  const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                        static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  XLME_CHECK(memory <= 0 || tokens * bytes_per_token <= memory,
+             "train.micro_batch_tokens {} needs at least {:.1f} GiB for one micro-batch ({}), "
+             "more than this machine's {:.1f} GiB of memory; lower train.micro_batch_tokens (the "
+             "step keeps train.tokens_per_task with more micro-batches)",
+             config.train.micro_batch_tokens, tokens * bytes_per_token / gib, what, memory / gib);
+}
 using checkpoint::CheckpointManager;
 using checkpoint::VerifiedFiles;
 
@@ -343,6 +371,7 @@ int run_pretraining(const config::Config& config, const PretrainOptions& options
                "model.vocab_size=0 to take the tokenizer's",
                resolved.model.vocab_size, config.data.tokenizer, tokenizer->vocab_size());
   }
+  check_micro_batch_memory(resolved, device);
   auto batch_options =
       data::BatchOptions::from_config(resolved, tokenizer.get(), launch.rank, launch.world_size);
   batch_options.allow_data_change = options.allow_data_change;

@@ -200,6 +200,21 @@ TEST(Faults, RunFilesThatAreSymbolicLinksAreRefusedAndTheirTargetsKept) {
   }
 }
 
+// Issue 36 item 4: a train.micro_batch_tokens of 2e9 passed the dry run (its allocation
+// overcommitted) and grew past 6 GB; it is refused before anything is allocated, naming the key.
+TEST(Faults, MicroBatchLargerThanTheMachinesMemoryIsRefusedBeforeAllocating) {
+  TempDir dir;
+  const auto r = testing::run_tool_measured(
+      "xlme-pretrain", tiny_pretrain_args(dir / "run", 1,
+                                          {"--set", "train.micro_batch_tokens=2000000000", "--set",
+                                           "train.tokens_per_task=2000000000"}));
+  EXPECT_EQ(r.code, kExitError);
+  EXPECT_TRUE(contains_all(r.err, {"train.micro_batch_tokens 2000000000 needs at least",
+                                   "GiB of memory; lower train.micro_batch_tokens"}))
+      << r.err;
+  EXPECT_LT(r.peak_rss_kib, 2 << 20) << "peak RSS " << r.peak_rss_kib << " KiB";
+}
+
 // Item 3: the lock goes with the process; the next run proceeds.
 TEST(Faults, TheRunFolderLockEndsWithTheRun) {
   TempDir dir;
