@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include "xlme/common/error.h"
 #include "xlme/common/shape_text.h"
-#include "xlme/model/dropout.h"
+#include "xlme/ops/dropout.h"
 #include "xlme/model/linear.h"
 #include "xlme/model/relative_position.h"
 
@@ -131,7 +131,7 @@ torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, con
   } else if (padding.defined()) {
     scores.add_(padding_bias(padding, scores.options()));
   }
-  const auto probs = model::dropout(torch::softmax(scores, -1), dropout, training);
+  const auto probs = ops::dropout(torch::softmax(scores, -1), dropout, training);
   return batched_matmul(probs, v);
 }
 

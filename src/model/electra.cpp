@@ -4,10 +4,10 @@
 #include "xlme/data/framing.h"
 #include "xlme/model/linear.h"
 #include "xlme/objectives/objective_set.h"
+#include "xlme/ops/masked_lm.h"
 
 #include <torch/torch.h>
 
-#include <limits>
 #include <vector>
 
 namespace xlme::model {
@@ -74,52 +74,14 @@ torch::Tensor DiscriminatorHeadImpl::forward(const torch::Tensor& hidden) {
   return linear(output, torch::gelu(linear(dense, hidden))).squeeze(-1);
 }
 
-namespace {
-
-// The CPU draw: inverse CDF. The softmax over the ordinary ids (special ids at -inf get
-// probability 0 exactly, so a special id that dominates a row cannot make the ordinary ids
-// underflow), its cumulative sums (the CPU cumsum accumulates float32 in float64), one uniform per
-// row scaled by the row's total, and a binary search for the first cumulative sum above it: three
-// passes over [N, V] and N uniforms, where Gumbel-max draws N x V uniforms and takes two
-// logarithms of each (on `cpu_small`'s [614, 16000] logits: 15 ms against 45 ms, LibTorch 2.11).
-torch::Tensor sample_rows_by_cdf(const torch::Tensor& logits, double temperature,
-                                 const std::vector<int64_t>& special) {
-  const auto dtype = logits.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  auto scores = torch::div(logits.detach().to(dtype), temperature);  // [N, V]
-  for (const int64_t id : special) {
-    scores.select(1, id).fill_(-std::numeric_limits<double>::infinity());
-  }
-  const auto cdf = torch::softmax(scores, 1).cumsum_(1);  // [N, V]
-  const auto total = cdf.narrow(1, cdf.size(1) - 1, 1);   // [N, 1]
-  // u x total may round up to total itself, which no cumulative sum exceeds; the largest value
-  // below it falls in the last id with a nonzero probability.
-  const auto target = torch::minimum(torch::rand(total.sizes(), total.options()) * total,
-                                     torch::nextafter(total, torch::zeros_like(total)));
-  return torch::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(1);
+ops::Sampling replacement_sampling(double temperature, const data::SpecialIds& special) {
+  return ops::Sampling{temperature,
+                       {special.bos, special.pad, special.eos, special.unk, special.mask}};
 }
-
-}  // namespace
 
 torch::Tensor sample_replacements(const torch::Tensor& logits, double temperature,
                                   const data::SpecialIds& special) {
-  torch::NoGradGuard no_grad;
-  const std::vector<int64_t> excluded{special.bos, special.pad, special.eos, special.unk,
-                                      special.mask};
-  if (logits.device().is_cpu()) return sample_rows_by_cdf(logits, temperature, excluded);
-  // Gumbel-max: argmax(s / temperature + G), G = -log(-log U), is a draw from
-  // softmax(s / temperature). Built in place in the noise tensor: one [N, V] buffer, in float32
-  // whatever the logits' dtype: under bf16 autocast the logits are bf16, and bf16 uniforms cap
-  // the noise near 5.5 (instead of ~16.6) while a bf16 sum rounds neighbouring scores into ties
-  // that argmax breaks towards the lowest id; the draws would not follow the softmax.
-  const auto dtype = logits.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  auto scores = torch::rand(logits.sizes(), logits.options().dtype(dtype))
-                    .clamp_(std::numeric_limits<float>::min(), 1.0);
-  scores.log_().neg_().log_().neg_().add_(logits.detach().to(dtype), 1.0 / temperature);  // [N, V]
-  // One column fill per special id: no index tensor to copy to the device (no host sync).
-  for (const int64_t id : excluded) {
-    scores.select(1, id).fill_(-std::numeric_limits<double>::infinity());
-  }
-  return scores.argmax(1);
+  return ops::sample(logits, replacement_sampling(temperature, special));
 }
 
 ElectraModelImpl::ElectraModelImpl(const config::ModelConfig& config, Architecture architecture)
@@ -244,7 +206,13 @@ ModelOutput ElectraModelImpl::forward(const ModelInputs& in) {
   }
   const auto generated = generator(in.input_ids, in.positions, in.padding);
   out.generator_logits = generator_head(gather_masked(generated, in.masked_index), table);
-  out.sampled = sample_replacements(out.generator_logits, temperature_, special_);
+  // The generator's loss, accuracy and draws in one op (ops/masked_lm.h): with the fused kernel,
+  // one pass over the logits.
+  const auto sampling = replacement_sampling(temperature_, special_);
+  auto lm = ops::masked_lm(out.generator_logits, out.generator_targets, &sampling);
+  out.generator_loss_sum = lm.loss_sum;
+  out.generator_correct = lm.correct;
+  out.sampled = lm.sampled;
   // The discriminator sees the originals with the samples put in; a sample equal to the
   // original is therefore labelled original.
   out.discriminator_input =

@@ -1,7 +1,7 @@
 #include "xlme/model/encoder.h"
 
 #include "xlme/common/error.h"
-#include "xlme/model/dropout.h"
+#include "xlme/ops/dropout.h"
 #include "xlme/model/linear.h"
 
 #include <torch/torch.h>
@@ -140,7 +140,7 @@ torch::Tensor EncoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
              "this encoder has no cross-attention to plug in (model.cross_attention=false)");
   // The residual connections: x + dropout(sub-layer(x)).
   const auto residual = [&](const torch::Tensor& stream, const torch::Tensor& sublayer) {
-    return stream + model::dropout(sublayer, dropout_, train);
+    return stream + ops::dropout(sublayer, dropout_, train);
   };
   if (pre_norm_) {
     auto h = residual(x, attention(attention_norm(x), padding, table));
@@ -261,7 +261,7 @@ torch::Tensor EncoderImpl::run(const torch::Tensor& input_ids, const torch::Tens
                                const torch::Tensor& context_padding) {
   const int64_t length = input_ids.size(1);
   auto x =
-      model::dropout(embedding_norm(embed(input_ids, positions)), options_.dropout, is_training());
+      ops::dropout(embedding_norm(embed(input_ids, positions)), options_.dropout, is_training());
   if (embedding_projection) x = linear(embedding_projection, x);  // [B, T, E] -> [B, T, hidden]
   if (states) states->push_back(x);
   torch::Tensor buckets, shared_table;  // [T, T], [H, T, T]

@@ -2,7 +2,7 @@
 // MLM + lambda * RTD loss) on the CPU, and the share of that step spent in self-attention, the
 // feed-forward blocks and the generator head, each timed alone (forward + backward) on the same
 // shapes. With --kernels: each of xlme's own CPU kernels against LibTorch's operations
-// (XLME_OWN_CPU_KERNELS's switch, model/own_kernels.h) on the config's shapes, forward + backward,
+// (XLME_OPS's switch, ops/registry.h) on the config's shapes, forward + backward,
 // the median of --rounds interleaved rounds of --steps runs each.
 //
 //   OMP_WAIT_POLICY=PASSIVE xlme-bench-model --config configs/model/tiny.yaml --vocab 8000
@@ -10,11 +10,11 @@
 #include "timing.h"
 #include "xlme/common/runtime.h"
 #include "xlme/config/config.h"
-#include "xlme/model/dropout.h"
 #include "xlme/model/electra.h"
-#include "xlme/model/own_kernels.h"
 #include "xlme/model/parameter_count.h"
 #include "xlme/objectives/objectives.h"
+#include "xlme/ops/dropout.h"
+#include "xlme/ops/registry.h"
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -36,7 +36,7 @@ void forward_backward(const torch::Tensor& x,
 }
 
 // One own kernel against LibTorch's operations: `run` timed with every own kernel on, and with
-// `libtorch` (an XLME_OWN_CPU_KERNELS value) in force.
+// `libtorch` (an XLME_OPS value) in force.
 struct KernelCase {
   std::string name;
   std::string libtorch;
@@ -55,11 +55,11 @@ void time_kernels(const std::vector<KernelCase>& cases, int steps, int rounds) {
     std::vector<double> ours, libtorch;
     for (int r = 0; r < rounds; ++r) {
       for (const bool own : {true, false}) {
-        xlme::model::set_own_cpu_kernels(own ? "all" : c.libtorch);
+        xlme::ops::set_ops(own ? "" : c.libtorch);
         (own ? ours : libtorch).push_back(xlme::bench::time_ms(steps, c.run));
       }
     }
-    xlme::model::set_own_cpu_kernels("all");
+    xlme::ops::set_ops("");
     const double a = median(libtorch), b = median(ours);
     fmt::print("{:<28} {:<20} {:>11.2f} {:>9.2f} {:>6.2f}x\n", c.name, c.libtorch, a, b, a / b);
   }
@@ -76,9 +76,10 @@ std::vector<KernelCase> kernel_cases(const xlme::config::Config& cfg, int64_t ba
   const auto probs = torch::rand({batch, heads, length, length}).requires_grad_(true);
   const auto y = torch::randn({batch, length, hidden}).requires_grad_(true);
   return {
-      {"dropout (probabilities)", "-dropout", [=] { m::dropout(probs, p, true).sum().backward(); }},
-      {"dropout (bf16 activations)", "-dropout",
-       [=] { m::dropout(y.to(torch::kBFloat16), p, true).sum().backward(); }},
+      {"dropout (probabilities)", "dropout=reference",
+       [=] { xlme::ops::dropout(probs, p, true).sum().backward(); }},
+      {"dropout (bf16 activations)", "dropout=reference",
+       [=] { xlme::ops::dropout(y.to(torch::kBFloat16), p, true).sum().backward(); }},
   };
 }
 

@@ -13,6 +13,9 @@
 #include "xlme/model/attention.h"
 #include "xlme/model/electra.h"
 #include "xlme/model/relative_position.h"
+#include "xlme/ops/masked_lm.h"
+#include "xlme/ops/registry.h"
+#include "xlme/ops/triton.h"
 #include "xlme/train/trainer.h"
 
 #include "export_fixtures.h"
@@ -474,6 +477,90 @@ TEST(CudaExport, ParityFromACudaTrainedCheckpoint) {
   EXPECT_EQ(code, 0) << out;
   ASSERT_EQ(diffs.size(), states.size());
   for (size_t i = 0; i < diffs.size(); ++i) EXPECT_LE(diffs[i], 1e-4) << "hidden state " << i;
+}
+
+// --- (g) the fused ops' Triton kernels against their references ---------------------------------
+
+namespace fused {
+
+struct OpsRestored {
+  ~OpsRestored() { ops::set_ops(""); }
+};
+
+struct LmRun {
+  ops::MaskedLm out;
+  torch::Tensor grad;
+};
+
+LmRun run_masked_lm(const std::string& spec, const torch::Tensor& logits,
+                    const torch::Tensor& targets) {
+  ops::set_ops(spec);
+  auto x = logits.detach().clone().requires_grad_();
+  LmRun run{ops::masked_lm(x, targets), {}};
+  run.out.loss_sum.backward();
+  run.grad = x.grad();
+  return run;
+}
+
+}  // namespace fused
+
+TEST(CudaOps, FusedMaskedLmEqualsTheReference) {
+  XLME_REQUIRE_CUDA();
+  const fused::OpsRestored restore;
+  const torch::Device cuda(torch::kCUDA, 0);
+  ASSERT_TRUE(ops::triton::available("masked_lm_forward_bf16", cuda))
+      << "no Triton image for this GPU";
+  torch::manual_seed(21);
+  // Awkward sizes: a vocabulary that is no multiple of the blocks, a single row, many rows.
+  for (const auto& [rows, vocab] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 17}, {37, 5003}, {2458, 32003}}) {
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+      const auto logits = (torch::randn({rows, vocab}, cuda) * 4).to(dtype);
+      const auto targets =
+          torch::randint(0, vocab, {rows}, torch::TensorOptions(cuda).dtype(torch::kInt64));
+      const auto ref = fused::run_masked_lm("masked_lm=reference", logits, targets);
+      const auto got = fused::run_masked_lm("masked_lm=fused", logits, targets);
+      const auto where = fmt::format("{}x{} {}", rows, vocab, c10::toString(dtype));
+      // Both compute in fp32 from the same inputs; the sums' order differs.
+      EXPECT_NEAR(got.out.loss_sum.item<double>(), ref.out.loss_sum.item<double>(),
+                  1e-5 * std::abs(ref.out.loss_sum.item<double>()) + 1e-4)
+          << where;
+      EXPECT_EQ(got.out.correct.item<int64_t>(), ref.out.correct.item<int64_t>()) << where;
+      const double tol = dtype == torch::kBFloat16 ? 8e-3 : 1e-6;
+      EXPECT_LE(
+          (got.grad.to(torch::kFloat64) - ref.grad.to(torch::kFloat64)).abs().max().item<double>(),
+          tol)
+          << where;
+      EXPECT_EQ(got.grad.scalar_type(), dtype) << where;
+    }
+  }
+}
+
+TEST(CudaOps, FusedDrawsFollowTheSoftmaxAndRepeatWithTheGenerator) {
+  XLME_REQUIRE_CUDA();
+  const fused::OpsRestored restore;
+  ops::set_ops("masked_lm=fused");
+  const torch::Device cuda(torch::kCUDA, 0);
+  const int64_t vocab = 64, draws = 200000;
+  const auto row = (torch::linspace(-4, 4, vocab, cuda) + 0.05 * torch::randn({vocab}, cuda))
+                       .to(torch::kBFloat16);
+  const auto logits = row.view({1, vocab}).expand({draws, vocab}).contiguous();
+  const ops::Sampling sampling{0.9, {0, 1, 2, 3, 63}};
+  torch::manual_seed(17);
+  const auto sampled = ops::sample(logits, sampling);
+  const auto counts = torch::bincount(sampled.to(torch::kCPU), {}, vocab).to(torch::kDouble);
+  auto expected_logits = row.to(torch::kCPU, torch::kDouble) / 0.9;
+  for (const int64_t id : sampling.excluded) {
+    EXPECT_EQ(counts[id].item<double>(), 0) << "excluded id " << id << " was drawn";
+    expected_logits[id] = -std::numeric_limits<double>::infinity();
+  }
+  const double tv =
+      0.5 * (counts / draws - torch::softmax(expected_logits, 0)).abs().sum().item<double>();
+  std::cout << "[ fused    ] total variation " << tv << " over " << draws << " draws" << std::endl;
+  EXPECT_LE(tv, 0.015);
+  torch::manual_seed(17);
+  EXPECT_TRUE(torch::equal(ops::sample(logits, sampling), sampled)) << "same seed, other draws";
+  EXPECT_FALSE(torch::equal(ops::sample(logits, sampling), sampled)) << "the offset did not move";
 }
 
 }  // namespace

@@ -58,9 +58,13 @@ struct MaskedPrediction {
 
 // Everything the objectives read. N = masked positions in the micro-batch.
 struct ModelOutput {
-  torch::Tensor generator_logits;      // [N, V]: generator (or MLM head) at masked positions
-  torch::Tensor generator_targets;     // [N] int64: the original tokens there
-  torch::Tensor sampled;               // [N] int64: replacements drawn from the generator
+  torch::Tensor generator_logits;   // [N, V]: generator (or MLM head) at masked positions
+  torch::Tensor generator_targets;  // [N] int64: the original tokens there
+  torch::Tensor sampled;            // [N] int64: replacements drawn from the generator
+  // kElectra: the generator's summed loss and correct count, computed with the draws (one pass
+  // of ops::masked_lm); undefined otherwise (the objectives compute them from the logits).
+  torch::Tensor generator_loss_sum;
+  torch::Tensor generator_correct;
   torch::Tensor discriminator_input;   // [B, T] int64: originals with the replacements put in
   torch::Tensor replaced;              // [B, T] bool: discriminator input != original
   torch::Tensor discriminator_logits;  // [B, T]: one logit per token (replaced vs original)
@@ -115,8 +119,8 @@ class DiscriminatorHeadImpl : public torch::nn::Module {
 TORCH_MODULE(DiscriminatorHead);
 
 // One draw per row from softmax(logits / temperature) computed in float32 (float64 logits stay
-// float64) whatever the logits' dtype, never a special id; no gradient. CPU: inverse CDF over the
-// softmax; other devices: Gumbel-max.
+// float64) whatever the logits' dtype, never a special id; no gradient: ops::sample (reference:
+// inverse CDF on the CPU, Gumbel-max elsewhere; fused on CUDA: the Triton kernel).
 // logits: [N, V] -> [N] int64.
 torch::Tensor sample_replacements(const torch::Tensor& logits, double temperature,
                                   const data::SpecialIds& special);

@@ -33,10 +33,14 @@ struct Term {
   std::map<std::string, torch::Tensor> statistics;
 };
 
-// Generator term: cross-entropy over the masked positions.
+// Generator term: cross-entropy over the masked positions (ops::masked_lm).
 // logits: [N, V]; targets: [N] int64.
 Term generator_term(const std::string& name, const torch::Tensor& logits,
                     const torch::Tensor& targets);
+// The same from a loss and a correct count the model already computed (ModelOutput's
+// generator_loss_sum, generator_correct over `rows` masked positions).
+Term generator_term(const std::string& name, const torch::Tensor& loss_sum,
+                    const torch::Tensor& correct, int64_t rows);
 
 // Discriminator term: binary cross-entropy with logits over the real (non-pad) tokens.
 // logits: [B, T]; replaced, padding: [B, T] bool.

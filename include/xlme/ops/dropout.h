@@ -4,15 +4,15 @@
 // On the CPU the keep mask here comes from a counter-based generator instead (SplitMix64 of a seed
 // and the element's index), filled in parallel; the seed is drawn from LibTorch's default CPU
 // generator, so torch::manual_seed and checkpointed generator state decide the masks as before,
-// and the masks do not depend on the number of threads. With XLME_OWN_CPU_KERNELS=-dropout
-// (own_kernels.h), and on other devices, it is torch::dropout.
+// and the masks do not depend on the number of threads. With XLME_OPS=dropout=reference
+// (ops/registry.h), and on other devices, it is torch::dropout.
 #pragma once
 
 #include <torch/types.h>
 
 #include <cstdint>
 
-namespace xlme::model {
+namespace xlme::ops {
 
 // x * keep / (1 - p) with keep ~ Bernoulli(1 - p) per element when `training`; x unchanged
 // otherwise (or when p = 0). Gradient: the same mask times 1 / (1 - p).
@@ -24,4 +24,4 @@ torch::Tensor dropout(const torch::Tensor& x, double p, bool training);
 torch::Tensor dropout_mask(torch::IntArrayRef sizes, double p, uint64_t seed,
                            const torch::TensorOptions& options);
 
-}  // namespace xlme::model
+}  // namespace xlme::ops

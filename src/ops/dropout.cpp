@@ -1,7 +1,7 @@
-#include "xlme/model/dropout.h"
+#include "xlme/ops/dropout.h"
 
 #include "xlme/common/error.h"
-#include "xlme/model/own_kernels.h"
+#include "xlme/ops/registry.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
@@ -11,7 +11,7 @@
 #include <cmath>
 #include <mutex>
 
-namespace xlme::model {
+namespace xlme::ops {
 
 namespace {
 
@@ -64,10 +64,10 @@ torch::Tensor dropout_mask(torch::IntArrayRef sizes, double p, uint64_t seed,
 
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training) {
   if (!training || p == 0.0) return x;
-  if (!x.device().is_cpu() || !own_cpu_kernel(OwnKernel::kDropout)) {
+  if (implementation(Op::kDropout, x.device()) == Impl::kReference) {
     return torch::dropout(x, p, /*train=*/true);
   }
   return x * dropout_mask(x.sizes(), p, next_seed(), x.options());
 }
 
-}  // namespace xlme::model
+}  // namespace xlme::ops

@@ -1,9 +1,9 @@
 // Dropout's CPU path: the counter-based keep mask (rate, scale, independence of neighbouring
 // elements, seeding from LibTorch's generator, thread count) and its gradient; the switch that
-// turns it off (XLME_OWN_CPU_KERNELS).
-#include "xlme/model/dropout.h"
+// turns it off (XLME_OPS, ops/registry.h).
+#include "xlme/ops/dropout.h"
 
-#include "xlme/model/own_kernels.h"
+#include "xlme/ops/registry.h"
 
 #include "test_util.h"
 
@@ -15,7 +15,7 @@
 
 #include <cmath>
 
-namespace xlme::model {
+namespace xlme::ops {
 namespace {
 
 using xlme::testing::error_message;
@@ -57,16 +57,16 @@ TEST(Dropout, SeedDecidesTheMaskWhateverTheThreadCount) {
 TEST(Dropout, ManualSeedReproducesTheMasks) {
   const auto x = torch::ones({64, 64});
   torch::manual_seed(5);
-  const auto a = model::dropout(x, 0.2, /*training=*/true);
-  const auto b = model::dropout(x, 0.2, true);
+  const auto a = ops::dropout(x, 0.2, /*training=*/true);
+  const auto b = ops::dropout(x, 0.2, true);
   torch::manual_seed(5);
-  EXPECT_TRUE(torch::equal(a, model::dropout(x, 0.2, true)));
+  EXPECT_TRUE(torch::equal(a, ops::dropout(x, 0.2, true)));
   EXPECT_FALSE(torch::equal(a, b));  // the next call draws a new seed
 }
 
 TEST(Dropout, GradientIsTheMaskTimesTheScale) {
   const auto x = torch::randn({50, 40}, torch::requires_grad());
-  const auto y = model::dropout(x, 0.25, true);
+  const auto y = ops::dropout(x, 0.25, true);
   y.sum().backward();
   const auto kept = (y != 0).to(torch::kFloat32);
   EXPECT_TRUE(torch::allclose(x.grad(), kept / 0.75));
@@ -75,9 +75,9 @@ TEST(Dropout, GradientIsTheMaskTimesTheScale) {
 
 TEST(Dropout, EvaluationAndZeroRateLeaveTheInputAndBf16StaysBf16) {
   const auto x = torch::randn({8, 8});
-  EXPECT_TRUE(model::dropout(x, 0.1, /*training=*/false).is_same(x));
-  EXPECT_TRUE(model::dropout(x, 0.0, true).is_same(x));
-  EXPECT_EQ(model::dropout(x.to(torch::kBFloat16), 0.1, true).scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(ops::dropout(x, 0.1, /*training=*/false).is_same(x));
+  EXPECT_TRUE(ops::dropout(x, 0.0, true).is_same(x));
+  EXPECT_EQ(ops::dropout(x.to(torch::kBFloat16), 0.1, true).scalar_type(), torch::kBFloat16);
 }
 
 TEST(Dropout, RejectsARateOfOne) {
@@ -89,41 +89,59 @@ TEST(Dropout, RejectsARateOfOne) {
 TEST(Dropout, TheSeedComesFromLibTorchsGenerator) {
   const auto x = torch::ones({40, 30});
   torch::manual_seed(17);
-  const auto dropped = model::dropout(x, 0.3, /*training=*/true);
+  const auto dropped = ops::dropout(x, 0.3, /*training=*/true);
   torch::manual_seed(17);
   const uint64_t seed =
       at::detail::getDefaultCPUGenerator().get<at::CPUGeneratorImpl>()->random64();
   EXPECT_TRUE(torch::equal(dropped, dropout_mask({40, 30}, 0.3, seed, torch::kFloat32)));
 }
 
-// Restores every own kernel when a test that switched some off ends.
-struct OwnKernelsRestored {
-  ~OwnKernelsRestored() { set_own_cpu_kernels("all"); }
+// Restores the default choices when a test that changed them ends.
+struct OpsRestored {
+  ~OpsRestored() { set_ops(""); }
 };
 
-TEST(OwnKernels, WithDropoutOffItIsLibTorchsDropout) {
-  const OwnKernelsRestored restore;
+TEST(OpsRegistry, WithDropoutReferenceItIsLibTorchsDropout) {
+  const OpsRestored restore;
   const auto x = torch::randn({64, 50});
-  for (const std::string spec : {"none", "-dropout", "all,-dropout"}) {
-    set_own_cpu_kernels(spec);
-    EXPECT_FALSE(own_cpu_kernel(OwnKernel::kDropout)) << spec;
+  const torch::Device cpu(torch::kCPU);
+  for (const std::string spec : {"reference", "dropout=reference", "fused,dropout=reference"}) {
+    set_ops(spec);
+    EXPECT_EQ(implementation(Op::kDropout, cpu), Impl::kReference) << spec;
     torch::manual_seed(8);
-    const auto ours = model::dropout(x, 0.2, /*training=*/true);
+    const auto ours = ops::dropout(x, 0.2, /*training=*/true);
     torch::manual_seed(8);
     EXPECT_TRUE(torch::equal(ours, torch::dropout(x, 0.2, /*train=*/true))) << spec;
   }
-  for (const std::string spec : {"all", "dropout", "none,dropout", ""}) {
-    set_own_cpu_kernels(spec);
-    EXPECT_TRUE(own_cpu_kernel(OwnKernel::kDropout)) << spec;
+  for (const std::string spec : {"auto", "fused", "dropout=fused", "reference,dropout=auto", ""}) {
+    set_ops(spec);
+    EXPECT_EQ(implementation(Op::kDropout, cpu), Impl::kFused) << spec;
   }
 }
 
-TEST(OwnKernels, AnUnknownNameListsTheKernels) {
-  const OwnKernelsRestored restore;
-  EXPECT_EQ(error_message([] { set_own_cpu_kernels("-dropout,-sampler"); }),
-            "XLME_OWN_CPU_KERNELS: unknown kernel 'sampler' in '-dropout,-sampler'; the kernels "
-            "are dropout (or all, none; -name turns one off)");
+TEST(OpsRegistry, AFusedFormRunsOnlyWhereOneExists) {
+  const OpsRestored restore;
+  const torch::Device cpu(torch::kCPU), cuda(torch::kCUDA, 0);
+  set_ops("fused");
+  EXPECT_EQ(implementation(Op::kMaskedLm, cpu), Impl::kReference);  // no CPU kernel
+  EXPECT_EQ(implementation(Op::kMaskedLm, cuda), Impl::kFused);
+  EXPECT_EQ(implementation(Op::kDropout, cuda), Impl::kReference);  // no CUDA kernel
+  // auto: the CUDA kernels stay off until a GPU run has shown them correct.
+  set_ops("auto");
+  EXPECT_EQ(implementation(Op::kMaskedLm, cuda), Impl::kReference);
+  EXPECT_EQ(describe(cpu), "dropout=fused (cpu kernel), masked_lm=reference");
+  set_ops("masked_lm=fused");
+  EXPECT_EQ(describe(cuda), "dropout=reference, masked_lm=fused (triton)");
+}
+
+TEST(OpsRegistry, AnUnknownNameOrValueListsTheValidOnes) {
+  const OpsRestored restore;
+  EXPECT_EQ(error_message([] { set_ops("dropout=reference,sampler=fused"); }),
+            "XLME_OPS: unknown op 'sampler' in 'dropout=reference,sampler=fused'; the ops are "
+            "dropout, masked_lm");
+  EXPECT_EQ(error_message([] { set_ops("masked_lm=fast"); }),
+            "XLME_OPS: 'fast' in 'masked_lm=fast' is not auto, reference or fused");
 }
 
 }  // namespace
-}  // namespace xlme::model
+}  // namespace xlme::ops

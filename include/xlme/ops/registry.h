@@ -1,0 +1,42 @@
+// The ops layer's one switch (docs/ops.md): for every fused operation, which implementation runs
+// on which device. Model and objective code call the ops (ops/*.h) and never test the device
+// themselves; each op asks implementation() here.
+//
+// Every op has a reference (composite LibTorch operations, the semantics) and fused forms: an own
+// CPU kernel, a Triton kernel for CUDA (ops/triton.h), or both. XLME_OPS, read once per process,
+// chooses per op:
+//   auto (the default) | reference | fused          (every op)
+//   op=auto|reference|fused,op=...                  (e.g. masked_lm=fused,dropout=reference)
+// `auto` runs a fused form where it has been shown correct and faster on that device
+// (kAutoFused below); `fused` runs the fused form wherever one exists, else the reference. An
+// unknown name or value is an error that lists the valid ones.
+#pragma once
+
+#include <torch/types.h>
+
+#include <string>
+#include <vector>
+
+namespace xlme::ops {
+
+enum class Op {
+  kDropout,   // ops/dropout.h: CPU: the counter-based mask; CUDA: none (torch::dropout)
+  kMaskedLm,  // ops/masked_lm.h: CUDA: Triton loss + sampling; CPU: none (the reference)
+};
+
+enum class Impl { kReference, kFused };
+
+// What runs for `op` on `device` under the current XLME_OPS (or the last set_ops).
+Impl implementation(Op op, const torch::Device& device);
+
+// The ops' names as XLME_OPS spells them, in Op's order.
+const std::vector<std::string>& op_names();
+
+// Sets the switch from a value as XLME_OPS takes it (tests, benchmarks); "" means auto.
+void set_ops(const std::string& spec);
+
+// One line for the logs: each op's implementation on `device`, e.g.
+// "dropout=fused (cpu kernel), masked_lm=reference".
+std::string describe(const torch::Device& device);
+
+}  // namespace xlme::ops

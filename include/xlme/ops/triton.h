@@ -1,0 +1,55 @@
+// xlme's Triton kernels, compiled ahead of time and launched from C++ (docs/ops.md).
+//
+// src/ops/triton/*.py holds the kernels; the build runs src/ops/triton/aot.py, which compiles
+// every variant for sm_90a (H100/H200) and sm_80 (A100 and the other 8.x GPUs) on any machine
+// (no GPU needed) and embeds the cubins in the library with their entry names, warps, shared
+// memory and parameter types. A launch loads the cubin for the device's capability once, through
+// the CUDA driver's module and launch calls, which it resolves from the CUDA runtime that LibTorch
+// loads (cudaGetDriverEntryPointByVersion): no link to libcuda. It launches on the device's current
+// stream. The same kernel sources run on the CPU through Triton's interpreter in the tests
+// (tests/python/test_kernels.py), against float64 references.
+#pragma once
+
+#include "xlme/ops/triton_images.h"
+
+#include <torch/types.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace xlme::ops::triton {
+
+// One launch argument, typed as a kernel signature names it: "*<dtype>" (a tensor's data),
+// i32, u32, i64, u64, fp32.
+class Arg {
+ public:
+  static Arg pointer(const torch::Tensor& tensor);
+  static Arg i32(int64_t value);  // range-checked
+  static Arg u32(uint64_t value);
+  static Arg i64(int64_t value);
+  static Arg u64(uint64_t value);
+  static Arg f32(double value);
+
+  const std::string& type() const { return type_; }  // as in a signature: "*bf16", "i32", ...
+  void* address() { return bytes_.data(); }          // what cuLaunchKernel's parameter array holds
+
+ private:
+  Arg(std::string type, const void* value, size_t size);
+  std::string type_;
+  std::array<unsigned char, 8> bytes_{};
+};
+
+// Throws unless `args` match the image's signature in number and types; the message names the
+// variant and the first argument that differs.
+void check_args(const KernelImage& image, const std::vector<Arg>& args);
+
+// Whether `variant` can launch on `device` (a CUDA device with an image for its capability).
+bool available(const std::string& variant, const torch::Device& device);
+
+// Launches `variant` on `device`'s current stream with a grid of `grid` blocks.
+void launch(const std::string& variant, const torch::Device& device, std::array<uint32_t, 3> grid,
+            std::vector<Arg> args);
+
+}  // namespace xlme::ops::triton

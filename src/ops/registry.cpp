@@ -1,0 +1,119 @@
+#include "xlme/ops/registry.h"
+
+#include "xlme/common/error.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+
+namespace xlme::ops {
+
+namespace {
+
+enum class Choice { kAuto, kReference, kFused };
+
+// Per op, in Op's order: its name, whether a fused form exists on the CPU and on CUDA, and
+// whether `auto` picks it there. A fused CUDA form turns auto on only after a GPU run showed it
+// correct and faster (docs/ops.md lists what each one measured).
+struct Row {
+  const char* name;
+  const char* cpu_form;   // nullptr: no fused CPU form
+  const char* cuda_form;  // nullptr: no fused CUDA form
+  bool auto_cpu;
+  bool auto_cuda;
+};
+
+constexpr std::array<Row, 2> kOps{{
+    {"dropout", "cpu kernel", nullptr, true, false},
+    {"masked_lm", nullptr, "triton", false, false},  // unverified on a GPU yet
+}};
+
+std::vector<Choice> parse(const std::string& spec) {
+  const auto value = [&](const std::string& text) {
+    if (text == "auto") return Choice::kAuto;
+    if (text == "reference") return Choice::kReference;
+    XLME_CHECK(text == "fused", "XLME_OPS: '{}' in '{}' is not auto, reference or fused", text,
+               spec);
+    return Choice::kFused;
+  };
+  std::vector<Choice> choices(kOps.size(), Choice::kAuto);
+  std::stringstream stream(spec);
+  for (std::string token; std::getline(stream, token, ',');) {
+    if (token.empty()) continue;
+    const auto eq = token.find('=');
+    if (eq == std::string::npos) {
+      std::fill(choices.begin(), choices.end(), value(token));
+      continue;
+    }
+    const auto name = token.substr(0, eq);
+    const auto& names = op_names();
+    const auto it = std::find(names.begin(), names.end(), name);
+    XLME_CHECK(it != names.end(), "XLME_OPS: unknown op '{}' in '{}'; the ops are {}", name, spec,
+               fmt::join(names, ", "));
+    choices[static_cast<size_t>(it - names.begin())] = value(token.substr(eq + 1));
+  }
+  return choices;
+}
+
+std::mutex& mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::vector<Choice>& state() {
+  static std::vector<Choice> choices = [] {
+    const char* env = std::getenv("XLME_OPS");
+    return parse(env ? env : "");
+  }();
+  return choices;
+}
+
+}  // namespace
+
+const std::vector<std::string>& op_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& row : kOps) n.emplace_back(row.name);
+    return n;
+  }();
+  return names;
+}
+
+Impl implementation(Op op, const torch::Device& device) {
+  const auto index = static_cast<size_t>(op);
+  const Row& row = kOps[index];
+  Choice choice;
+  {
+    std::lock_guard<std::mutex> lock(mutex());
+    choice = state()[index];
+  }
+  const bool cuda = device.is_cuda();
+  const bool exists = cuda ? row.cuda_form != nullptr : device.is_cpu() && row.cpu_form != nullptr;
+  if (!exists || choice == Choice::kReference) return Impl::kReference;
+  if (choice == Choice::kFused) return Impl::kFused;
+  return (cuda ? row.auto_cuda : row.auto_cpu) ? Impl::kFused : Impl::kReference;
+}
+
+void set_ops(const std::string& spec) {
+  auto parsed = parse(spec);
+  std::lock_guard<std::mutex> lock(mutex());
+  state() = std::move(parsed);
+}
+
+std::string describe(const torch::Device& device) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < kOps.size(); ++i) {
+    const auto impl = implementation(static_cast<Op>(i), device);
+    const char* form = device.is_cuda() ? kOps[i].cuda_form : kOps[i].cpu_form;
+    parts.push_back(impl == Impl::kFused ? fmt::format("{}=fused ({})", kOps[i].name, form)
+                                         : fmt::format("{}=reference", kOps[i].name));
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+}  // namespace xlme::ops

@@ -1,0 +1,225 @@
+#include "xlme/common/error.h"
+#include "xlme/ops/triton.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#ifdef XLME_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda.h>  // the driver's types and prototypes only: its functions come from the runtime
+#include <cuda_runtime_api.h>
+#endif
+
+namespace xlme::ops::triton {
+
+const KernelImage* find_image(const std::string& variant, int major, int minor) {
+  (void)minor;  // sm_80 code runs on every 8.x GPU; sm_90a only on 9.0
+  const int capability = major == 9 && minor == 0 ? 90 : major == 8 ? 80 : -1;
+  for (const auto& image : kernel_images()) {
+    if (variant == image.variant && image.capability == capability) return &image;
+  }
+  return nullptr;
+}
+
+Arg::Arg(std::string type, const void* value, size_t size) : type_(std::move(type)) {
+  std::memcpy(bytes_.data(), value, size);
+}
+
+Arg Arg::pointer(const torch::Tensor& tensor) {
+  static const std::map<torch::ScalarType, std::string> names{
+      {torch::kBFloat16, "bf16"}, {torch::kFloat16, "fp16"}, {torch::kFloat32, "fp32"},
+      {torch::kFloat64, "fp64"},  {torch::kInt64, "i64"},    {torch::kInt32, "i32"},
+      {torch::kInt8, "i8"},       {torch::kUInt8, "u8"},     {torch::kBool, "i1"}};
+  const auto name = names.find(tensor.scalar_type());
+  XLME_CHECK(name != names.end(), "a Triton kernel takes no {} tensor",
+             c10::toString(tensor.scalar_type()));
+  const void* data = tensor.data_ptr();
+  return Arg("*" + name->second, &data, sizeof(data));
+}
+
+Arg Arg::i32(int64_t value) {
+  XLME_CHECK(value >= INT32_MIN && value <= INT32_MAX,
+             "{} does not fit a Triton kernel's i32 argument", value);
+  const auto v = static_cast<int32_t>(value);
+  return Arg("i32", &v, sizeof(v));
+}
+
+Arg Arg::u32(uint64_t value) {
+  XLME_CHECK(value <= UINT32_MAX, "{} does not fit a Triton kernel's u32 argument", value);
+  const auto v = static_cast<uint32_t>(value);
+  return Arg("u32", &v, sizeof(v));
+}
+
+Arg Arg::i64(int64_t value) {
+  return Arg("i64", &value, sizeof(value));
+}
+Arg Arg::u64(uint64_t value) {
+  return Arg("u64", &value, sizeof(value));
+}
+
+Arg Arg::f32(double value) {
+  const auto v = static_cast<float>(value);
+  return Arg("fp32", &v, sizeof(v));
+}
+
+void check_args(const KernelImage& image, const std::vector<Arg>& args) {
+  std::vector<std::string> types;
+  for (const char *p = image.signature, *start = p;; ++p) {
+    if (*p == ',' || *p == '\0') {
+      types.emplace_back(start, p);
+      if (*p == '\0') break;
+      start = p + 1;
+    }
+  }
+  XLME_CHECK(args.size() == types.size(),
+             "Triton kernel {} takes {} arguments ({}), the launch passes {}", image.variant,
+             types.size(), image.signature, args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    XLME_CHECK(args[i].type() == types[i],
+               "Triton kernel {}: argument {} is {} in its signature ({}), the launch passes {}",
+               image.variant, i, types[i], image.signature, args[i].type());
+  }
+}
+
+#ifdef XLME_WITH_CUDA
+
+namespace {
+
+// The driver calls a launch needs, resolved through the CUDA runtime (as c10's DriverAPI does):
+// LibTorch already loads the runtime, and the runtime finds the driver.
+struct Driver {
+  decltype(&cuModuleLoadData) module_load_data = nullptr;
+  decltype(&cuModuleGetFunction) module_get_function = nullptr;
+  decltype(&cuFuncSetAttribute) func_set_attribute = nullptr;
+  decltype(&cuLaunchKernel) launch_kernel = nullptr;
+  decltype(&cuGetErrorString) get_error_string = nullptr;
+  decltype(&cuCtxGetCurrent) ctx_get_current = nullptr;
+};
+
+template <typename F>
+void resolve(const char* name, F* out) {
+  void* function = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+  C10_CUDA_CHECK(
+      cudaGetDriverEntryPointByVersion(name, &function, 12000, cudaEnableDefault, &status));
+  XLME_CHECK(status == cudaDriverEntryPointSuccess && function != nullptr,
+             "the CUDA driver has no {} (CUDA 12.0 or later needed for xlme's Triton kernels)",
+             name);
+  *out = reinterpret_cast<F>(function);
+}
+
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver r;
+    resolve("cuModuleLoadData", &r.module_load_data);
+    resolve("cuModuleGetFunction", &r.module_get_function);
+    resolve("cuFuncSetAttribute", &r.func_set_attribute);
+    resolve("cuLaunchKernel", &r.launch_kernel);
+    resolve("cuGetErrorString", &r.get_error_string);
+    resolve("cuCtxGetCurrent", &r.ctx_get_current);
+    return r;
+  }();
+  return d;
+}
+
+void check_driver(CUresult result, const char* what, const KernelImage& image) {
+  if (result == CUDA_SUCCESS) return;
+  const char* text = nullptr;
+  if (driver().get_error_string(result, &text) != CUDA_SUCCESS) text = "unknown error";
+  XLME_FAIL("{} for Triton kernel {} ({}): CUDA driver error {}: {}", what, image.variant,
+            image.arch, static_cast<int>(result), text);
+}
+
+struct Loaded {
+  const KernelImage* image = nullptr;
+  CUfunction function = nullptr;
+};
+
+// Loads each (variant, device) once; modules stay loaded for the process.
+Loaded load(const std::string& variant, const torch::Device& device) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, int>, Loaded> loaded;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(variant, static_cast<int>(device.index()));
+  const auto found = loaded.find(key);
+  if (found != loaded.end()) return found->second;
+  const auto* properties = at::cuda::getDeviceProperties(device.index());
+  const KernelImage* image = find_image(variant, properties->major, properties->minor);
+  XLME_CHECK(image != nullptr,
+             "no compiled Triton kernel {} for {} (compute capability {}.{}); xlme compiles them "
+             "for sm_90a and sm_80: set XLME_OPS=reference to run without them",
+             variant, properties->name, properties->major, properties->minor);
+  CUcontext context = nullptr;
+  check_driver(driver().ctx_get_current(&context), "cuCtxGetCurrent", *image);
+  if (context == nullptr) C10_CUDA_CHECK(cudaFree(nullptr));  // makes the primary context current
+  CUmodule module = nullptr;
+  check_driver(driver().module_load_data(&module, image->cubin), "cuModuleLoadData", *image);
+  Loaded result{image, nullptr};
+  check_driver(driver().module_get_function(&result.function, module, image->entry),
+               "cuModuleGetFunction", *image);
+  if (image->shared_bytes > 48 * 1024) {
+    check_driver(
+        driver().func_set_attribute(
+            result.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, image->shared_bytes),
+        "cuFuncSetAttribute", *image);
+  }
+  loaded.emplace(key, result);
+  return result;
+}
+
+}  // namespace
+
+bool available(const std::string& variant, const torch::Device& device) {
+  if (!device.is_cuda()) return false;
+  const auto* properties = at::cuda::getDeviceProperties(device.index());
+  return find_image(variant, properties->major, properties->minor) != nullptr;
+}
+
+void launch(const std::string& variant, const torch::Device& device, std::array<uint32_t, 3> grid,
+            std::vector<Arg> args) {
+  XLME_CHECK(device.is_cuda() && device.has_index(),
+             "Triton kernel {} launches on a CUDA device with an index, not {}", variant,
+             device.str());
+  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return;
+  const c10::cuda::CUDAGuard guard(device);
+  const Loaded kernel = load(variant, device);
+  check_args(*kernel.image, args);
+  // Triton's kernels take two more pointers after their own arguments (global and profiling
+  // scratch); aot.py refuses kernels that need either, so both are null.
+  CUdeviceptr global_scratch = 0, profile_scratch = 0;
+  std::vector<void*> params;
+  params.reserve(args.size() + 2);
+  for (auto& arg : args) params.push_back(arg.address());
+  params.push_back(&global_scratch);
+  params.push_back(&profile_scratch);
+  const auto stream = c10::cuda::getCurrentCUDAStream(device.index());
+  check_driver(driver().launch_kernel(kernel.function, grid[0], grid[1], grid[2],
+                                      32 * static_cast<unsigned>(kernel.image->num_warps), 1, 1,
+                                      static_cast<unsigned>(kernel.image->shared_bytes),
+                                      stream.stream(), params.data(), nullptr),
+               "cuLaunchKernel", *kernel.image);
+}
+
+#else  // a LibTorch without CUDA: nothing launches
+
+bool available(const std::string&, const torch::Device&) {
+  return false;
+}
+
+void launch(const std::string& variant, const torch::Device& device, std::array<uint32_t, 3>,
+            std::vector<Arg>) {
+  XLME_FAIL("Triton kernel {} cannot launch on {}: this xlme was built without CUDA", variant,
+            device.str());
+}
+
+#endif
+
+}  // namespace xlme::ops::triton

@@ -1,0 +1,127 @@
+"""xlme's Triton kernels on the CPU, through Triton's interpreter (TRITON_INTERPRET=1), from the
+same source the build compiles for the GPU (src/ops/triton/*.py), against float64 references at
+awkward sizes. Run by CTest (tests/CMakeLists.txt):
+
+    TRITON_INTERPRET=1 .venv/bin/python -m unittest -v tests/python/test_kernels.py
+"""
+
+import os
+import sys
+import unittest
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src",
+                                "ops", "triton"))
+import masked_lm  # noqa: E402
+
+np.seterr(all="ignore")  # masked lanes compute exp(-inf - -inf) and log(0) before tl.where
+
+
+def reference(logits64, targets):
+    loss = torch.nn.functional.cross_entropy(logits64, targets, reduction="none")
+    return loss, torch.logsumexp(logits64, 1)
+
+
+class MaskedLmForward(unittest.TestCase):
+    # (rows, vocab): one id, lengths that are not multiples of the block, one row, many rows.
+    SHAPES = [(1, 1), (1, 17), (3, 65), (5, 512), (2, 1031), (7, 2049)]
+
+    def check(self, dtype, quarter, rows_per_program):
+        torch.manual_seed(1)
+        for n, v in self.SHAPES:
+            x64 = torch.randn(n, v, dtype=torch.float64) * 4
+            x = x64.to(dtype)
+            targets = torch.randint(0, v, (n, ))
+            loss, lse, argmax, drawn = masked_lm.forward(x, targets, rows=rows_per_program,
+                                                         quarter=quarter)
+            ref_loss, ref_lse = reference(x.to(torch.float64), targets)
+            # fp32 accumulation over at most 2,049 terms: ~1e-6 relative.
+            torch.testing.assert_close(loss.double(), ref_loss, rtol=1e-5, atol=1e-5,
+                                       msg=f"loss {n}x{v} {dtype}")
+            torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5)
+            self.assertTrue(torch.equal(argmax, x.to(torch.float64).argmax(1)), f"{n}x{v}")
+            self.assertIsNone(drawn)
+
+    def test_fp32_at_the_compiled_block(self):
+        self.check(torch.float32, masked_lm.FORWARD_QUARTER, 1)
+
+    def test_bf16_at_the_compiled_block(self):
+        self.check(torch.bfloat16, masked_lm.FORWARD_QUARTER, 1)
+
+    def test_small_blocks_and_several_rows_per_program(self):
+        self.check(torch.float32, 16, 4)
+
+    def test_argmax_is_the_first_maximum(self):
+        x = torch.zeros(2, 40)
+        x[0, [3, 17, 35]] = 5.0  # in different lanes and chunks
+        x[1, [36, 4]] = 2.0
+        _, _, argmax, _ = masked_lm.forward(x, torch.zeros(2, dtype=torch.int64), quarter=8)
+        self.assertEqual(argmax.tolist(), [3, 4])
+
+    def test_extreme_logits_stay_finite(self):
+        x = torch.tensor([[1e4, -1e4, 0.0, 30.0], [-1e4, -1e4, -1e4, -1e4]])
+        loss, lse, _, _ = masked_lm.forward(x, torch.tensor([1, 2]), quarter=4)
+        ref_loss, ref_lse = reference(x.double(), torch.tensor([1, 2]))
+        torch.testing.assert_close(loss.double(), ref_loss, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-6, atol=0)
+
+
+class MaskedLmBackward(unittest.TestCase):
+    def test_gradient_against_float64_autograd(self):
+        torch.manual_seed(2)
+        for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 8e-3)):
+            for n, v, block in ((1, 1, 1024), (3, 65, 16), (4, 1031, 1024), (2, 2049, 1024)):
+                x = (torch.randn(n, v) * 3).to(dtype)
+                targets = torch.randint(0, v, (n, ))
+                grad_rows = torch.rand(n)
+                _, lse, _, _ = masked_lm.forward(x, targets, quarter=16)
+                grad = masked_lm.backward(x, targets, lse, grad_rows, block=block)
+                self.assertEqual(grad.dtype, dtype)
+                x64 = x.to(torch.float64).requires_grad_()
+                loss, _ = reference(x64, targets)
+                (loss * grad_rows.double()).sum().backward()
+                # bf16 output: half a unit in the last place of values up to 1.
+                torch.testing.assert_close(grad.double(), x64.grad, rtol=0, atol=tol,
+                                           msg=f"{n}x{v} {dtype}")
+
+
+class MaskedLmSampling(unittest.TestCase):
+    def draws(self, x, seed, offset, excluded=(), temperature=1.0, rows=1024):
+        n = x.shape[0]
+        return masked_lm.forward(x, torch.zeros(n, dtype=torch.int64), sample=True,
+                                 inv_temperature=1.0 / temperature, seed=seed, offset=offset,
+                                 excluded=excluded, rows=rows, quarter=4)[3]
+
+    def test_draws_follow_the_softmax_without_the_excluded_ids(self):
+        # 200,000 draws from one row of 13 ids (4 excluded), at temperature 0.7: the total
+        # variation between the draws' frequencies and softmax(x / 0.7) over the others.
+        logits = torch.tensor([2.0, 0.5, -1.0, 3.0, 0.0, 1.0, -0.5, 4.0, 1.5, 0.2, -2.0, 2.5, 0.8])
+        excluded = (0, 3, 7, 12)
+        n = 200_000
+        drawn = self.draws(logits.expand(n, -1).contiguous(), seed=1234, offset=8,
+                           excluded=excluded, temperature=0.7)
+        counts = torch.bincount(drawn, minlength=13).double()
+        self.assertEqual(counts[list(excluded)].sum().item(), 0)
+        scores = logits.double() / 0.7
+        scores[list(excluded)] = float("-inf")
+        p = torch.softmax(scores, 0)
+        tv = 0.5 * (counts / n - p).abs().sum().item()
+        # Sampling noise alone: E[TV] ~ 0.002 at n = 200,000.
+        self.assertLess(tv, 0.006, f"total variation {tv}")
+
+    def test_same_seed_and_offset_same_draws(self):
+        torch.manual_seed(3)
+        x = torch.randn(300, 50)
+        a = self.draws(x, seed=99, offset=4, rows=64)
+        self.assertTrue(torch.equal(a, self.draws(x, seed=99, offset=4, rows=1)))  # per-row counters
+        self.assertFalse(torch.equal(a, self.draws(x, seed=99, offset=8, rows=64)))
+        self.assertFalse(torch.equal(a, self.draws(x, seed=98, offset=4, rows=64)))
+        self.assertFalse(torch.equal(a, self.draws(x, seed=99, offset=4 + (1 << 32), rows=64)))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,149 @@
+// The masked-LM op (ops/masked_lm.h) on the CPU: its reference against float64 values computed
+// here, the registry's choice, and the embedded Triton kernels (ops/triton.h): a cubin for sm_90a
+// and sm_80 per variant, their ELF headers, which image a GPU gets, and the launch arguments'
+// check. The kernels' values are tested by tests/python/test_kernels.py (Triton's interpreter)
+// and, on a GPU, by tests/integration/cuda_test.cpp.
+#include "xlme/ops/masked_lm.h"
+
+#include "xlme/ops/registry.h"
+#include "xlme/ops/triton.h"
+
+#include "test_util.h"
+
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <set>
+
+namespace xlme::ops {
+namespace {
+
+using xlme::testing::error_message;
+
+TEST(OpsMaskedLm, ReferenceLossAndCorrectCountAgainstFloat64ByHand) {
+  torch::manual_seed(4);
+  const auto logits = torch::randn({6, 11}, torch::kFloat64) * 3;
+  const auto targets = torch::tensor({0, 10, 5, 5, 3, 7}, torch::kInt64);
+  logits[2][5] = 50.0;  // row 2's target is its maximum
+  double loss = 0;
+  int64_t correct = 0;
+  for (int64_t i = 0; i < 6; ++i) {
+    double sum = 0;
+    int64_t best = 0;
+    for (int64_t j = 0; j < 11; ++j) {
+      sum += std::exp(logits[i][j].item<double>());
+      if (logits[i][j].item<double>() > logits[i][best].item<double>()) best = j;
+    }
+    const int64_t t = targets[i].item<int64_t>();
+    loss += std::log(sum) - logits[i][t].item<double>();
+    correct += best == t;
+  }
+  const auto lm = masked_lm(logits, targets);
+  EXPECT_NEAR(lm.loss_sum.item<double>(), loss, 1e-10);
+  EXPECT_EQ(lm.correct.item<int64_t>(), correct);
+  EXPECT_GE(correct, 1);
+  EXPECT_FALSE(lm.sampled.defined());
+}
+
+TEST(OpsMaskedLm, OnTheCpuFusedIsTheReference) {
+  torch::manual_seed(6);
+  const auto logits = torch::randn({5, 30}, torch::requires_grad());
+  const auto targets = torch::randint(0, 30, {5}, torch::kInt64);
+  const Sampling sampling{0.8, {0, 1, 2}};
+  set_ops("masked_lm=fused");
+  torch::manual_seed(9);
+  const auto fused = masked_lm(logits, targets, &sampling);
+  set_ops("");
+  torch::manual_seed(9);
+  const auto ref = reference::masked_lm(logits, targets, &sampling);
+  EXPECT_TRUE(torch::equal(fused.loss_sum, ref.loss_sum));
+  EXPECT_TRUE(torch::equal(fused.sampled, ref.sampled));
+  for (const int64_t id : sampling.excluded) EXPECT_FALSE((fused.sampled == id).any().item<bool>());
+}
+
+TEST(OpsMaskedLm, ShapesAreChecked) {
+  EXPECT_EQ(error_message([] {
+              masked_lm(torch::zeros({3, 4}), torch::zeros({2}, torch::kInt64));
+            }),
+            "masked_lm takes logits [N, V] and targets [N], not [3, 4] and [2]");
+  EXPECT_EQ(error_message([] {
+              masked_lm(torch::zeros({3, 4}), torch::zeros({3}));
+            }),
+            "masked_lm's targets are int64, not Float");
+}
+
+TEST(TritonImages, EveryVariantHasACubinForSm90aAndSm80) {
+  std::set<std::string> variants;
+  for (const auto& image : triton::kernel_images()) variants.insert(image.variant);
+  for (const char* v :
+       {"masked_lm_forward_bf16_sample", "masked_lm_forward_bf16", "masked_lm_backward_bf16",
+        "masked_lm_forward_fp32_sample", "masked_lm_forward_fp32", "masked_lm_backward_fp32"}) {
+    EXPECT_TRUE(variants.count(v)) << v;
+  }
+  for (const auto& variant : variants) {
+    const auto* h100 = triton::find_image(variant, 9, 0);
+    const auto* a100 = triton::find_image(variant, 8, 0);
+    ASSERT_NE(h100, nullptr) << variant;
+    ASSERT_NE(a100, nullptr) << variant;
+    EXPECT_STREQ(h100->arch, "sm_90a");
+    EXPECT_STREQ(a100->arch, "sm_80");
+    EXPECT_EQ(triton::find_image(variant, 8, 6), a100) << "sm_80 code runs on an 8.6 GPU";
+    EXPECT_EQ(triton::find_image(variant, 10, 0), nullptr) << "no Blackwell cubin";
+    EXPECT_EQ(triton::find_image(variant, 7, 5), nullptr);
+    for (const auto* image : {h100, a100}) {
+      // A 64-bit ELF for the CUDA machine (EM_CUDA = 190) whose flags name the architecture.
+      ASSERT_GT(image->cubin_size, 64u);
+      EXPECT_EQ(std::memcmp(image->cubin,
+                            "\x7f"
+                            "ELF\x02",
+                            5),
+                0)
+          << variant;
+      EXPECT_EQ(image->cubin[18], 190) << variant;
+      EXPECT_EQ(image->cubin[48], image->capability) << variant << " " << image->arch;
+      EXPECT_EQ(image->num_warps, 4);
+      EXPECT_LE(image->shared_bytes, 48 * 1024);
+    }
+  }
+  EXPECT_STREQ(triton::triton_version(), "3.6.0");
+}
+
+TEST(TritonImages, LaunchArgumentsAreCheckedAgainstTheSignature) {
+  const auto* image = triton::find_image("masked_lm_backward_bf16", 9, 0);
+  ASSERT_NE(image, nullptr);
+  EXPECT_STREQ(image->signature, "*bf16,i64,*i64,*fp32,*fp32,*bf16,i64,i32,i32");
+  const auto bf16 = torch::zeros({2, 3}, torch::kBFloat16);
+  const auto f32 = torch::zeros({2});
+  const auto i64 = torch::zeros({2}, torch::kInt64);
+  using triton::Arg;
+  std::vector<Arg> args{Arg::pointer(bf16), Arg::i64(3),       Arg::pointer(i64),
+                        Arg::pointer(f32),  Arg::pointer(f32), Arg::pointer(bf16),
+                        Arg::i64(3),        Arg::i32(2),       Arg::i32(3)};
+  EXPECT_NO_THROW(triton::check_args(*image, args));
+  args[5] = Arg::pointer(f32);
+  EXPECT_EQ(error_message([&] { triton::check_args(*image, args); }),
+            "Triton kernel masked_lm_backward_bf16: argument 5 is *bf16 in its signature "
+            "(*bf16,i64,*i64,*fp32,*fp32,*bf16,i64,i32,i32), the launch passes *fp32");
+  args.pop_back();
+  EXPECT_EQ(error_message([&] { triton::check_args(*image, args); }),
+            "Triton kernel masked_lm_backward_bf16 takes 9 arguments "
+            "(*bf16,i64,*i64,*fp32,*fp32,*bf16,i64,i32,i32), the launch passes 8");
+  EXPECT_EQ(error_message([] { Arg::i32(int64_t{1} << 31); }),
+            "2147483648 does not fit a Triton kernel's i32 argument");
+  // Scalars travel as their bytes.
+  auto u = Arg::u64(0x0123456789ABCDEFULL);
+  uint64_t back = 0;
+  std::memcpy(&back, u.address(), sizeof(back));
+  EXPECT_EQ(back, 0x0123456789ABCDEFULL);
+  auto f = Arg::f32(0.5);
+  float half = 0;
+  std::memcpy(&half, f.address(), sizeof(half));
+  EXPECT_EQ(half, 0.5f);
+  EXPECT_FALSE(triton::available("masked_lm_forward_bf16", torch::Device(torch::kCPU)));
+}
+
+}  // namespace
+}  // namespace xlme::ops
