@@ -32,14 +32,17 @@ int main(int argc, char** argv) {
           XLME_CHECK(config.model.vocab_size > 0,
                      "--print-model needs model.vocab_size (0 = the tokenizer's size, read only "
                      "when training starts); add e.g. --set model.vocab_size=250002");
-          const xlme::model::ElectraModel model = xlme::train::build_model(config);
-          std::cout << xlme::model::format_parameter_table(xlme::model::parameter_counts(*model));
-          if (const auto* teacher = model->teacher()) {
+          // Counted from the config: building the model only to count it took 9 GB for xl.yaml.
+          const auto architecture = xlme::model::architecture_for(config.objectives.set);
+          std::cout << xlme::model::format_parameter_table(
+              xlme::model::analytic_parameter_counts(config.model, architecture));
+          if (architecture == xlme::model::Architecture::kEncoder) {
+            const auto teacher = xlme::train::load_teacher(config);
             std::cout << fmt::format(
                 "teacher (frozen, not trained or saved): {} parameters, {} layers; relations of "
                 "layer {}\n",
-                xlme::train::teacher_parameter_count(*teacher), teacher->encoder->options().layers,
-                teacher->layer);
+                xlme::train::teacher_parameter_count(teacher), teacher.encoder->options().layers,
+                teacher.layer);
           }
           return xlme::kExitOk;
         }
@@ -52,8 +55,8 @@ int main(int argc, char** argv) {
       },
       [&](CLI::App& cli) {
         cli.add_flag("--print-model", print_model,
-                     "build the model from the config on the CPU, print its parameter count per "
-                     "module, and exit");
+                     "print the model's parameter count per module, computed from the config "
+                     "(nothing is allocated), and exit");
         auto* benchmark =
             cli.add_option(
                    "--benchmark", benchmark_steps,

@@ -2,6 +2,7 @@
 
 #include "xlme/checkpoint/pretrained.h"
 #include "xlme/common/error.h"
+#include "xlme/model/parameter_count.h"
 
 #include <spdlog/spdlog.h>
 
@@ -63,7 +64,26 @@ int64_t teacher_parameter_count(const model::Teacher& teacher) {
 }
 
 model::ElectraModel build_model(const config::Config& config) {
-  model::ElectraModel model(config.model, model::architecture_for(config.objectives.set));
+  const auto architecture = model::architecture_for(config.objectives.set);
+  model::ElectraModel model{nullptr};
+  try {
+    model = model::ElectraModel(config.model, architecture);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    if (what.find("allocate") == std::string::npos &&
+        dynamic_cast<const std::bad_alloc*>(&e) == nullptr) {
+      throw;
+    }
+    const auto parameters =
+        model::total_count(model::analytic_parameter_counts(config.model, architecture));
+    XLME_FAIL(
+        "cannot allocate the model: {} parameters ({:.1f} GiB in fp32) from model.vocab_size {}, "
+        "model.hidden_size {}, model.layers {} (generator {}) do not fit in memory: {}; lower "
+        "those keys (xlme-pretrain --print-model counts a config without allocating it)",
+        parameters, static_cast<double>(parameters) * 4 / (1024.0 * 1024.0 * 1024.0),
+        config.model.vocab_size, config.model.hidden_size, config.model.layers,
+        config.model.generator.layers, what.substr(0, what.find('\n')));
+  }
   if (model->architecture() == model::Architecture::kEncoder)
     model->set_teacher(load_teacher(config));
   return model;

@@ -86,6 +86,42 @@ TEST(PrintModel, VecoCountsTheCrossAttention) {
       << veco.out << mlm.out;
 }
 
+// Issue 36 item 5: --print-model built the weights it counts (xl.yaml took ~9 GB, 1,024 layers
+// passed 6 GB); it counts from the config now, so that its peak memory is that of any start-up.
+TEST(PrintModel, CountsFromTheConfigWithoutAllocatingTheWeights) {
+  const testing::TempDir run;
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{"--config", "configs/model/xl.yaml", "--set",
+                                 "model.vocab_size=250002"},
+        std::vector<std::string>{"--config", "configs/model/base.yaml", "--set",
+                                 "model.vocab_size=250002", "--set", "model.layers=1024"},
+        std::vector<std::string>{"--config", "configs/model/tiny.yaml", "--set",
+                                 "model.vocab_size=2147483647"}}) {
+    SCOPED_TRACE(sets[1] + " " + sets.back());
+    std::vector<std::string> args{"--print-model", "--set", "run.out_dir=" + (run / "run")};
+    args.insert(args.end(), sets.begin(), sets.end());
+    const auto r = testing::run_tool_measured("xlme-pretrain", args);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(testing::contains_all(r.out, {"discriminator", "total"})) << r.out;
+    EXPECT_LT(r.peak_rss_kib, 2 << 20) << "peak RSS " << r.peak_rss_kib << " KiB";
+  }
+}
+
+// A model too large to allocate names its keys, not LibTorch's allocator alone.
+TEST(PrintModel, AModelTooLargeToAllocateNamesItsKeys) {
+  const testing::TempDir run;
+  const auto r = testing::run_tool(
+      "xlme-pretrain",
+      {"--config", "configs/model/tiny.yaml", "--set", "model.vocab_size=2147483647", "--set",
+       "run.out_dir=" + (run / "run"), "--set", "run.device=cpu", "--benchmark", "1"},
+      "ulimit -v 4194304 &&");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(
+      testing::contains_all(r.err, {"cannot allocate the model", "model.vocab_size 2147483647",
+                                    "model.hidden_size 64", "lower those keys"}))
+      << r.err;
+}
+
 TEST(PrintModel, NeedsAVocabularySize) {
   const auto r = print_model("--config configs/model/tiny.yaml");
   EXPECT_EQ(r.code, 1);
