@@ -171,6 +171,37 @@ void check_same_run_folder(const config::Config& config, dist::Communicator& com
              comm.rank(), resolved);
 }
 
+// Every rank must build the same model and objectives: ranks with another model.hidden_size or
+// objectives.set died of SIGABRT inside Gloo at the first broadcast of differently shaped
+// tensors. Each rank's 52-bit hashes of both sections (as to_yaml writes them) are gathered by a
+// sum over one slot per rank, so that the message names the rank that differs from rank 0.
+void check_same_model_config(const config::Config& config, dist::Communicator& comm) {
+  const auto section_hash = [](const auto& assign) {
+    config::Config only;
+    assign(only);
+    return static_cast<double>(std::hash<std::string>{}(config::to_yaml(only)) >> 12);
+  };
+  const double model = section_hash([&](config::Config& c) { c.model = config.model; });
+  const double objectives =
+      section_hash([&](config::Config& c) { c.objectives = config.objectives; });
+  const auto ranks = static_cast<size_t>(comm.world_size());
+  const auto rank = static_cast<size_t>(comm.rank());
+  std::vector<double> slots(2 * ranks, 0.0);
+  slots[2 * rank] = model;
+  slots[2 * rank + 1] = objectives;
+  slots = comm.reduce_scalars(slots, dist::ScalarOp::kSum);
+  for (size_t other = 1; other < ranks; ++other) {
+    for (const size_t part : {0, 1}) {
+      XLME_CHECK(slots[2 * other + part] == slots[part],
+                 "rank {}: the {} config of rank {} differs from rank 0's; every rank must build "
+                 "the same model (the ranks exchange its weights and gradients): give all ranks "
+                 "the same --config and the same --set {}.* values",
+                 comm.rank(), part == 0 ? "model.*" : "objectives.*", other,
+                 part == 0 ? "model" : "objectives");
+    }
+  }
+}
+
 // Rank 0's hold on the run folder for the length of the run (an exclusive lock: a second run in
 // the same run.out_dir fails at once, naming this one), after checking that the run may write
 // there: a fresh start (--resume none) refuses a folder that holds checkpoints, unless
@@ -219,6 +250,7 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
   CheckpointManager manager(checkpoint::checkpoints_folder(config.run.out_dir),
                             config.train.keep_last, config.train.keep_every);
   check_same_run_folder(config, *comm);
+  check_same_model_config(config, *comm);
   std::unique_ptr<FileLock> lock;
   if (leader) {
     lock = claim_run_folder(config, options, manager);

@@ -369,6 +369,39 @@ TEST(Faults, RanksWithDifferentRunFoldersFailAtStart) {
   }
 }
 
+// Issue 36 item 6: ranks with another model.hidden_size or objectives.set died of SIGABRT inside
+// Gloo; every rank now fails at start naming the section and the rank that differs.
+TEST(Faults, RanksWithDifferentModelConfigsFailAtStartNamingTheRank) {
+  for (const auto& [set, section] :
+       {std::pair<std::string, std::string>{"model.hidden_size=64", "model.*"},
+        {"objectives.set=xlme-mono", "objectives.*"}}) {
+    SCOPED_TRACE(set);
+    TempDir dir;
+    const std::string run = dir / "run";
+    const std::string env =
+        "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(testing::free_port()) +
+        " RANK=";
+    std::vector<pid_t> pids;
+    for (int rank = 0; rank < 2; ++rank) {
+      const auto extra =
+          rank == 1 ? std::vector<std::string>{"--set", set} : std::vector<std::string>{};
+      pids.push_back(testing::start_tool("xlme-pretrain", tiny_pretrain_args(run, 2, extra),
+                                         env + std::to_string(rank),
+                                         dir / ("err" + std::to_string(rank))));
+    }
+    for (int rank = 0; rank < 2; ++rank) {
+      const int code = testing::wait_exit_code(pids[rank]);
+      const std::string err = read_file(dir / ("err" + std::to_string(rank)));
+      EXPECT_EQ(code, kExitError) << err;
+      EXPECT_TRUE(contains_all(err, {"rank " + std::to_string(rank) + ": the " + section +
+                                         " config of rank 1 differs from rank 0's",
+                                     "the same --config"}))
+          << err;
+    }
+    EXPECT_FALSE(fs::exists(run + "/checkpoints"));
+  }
+}
+
 // Item 9: a resumed run rewrites what the stopped run logged after its checkpoint: each step once.
 TEST(Faults, MetricsAreNotDuplicatedAfterAResume) {
   TempDir dir;
