@@ -1,8 +1,9 @@
 #include "xlme/model/encoder.h"
 
 #include "xlme/common/error.h"
-#include "xlme/ops/dropout.h"
 #include "xlme/model/linear.h"
+#include "xlme/ops/dropout.h"
+#include "xlme/ops/residual_layernorm.h"
 
 #include <torch/torch.h>
 
@@ -149,11 +150,14 @@ torch::Tensor EncoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
     }
     return residual(h, ffn(ffn_norm(h)));
   }
-  auto h = attention_norm(residual(x, attention(x, padding, table)));
+  // Post-norm: LayerNorm(x + dropout(sub-layer(x))), one op (fused on CUDA when chosen).
+  auto h = ops::residual_dropout_layernorm(x, attention(x, padding, table), dropout_, train,
+                                           attention_norm);
   if (context.defined()) {
-    h = cross_attention_norm(residual(h, cross_attention(h, context, context_padding)));
+    h = ops::residual_dropout_layernorm(h, cross_attention(h, context, context_padding), dropout_,
+                                        train, cross_attention_norm);
   }
-  return ffn_norm(residual(h, ffn(h)));
+  return ops::residual_dropout_layernorm(h, ffn(h), dropout_, train, ffn_norm);
 }
 
 AttentionProjections EncoderLayerImpl::projections(const torch::Tensor& x) {

@@ -14,7 +14,7 @@
 #include <tuple>
 
 #ifdef XLME_WITH_CUDA
-#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <ATen/cuda/CUDAContext.h>
 #endif
 
 namespace xlme::ops {
@@ -102,18 +102,6 @@ std::string dtype_suffix(const torch::Tensor& logits) {
   return logits.scalar_type() == torch::kBFloat16 ? "bf16" : "fp32";
 }
 
-// The generator's Philox key and a fresh counter offset for one call (LibTorch's CUDA generator:
-// its state is what checkpoints save and restore).
-std::pair<uint64_t, uint64_t> philox_inputs(const torch::Device& device) {
-  auto generator = at::cuda::detail::getDefaultCUDAGenerator(device.index());
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  const auto state = at::check_generator<at::CUDAGeneratorImpl>(generator)->philox_cuda_state(4);
-  XLME_CHECK(!state.captured_,
-             "masked_lm's fused draw reads the generator on the host: it cannot run inside a "
-             "CUDA graph capture yet (XLME_OPS=masked_lm=reference)");
-  return {state.seed_.val, state.offset_.val};
-}
-
 struct Forward {
   torch::Tensor loss, lse, argmax, sampled;
 };
@@ -132,7 +120,7 @@ Forward fused_forward(const torch::Tensor& logits, const torch::Tensor& targets,
     XLME_CHECK(sampling->excluded.size() <= 8,
                "masked_lm's fused draw excludes at most 8 ids, not {}", sampling->excluded.size());
     std::copy(sampling->excluded.begin(), sampling->excluded.end(), excluded.begin());
-    std::tie(seed, offset) = philox_inputs(logits.device());
+    std::tie(seed, offset) = tk::philox_inputs(logits.device());
     inv_temperature = 1.0 / sampling->temperature;
   }
   std::vector<tk::Arg> args{tk::Arg::pointer(logits),  tk::Arg::i64(logits.stride(0)),
@@ -149,9 +137,6 @@ Forward fused_forward(const torch::Tensor& logits, const torch::Tensor& targets,
   tk::launch(variant, logits.device(), {static_cast<uint32_t>(rows), 1, 1}, std::move(args));
   return out;
 }
-
-// Block width of masked_lm_backward (src/ops/triton/masked_lm.py's BACKWARD_BLOCK).
-constexpr int64_t kBackwardBlock = 1024;
 
 struct FusedMaskedLmLoss : torch::autograd::Function<FusedMaskedLmLoss> {
   // Runs the forward kernel: returns the per-row losses [N] float32, puts the argmax and the
@@ -173,9 +158,12 @@ struct FusedMaskedLmLoss : torch::autograd::Function<FusedMaskedLmLoss> {
     const auto grad_rows = grads[0].to(torch::kFloat32).contiguous();
     auto grad = torch::empty_like(logits);
     const int64_t rows = logits.size(0), vocab = logits.size(1);
-    tk::launch("masked_lm_backward_" + dtype_suffix(logits), logits.device(),
-               {static_cast<uint32_t>(rows),
-                static_cast<uint32_t>((vocab + kBackwardBlock - 1) / kBackwardBlock), 1},
+    const std::string variant = "masked_lm_backward_" + dtype_suffix(logits);
+    const auto* properties = at::cuda::getDeviceProperties(logits.device().index());
+    const int64_t block =
+        tk::constant(*tk::find_image(variant, properties->major, properties->minor), "BLOCK");
+    tk::launch(variant, logits.device(),
+               {static_cast<uint32_t>(rows), static_cast<uint32_t>((vocab + block - 1) / block), 1},
                {tk::Arg::pointer(logits), tk::Arg::i64(logits.stride(0)), tk::Arg::pointer(targets),
                 tk::Arg::pointer(lse), tk::Arg::pointer(grad_rows), tk::Arg::pointer(grad),
                 tk::Arg::i64(grad.stride(0)), tk::Arg::i32(rows), tk::Arg::i32(vocab)});

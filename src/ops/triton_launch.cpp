@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -11,6 +12,7 @@
 
 #ifdef XLME_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -27,6 +29,21 @@ const KernelImage* find_image(const std::string& variant, int major, int minor) 
     if (variant == image.variant && image.capability == capability) return &image;
   }
   return nullptr;
+}
+
+long long constant(const KernelImage& image, const std::string& name) {
+  const std::string all = image.constants;
+  size_t at = 0;
+  while (at < all.size()) {
+    const size_t end = std::min(all.find(',', at), all.size());
+    const size_t eq = all.find('=', at);
+    if (eq < end && all.compare(at, eq - at, name) == 0) {
+      return std::stoll(all.substr(eq + 1, end - eq - 1));
+    }
+    at = end + 1;
+  }
+  XLME_FAIL("Triton kernel {} has no compile-time constant {} (it has {})", image.variant, name,
+            image.constants);
 }
 
 Arg::Arg(std::string type, const void* value, size_t size) : type_(std::move(type)) {
@@ -177,6 +194,16 @@ Loaded load(const std::string& variant, const torch::Device& device) {
 
 }  // namespace
 
+std::pair<uint64_t, uint64_t> philox_inputs(const torch::Device& device) {
+  auto generator = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  const auto state = at::check_generator<at::CUDAGeneratorImpl>(generator)->philox_cuda_state(4);
+  XLME_CHECK(!state.captured_,
+             "a fused op reads LibTorch's CUDA generator on the host: it cannot run inside a CUDA "
+             "graph capture yet (XLME_OPS=reference)");
+  return {state.seed_.val, state.offset_.val};
+}
+
 bool available(const std::string& variant, const torch::Device& device) {
   if (!device.is_cuda()) return false;
   const auto* properties = at::cuda::getDeviceProperties(device.index());
@@ -209,6 +236,10 @@ void launch(const std::string& variant, const torch::Device& device, std::array<
 }
 
 #else  // a LibTorch without CUDA: nothing launches
+
+std::pair<uint64_t, uint64_t> philox_inputs(const torch::Device& device) {
+  XLME_FAIL("no CUDA generator for {}: this xlme was built without CUDA", device.str());
+}
 
 bool available(const std::string&, const torch::Device&) {
   return false;

@@ -15,6 +15,7 @@
 #include "xlme/model/relative_position.h"
 #include "xlme/ops/masked_lm.h"
 #include "xlme/ops/registry.h"
+#include "xlme/ops/residual_layernorm.h"
 #include "xlme/ops/triton.h"
 #include "xlme/train/trainer.h"
 
@@ -561,6 +562,84 @@ TEST(CudaOps, FusedDrawsFollowTheSoftmaxAndRepeatWithTheGenerator) {
   torch::manual_seed(17);
   EXPECT_TRUE(torch::equal(ops::sample(logits, sampling), sampled)) << "same seed, other draws";
   EXPECT_FALSE(torch::equal(ops::sample(logits, sampling), sampled)) << "the offset did not move";
+}
+
+TEST(CudaOps, FusedResidualLayerNormEqualsTheReference) {
+  XLME_REQUIRE_CUDA();
+  const fused::OpsRestored restore;
+  const torch::Device cuda(torch::kCUDA, 0);
+  torch::manual_seed(23);
+  for (const int64_t width : {1, 65, 768, 2560}) {
+    for (const auto y_dtype : {torch::kFloat32, torch::kBFloat16}) {
+      for (const double p : {0.0, 0.1}) {
+        torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({width}).eps(1e-5));
+        norm->to(cuda);
+        torch::NoGradGuard no_grad;
+        norm->weight.normal_();
+        norm->bias.normal_();
+        const auto x0 = torch::randn({4, 129, width}, cuda);
+        const auto y0 = torch::randn({4, 129, width}, cuda).to(y_dtype);
+        const auto dout = torch::randn({4, 129, width}, cuda);
+        const auto run = [&](const std::string& spec, const torch::Tensor& keep) {
+          ops::set_ops(spec);
+          torch::AutoGradMode grad(true);
+          auto x = x0.clone().requires_grad_();
+          auto y =
+              (keep.defined() ? y0 * keep.to(y_dtype) / (1 - p) : y0).detach().requires_grad_();
+          for (auto& param : norm->parameters()) param.mutable_grad() = torch::Tensor();
+          const auto out =
+              ops::residual_dropout_layernorm(x, y, keep.defined() ? 0.0 : p, true, norm);
+          out.backward(dout);
+          return std::vector<torch::Tensor>{out, x.grad(), y.grad(), norm->weight.grad(),
+                                            norm->bias.grad()};
+        };
+        const auto got = run("residual_layernorm=fused", {});
+        // The fused dropout's mask shows in dy: zero where an element was dropped.
+        const auto keep = p > 0 ? got[2].ne(0) : torch::Tensor();
+        if (p > 0) {
+          const double kept = keep.to(torch::kDouble).mean().item<double>();
+          EXPECT_NEAR(kept, 0.9, 0.01) << width;
+        }
+        const auto want = run("residual_layernorm=reference", keep);
+        const char* names[] = {"out", "dx", "dy", "dweight", "dbias"};
+        for (size_t i = 0; i < got.size(); ++i) {
+          auto expected = want[i];
+          if (i == 2 && p > 0)
+            expected = expected / (1 - p);  // the reference saw y * keep / (1 - p)
+          const double scale = std::max(1.0, expected.abs().max().item<double>());
+          const double tol = (y_dtype == torch::kBFloat16 && i == 2 ? 1e-2 : 1e-4) * scale;
+          EXPECT_LE(
+              (got[i].to(torch::kDouble) - expected.to(torch::kDouble)).abs().max().item<double>(),
+              tol)
+              << names[i] << " width " << width << " p " << p << " " << c10::toString(y_dtype);
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaOps, AStepWithEveryFusedOpMatchesTheReferenceStep) {
+  XLME_REQUIRE_CUDA();
+  const fused::OpsRestored restore;
+  const torch::Device cuda(torch::kCUDA, 0);
+  // The tiny model with the MLM head (no draws, whose random streams differ between the paths),
+  // no dropout: both paths compute the same function.
+  const auto c = on_cuda(xlme::testing::tiny_train_config(4, 1, /*dropout=*/0.0));
+  const auto special = data::SpecialIds::for_vocab(c.model.vocab_size);
+  auto batches = cuda_test_batches(c);
+  const auto batch = batches.next();
+  std::vector<double> losses;
+  for (const std::string spec : {"reference", "fused"}) {
+    ops::set_ops(spec);
+    torch::manual_seed(1);
+    model::ElectraModel model(c.model, model::Architecture::kMaskedLm, special);
+    model->to(cuda);
+    const auto out = model->forward(model->inputs(batch).to(cuda));
+    const auto lm = ops::masked_lm(out.generator_logits, out.generator_targets);
+    lm.loss_sum.backward();
+    losses.push_back(lm.loss_sum.item<double>());
+  }
+  EXPECT_NEAR(losses[1], losses[0], 1e-4 * std::abs(losses[0]));
 }
 
 }  // namespace

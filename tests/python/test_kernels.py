@@ -17,6 +17,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src",
                                 "ops", "triton"))
 import masked_lm  # noqa: E402
+import residual_layernorm as rln  # noqa: E402
 
 np.seterr(all="ignore")  # masked lanes compute exp(-inf - -inf) and log(0) before tl.where
 
@@ -121,6 +122,58 @@ class MaskedLmSampling(unittest.TestCase):
         self.assertFalse(torch.equal(a, self.draws(x, seed=99, offset=8, rows=64)))
         self.assertFalse(torch.equal(a, self.draws(x, seed=98, offset=4, rows=64)))
         self.assertFalse(torch.equal(a, self.draws(x, seed=99, offset=4 + (1 << 32), rows=64)))
+
+
+class ResidualLayerNorm(unittest.TestCase):
+    # (rows, width): one feature, widths that are not powers of two, Base's 768, XL-sized 2,560.
+    SHAPES = [(1, 1), (3, 17), (17, 65), (5, 768), (2, 2560)]
+
+    def check(self, y_dtype, p, tol):
+        torch.manual_seed(5)
+        for n, width in self.SHAPES:
+            x, y = torch.randn(n, width), torch.randn(n, width).to(y_dtype)
+            w, b = torch.randn(width), torch.randn(width)
+            out, mean, rstd = rln.forward(x, y, w, b, 1e-5, p=p, seed=11, offset=12)
+            keep = rln.keep_mask(n, width, p, seed=11, offset=12) if p > 0 else torch.ones(n, width)
+            x64, y64, w64, b64 = [t.double().requires_grad_() for t in (x, y, w, b)]
+            ref = torch.nn.functional.layer_norm(x64 + y64 * keep.double() / (1 - p), (width, ),
+                                                 w64, b64, 1e-5)
+            where = f"{n}x{width} p={p} {y_dtype}"
+            torch.testing.assert_close(out.double(), ref, rtol=0, atol=tol, msg=where)
+            self.assertEqual(out.dtype, torch.float32)
+            dout = torch.randn(n, width)
+            ref.backward(dout.double())
+            # Two programs' partial sums of dw and db at least, where there are two rows.
+            dx, dy, dw, db = rln.backward(x, y, w, mean, rstd, dout, p=p, seed=11, offset=12,
+                                          programs=2)
+            self.assertEqual(dy.dtype, y_dtype)
+            for name, got, want in (("dx", dx, x64), ("dy", dy, y64), ("dw", dw, w64),
+                                    ("db", db, b64)):
+                scale = max(1.0, want.grad.abs().max().item())
+                tol_here = tol * scale * (4 if y_dtype == torch.bfloat16 and name == "dy" else 1)
+                torch.testing.assert_close(got.double(), want.grad, rtol=0, atol=tol_here,
+                                           msg=f"{name} {where}")
+
+    def test_fp32_without_dropout(self):
+        self.check(torch.float32, 0.0, 2e-5)
+
+    def test_fp32_with_dropout(self):
+        self.check(torch.float32, 0.1, 2e-5)
+
+    def test_bf16_sublayer_output_with_dropout(self):
+        # y in bf16, x and the output in fp32 (autocast); dy rounded to bf16.
+        self.check(torch.bfloat16, 0.1, 1e-2)
+
+    def test_the_mask_keeps_one_minus_p_and_repeats_with_the_seed(self):
+        keep = rln.keep_mask(64, 1000, 0.1, seed=7, offset=20)
+        self.assertAlmostEqual(keep.mean().item(), 0.9, delta=0.004)  # 64,000 draws: sd 0.0012
+        self.assertTrue(torch.equal(keep, rln.keep_mask(64, 1000, 0.1, seed=7, offset=20)))
+        self.assertFalse(torch.equal(keep, rln.keep_mask(64, 1000, 0.1, seed=7, offset=24)))
+        self.assertFalse(torch.equal(keep, rln.keep_mask(64, 1000, 0.1, seed=8, offset=20)))
+        # Neighbouring elements are not correlated: both kept as often as independence says.
+        pairs = (keep[:, :-1] * keep[:, 1:]).mean().item()
+        self.assertAlmostEqual(pairs, 0.81, delta=0.006)
+        self.assertEqual(rln.keep_mask(4, 10, 0.0).min().item(), 1.0)
 
 
 if __name__ == "__main__":

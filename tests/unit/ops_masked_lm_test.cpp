@@ -104,11 +104,19 @@ TEST(TritonImages, EveryVariantHasACubinForSm90aAndSm80) {
           << variant;
       EXPECT_EQ(image->cubin[18], 190) << variant;
       EXPECT_EQ(image->cubin[48], image->capability) << variant << " " << image->arch;
-      EXPECT_EQ(image->num_warps, 4);
       EXPECT_LE(image->shared_bytes, 48 * 1024);
     }
   }
   EXPECT_STREQ(triton::triton_version(), "3.6.0");
+  // The constants the launches read (grid sizes) come from the table, not from copies in C++.
+  const auto* ln = triton::find_image("residual_layernorm_backward_fp32_bf16_1024_dropout", 9, 0);
+  ASSERT_NE(ln, nullptr);
+  EXPECT_EQ(triton::constant(*ln, "ROWS"), 2);
+  EXPECT_EQ(triton::constant(*ln, "BLOCK"), 1024);
+  EXPECT_EQ(triton::constant(*ln, "DROPOUT"), 1);
+  EXPECT_EQ(error_message([&] { triton::constant(*ln, "QUARTER"); }),
+            "Triton kernel residual_layernorm_backward_fp32_bf16_1024_dropout has no compile-time "
+            "constant QUARTER (it has ROWS=2,BLOCK=1024,DROPOUT=1)");
 }
 
 TEST(TritonImages, LaunchArgumentsAreCheckedAgainstTheSignature) {

@@ -20,8 +20,9 @@
 namespace xlme::ops {
 
 enum class Op {
-  kDropout,   // ops/dropout.h: CPU: the counter-based mask; CUDA: none (torch::dropout)
-  kMaskedLm,  // ops/masked_lm.h: CUDA: Triton loss + sampling; CPU: none (the reference)
+  kDropout,            // ops/dropout.h: CPU: the counter-based mask; CUDA: none (torch::dropout)
+  kMaskedLm,           // ops/masked_lm.h: CUDA: Triton loss + sampling; CPU: none (the reference)
+  kResidualLayerNorm,  // ops/residual_layernorm.h: CUDA: Triton; CPU: none (the reference)
 };
 
 enum class Impl { kReference, kFused };

@@ -17,6 +17,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace xlme::ops::triton {
@@ -47,6 +48,11 @@ void check_args(const KernelImage& image, const std::vector<Arg>& args);
 
 // Whether `variant` can launch on `device` (a CUDA device with an image for its capability).
 bool available(const std::string& variant, const torch::Device& device);
+
+// LibTorch's CUDA generator for `device`: its Philox key and a fresh counter offset for one
+// kernel call (the generator advances; checkpoints save and restore it). Throws inside a CUDA
+// graph capture, where the offset lives on the device.
+std::pair<uint64_t, uint64_t> philox_inputs(const torch::Device& device);
 
 // Launches `variant` on `device`'s current stream with a grid of `grid` blocks.
 void launch(const std::string& variant, const torch::Device& device, std::array<uint32_t, 3> grid,

@@ -20,7 +20,12 @@ struct KernelImage {
   int num_warps;
   int shared_bytes;       // dynamic shared memory per block
   const char* signature;  // the parameter types in order, e.g. "*bf16,i64,i32,fp32,u64"
+  const char* constants;  // the constexpr values it was compiled with, e.g. "ROWS=1,BLOCK=1024"
 };
+
+// The value of the compile-time constant `name` of `image` (booleans are 0 or 1); throws when the
+// image has no such constant.
+long long constant(const KernelImage& image, const std::string& name);
 
 // Every embedded image (the build's src/ops/triton/aot.py output).
 const std::vector<KernelImage>& kernel_images();
