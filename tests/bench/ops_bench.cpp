@@ -1,0 +1,168 @@
+// Benchmark: every fused op (ops/registry.h) against its reference on the current device, at
+// Base's shapes by default, forward + backward, with the bytes an ideal one-pass implementation
+// moves (or the FLOPs) against two ceilings measured in the same run: a device memory copy and a
+// bf16 matrix product. On a CUDA device the times are CUDA-event times of the whole op (after
+// warm-up; medians); on the CPU wall times. An op without a fused form on this device prints its
+// reference alone.
+//
+//   xlme-bench-ops [--device auto|cpu|cuda] [--shape base|small] [--steps 10] [--ops a,b]
+//
+// Shapes: base = XLM-E Base on a 32 x 512 micro-batch (masked_lm: 2,458 masked rows x 250,002 ids;
+// residual_layernorm: 16,384 rows x 768); small = cpu_small's (614 x 16,000; 4,096 x 256).
+#include "timing.h"
+#include "xlme/common/runtime.h"
+#include "xlme/ops/dropout.h"
+#include "xlme/ops/masked_lm.h"
+#include "xlme/ops/registry.h"
+#include "xlme/ops/residual_layernorm.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <CLI/CLI.hpp>
+
+#ifdef XLME_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#endif
+
+#include <algorithm>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+// Median milliseconds of `fn` over `steps` runs after two warm-up runs.
+double median_ms(const torch::Device& device, int steps, const std::function<void()>& fn) {
+  fn();
+  fn();
+  std::vector<double> times;
+  for (int i = 0; i < steps; ++i) {
+#ifdef XLME_WITH_CUDA
+    if (device.is_cuda()) {
+      at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+      start.record();
+      fn();
+      stop.record();
+      stop.synchronize();
+      times.push_back(start.elapsed_time(stop));
+      continue;
+    }
+#endif
+    (void)device;
+    times.push_back(xlme::bench::time_ms(1, fn));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+struct Ceilings {
+  double copy_gbs = 0;    // device memory copy: bytes read + written per second / 1e9
+  double matmul_tfs = 0;  // bf16 matrix product, TFLOP/s
+};
+
+Ceilings measure_ceilings(const torch::Device& device, int steps) {
+  Ceilings c;
+  const int64_t bytes = device.is_cuda() ? (int64_t{1} << 30) : (int64_t{256} << 20);
+  const auto src =
+      torch::empty({bytes}, torch::TensorOptions(device).dtype(torch::kUInt8)).fill_(1);
+  auto dst = torch::empty_like(src);
+  c.copy_gbs = 2.0 * bytes / (median_ms(device, steps, [&] { dst.copy_(src); }) * 1e6);
+  const int64_t n = device.is_cuda() ? 8192 : 1024;
+  const auto a = torch::randn({n, n}, torch::TensorOptions(device).dtype(torch::kBFloat16));
+  const auto b = torch::randn({n, n}, a.options());
+  auto out = torch::empty({n, n}, a.options());
+  c.matmul_tfs =
+      2.0 * n * n * n / (median_ms(device, steps, [&] { torch::mm_out(out, a, b); }) * 1e9);
+  return c;
+}
+
+struct Case {
+  std::string op;
+  xlme::ops::Op id;
+  double bytes;  // an ideal one-pass forward + backward: what it must read and write
+  std::function<void()> run;
+};
+
+void report(const torch::Device& device, const Ceilings& ceilings, const Case& c, int steps) {
+  namespace ops = xlme::ops;
+  const auto& names = ops::op_names();
+  const std::string name = names[static_cast<size_t>(c.id)];
+  std::vector<std::pair<std::string, double>> rows;
+  ops::set_ops(name + "=reference");
+  rows.emplace_back("reference", median_ms(device, steps, c.run));
+  ops::set_ops(name + "=fused");
+  if (ops::implementation(c.id, device) == ops::Impl::kFused) {
+    rows.emplace_back("fused", median_ms(device, steps, c.run));
+  }
+  ops::set_ops("");
+  for (const auto& [impl, ms] : rows) {
+    const double gbs = c.bytes / (ms * 1e6);
+    fmt::print("{:<20} {:<10} {:>10.3f} {:>10.1f} {:>8.1f}% {:>9}\n", c.op, impl, ms, gbs,
+               100.0 * gbs / ceilings.copy_gbs,
+               impl == "fused" ? fmt::format("{:.2f}x", rows.front().second / ms) : "");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App cli{"xlme's fused ops against their references on the current device"};
+  std::string device_name = "auto", shape = "", only;
+  int steps = 10;
+  cli.add_option("--device", device_name, "auto (CUDA when present), cpu or cuda");
+  cli.add_option("--shape", shape, "base or small (default: base on CUDA, small on the CPU)");
+  cli.add_option("--steps", steps, "timed runs per case (the median is printed)");
+  cli.add_option("--ops", only, "a comma-separated subset of the ops");
+  CLI11_PARSE(cli, argc, argv);
+  xlme::runtime::configure_threads(0);
+  const bool cuda = device_name == "cuda" || (device_name == "auto" && torch::cuda::is_available());
+  const torch::Device device(cuda ? torch::kCUDA : torch::kCPU, cuda ? 0 : -1);
+  if (shape.empty()) shape = cuda ? "base" : "small";
+  const bool base = shape == "base";
+  const int64_t rows = base ? 2458 : 614, vocab = base ? 250002 : 16000;
+  const int64_t tokens = base ? 32 * 512 : 16 * 256, width = base ? 768 : 256;
+  const auto half = cuda ? torch::kBFloat16 : torch::kFloat32;  // what autocast gives there
+  const auto opts = torch::TensorOptions(device);
+
+  const auto ceilings = measure_ceilings(device, steps);
+  fmt::print(
+      "device {}, shapes {}; ceilings: memory copy {:.0f} GB/s, bf16 matmul {:.1f} TFLOP/s\n",
+      device.str(), shape, ceilings.copy_gbs, ceilings.matmul_tfs);
+  fmt::print("{:<20} {:<10} {:>10} {:>10} {:>9} {:>9}\n", "op (fwd+bwd)", "impl", "ms", "GB/s",
+             "of copy", "speed-up");
+
+  const int64_t elem = torch::elementSize(half);
+  // masked_lm: logits read by the forward and the backward, their gradient written.
+  const auto logits = (torch::randn({rows, vocab}, opts) * 3).to(half).requires_grad_();
+  const auto targets = torch::randint(5, vocab, {rows}, opts.dtype(torch::kInt64));
+  const xlme::ops::Sampling sampling{1.0, {0, 1, 2, 3, 4}};
+  // residual_layernorm: x fp32 and y in autocast's dtype, read twice; out, dx, dy written.
+  const auto x = torch::randn({tokens, width}, opts).requires_grad_();
+  const auto y = torch::randn({tokens, width}, opts).to(half).requires_grad_();
+  torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({width}).eps(1e-12));
+  norm->to(device);
+  const auto dout = torch::randn({tokens, width}, opts);
+  const double xb = 4, yb = static_cast<double>(elem);
+  std::vector<Case> cases{
+      {"masked_lm", xlme::ops::Op::kMaskedLm, 3.0 * rows * vocab * elem,
+       [&] {
+         auto lm = xlme::ops::masked_lm(logits, targets, &sampling);
+         lm.loss_sum.backward();
+       }},
+      {"residual_layernorm", xlme::ops::Op::kResidualLayerNorm,
+       tokens * width * (2 * (xb + yb) + 4 + 4 + 4 + yb),
+       [&] { xlme::ops::residual_dropout_layernorm(x, y, 0.1, true, norm).backward(dout); }},
+      {"dropout", xlme::ops::Op::kDropout, tokens * width * 4.0 * elem,
+       [&] { xlme::ops::dropout(y, 0.1, true).backward(dout.to(half)); }},
+  };
+  for (const auto& c : cases) {
+    if (!only.empty() && ("," + only + ",").find("," + c.op + ",") == std::string::npos) continue;
+    report(device, ceilings, c, steps);
+    logits.mutable_grad() = torch::Tensor();
+    x.mutable_grad() = torch::Tensor();
+    y.mutable_grad() = torch::Tensor();
+  }
+  return 0;
+}
