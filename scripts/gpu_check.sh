@@ -24,6 +24,8 @@
 #   bench_*    xlme-pretrain --benchmark: base (configs/pretrain/base.yaml, bf16) and small
 #              (configs/pretrain/demo_small_gpu.yaml), each with model.attention=sdpa and =math;
 #              base with micro-batches twice as large
+#   ops_bench  tests/xlme-bench-ops: each fused op against its reference at Base's shapes
+#   bench_base_fused  the Base benchmark with XLME_OPS=fused (every Triton kernel on)
 #   profile_base  --benchmark 2 --profile: Base's device time per operator, into bench.log
 #   peer_base_*   scripts/peer_hf_electra.py (HuggingFace ELECTRA, Base shapes), plain and with
 #              the fused AdamW
@@ -474,6 +476,12 @@ elif [ "$built_ok" = 1 ]; then
     bench "bench_base_$attention" "$steps" "${base[0]}" "${base[@]:1}" "model.attention=$attention"
     bench "bench_small_$attention" "$steps" "${small[0]}" "${small[@]:1}" "model.attention=$attention"
   done
+  # Every fused op against its reference (docs/ops.md), then the Base step with all of them on.
+  echo "### ops_bench" >>"$out/bench.log"
+  ops_steps=10
+  [ "$cpu_mode" = 1 ] && ops_steps=2
+  run_step ops_bench 120 "$out/bench.log" -- "$build/tests/xlme-bench-ops" --steps "$ops_steps"
+  XLME_OPS=fused bench bench_base_fused "$steps" "${base[0]}" "${base[@]:1}" model.attention=sdpa
   # Micro-batches of 64 sequences (fit in 80 GB: 38 GiB on an H200).
   [ "$cpu_mode" != 1 ] && bench bench_base_sdpa_mb64 "$steps" "${base[0]}" "${base[@]:1}" \
     model.attention=sdpa train.micro_batch_tokens=32768
