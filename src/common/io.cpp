@@ -152,7 +152,8 @@ void require_plain_file_or_missing(const std::string& path, const std::string& w
              what, path, file_type_name(info.st_mode));
 }
 
-FileLock::FileLock(const std::string& path, const std::string& what) : path_(path) {
+FileLock::FileLock(const std::string& path, const std::string& what, const std::string& clash)
+    : path_(path) {
   // O_NOFOLLOW: a lock file that is a symbolic link is refused, never truncated through the link.
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
   if (fd_ < 0 && errno == ELOOP) require_plain_file_or_missing(path, "the lock file of " + what);
@@ -171,11 +172,10 @@ FileLock::FileLock(const std::string& path, const std::string& what) : path_(pat
     ::close(fd_);
     fd_ = -1;
     XLME_CHECK(err != EWOULDBLOCK,
-               "{} is in use by another process ({}; lock file '{}'): two runs in one folder "
-               "would overwrite each other's checkpoints and metrics; wait for it to end, stop "
-               "it, or choose another folder",
+               "{} is in use by another process ({}; lock file '{}'): {}; wait for it to end, "
+               "stop it, or choose another folder",
                what, n > 0 ? std::string(holder, static_cast<std::size_t>(n)) : "holder unknown",
-               path);
+               path, clash);
     XLME_FAIL("cannot lock '{}' ({}): {}", path, what, std::strerror(err));
   }
   const std::string holder = fmt::format("pid {} on host {}", ::getpid(), host_name());

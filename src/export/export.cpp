@@ -194,6 +194,29 @@ bool is_non_empty_directory(const fs::path& path) {
   return fs::is_directory(path, ec) && !fs::is_empty(path, ec);
 }
 
+// The names xlme-export writes into an export folder.
+const std::set<std::string>& export_file_names() {
+  static const std::set<std::string> names = [] {
+    std::set<std::string> own = {checkpoint::kExportWeightsFile, checkpoint::kExportConfigFile,
+                                 checkpoint::kExportTokenizerFile, checkpoint::kExportReadmeFile,
+                                 checkpoint::kExportMarkerFile, "tokenizer_config.json",
+                                 // Python's byte-code cache of the remote code, once imported
+                                 "__pycache__"};
+    for (const auto& file : transformers_files()) own.insert(file.name);
+    return own;
+  }();
+  return names;
+}
+
+// The first entry of folder `dir` that xlme-export does not write ("" when none).
+std::string foreign_entry(const fs::path& dir) {
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (export_file_names().count(name) == 0) return name;
+  }
+  return "";
+}
+
 // Why --force may not replace the existing folder `out` ("" when it may): only a folder that
 // xlme-export wrote (its marker file) and that holds nothing but an export's files is replaced.
 std::string not_replaceable(const fs::path& out) {
@@ -207,19 +230,50 @@ std::string not_replaceable(const fs::path& out) {
     return fmt::format("xlme-export did not write it (no {} marker file)",
                        checkpoint::kExportMarkerFile);
   }
-  std::set<std::string> own = {checkpoint::kExportWeightsFile, checkpoint::kExportConfigFile,
-                               checkpoint::kExportTokenizerFile, checkpoint::kExportReadmeFile,
-                               checkpoint::kExportMarkerFile, "tokenizer_config.json",
-                               // Python's byte-code cache of the remote code, once imported
-                               "__pycache__"};
-  for (const auto& file : transformers_files()) own.insert(file.name);
-  for (const auto& entry : fs::directory_iterator(out)) {
-    const std::string name = entry.path().filename().string();
-    if (own.count(name) == 0) {
-      return fmt::format("it holds '{}', which xlme-export does not write", name);
-    }
+  const std::string foreign = foreign_entry(out);
+  if (!foreign.empty()) {
+    return fmt::format("it holds '{}', which xlme-export does not write", foreign);
   }
   return "";
+}
+
+// Folders a killed xlme-export left beside `out` (<out>.tmp-<pid>: unfinished; <out>.old-<pid>:
+// the export it was replacing), handled under the export's lock, so that no other export of
+// `out` runs: an unfinished one holding only export files is removed; an old one is put back when
+// `out` is missing, or removed when it is a replaceable export. Anything else stays, with a
+// warning naming it.
+void clean_leftovers(const fs::path& out) {
+  const std::string prefix = out.filename().string();
+  std::error_code ec;
+  std::vector<fs::path> found;
+  for (const auto& entry : fs::directory_iterator(out.parent_path(), ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool ours = name.rfind(prefix + ".tmp-", 0) == 0 || name.rfind(prefix + ".old-", 0) == 0;
+    if (ours && entry.is_directory(ec) && !entry.is_symlink(ec)) found.push_back(entry.path());
+  }
+  for (const auto& path : found) {
+    const bool unfinished = path.filename().string().rfind(prefix + ".tmp-", 0) == 0;
+    if (unfinished && foreign_entry(path).empty()) {
+      fs::remove_all(path, ec);
+      spdlog::warn("removed '{}', the unfinished folder of an xlme-export that was killed",
+                   path.string());
+    } else if (!unfinished && !fs::exists(out, ec) && not_replaceable(path).empty()) {
+      fs::rename(path, out, ec);
+      spdlog::warn(
+          "'{}' was missing and '{}' held the export an xlme-export was replacing when "
+          "it was killed: put back",
+          out.string(), path.string());
+    } else if (!unfinished && not_replaceable(path).empty()) {
+      fs::remove_all(path, ec);
+      spdlog::warn("removed '{}', an old export an xlme-export that was killed had set aside",
+                   path.string());
+    } else {
+      spdlog::warn(
+          "'{}' looks like a folder a killed xlme-export left, but holds other files; "
+          "it is kept: remove it yourself once you have checked it",
+          path.string());
+    }
+  }
 }
 
 // `path` absolute, normalized, without a trailing separator.
@@ -243,6 +297,41 @@ bool is_within(const fs::path& inner, const fs::path& outer) {
 }
 
 }  // namespace
+
+void move_export_into_place(const std::string& written, const std::string& out_dir, bool force) {
+  const fs::path tmp(written), out(out_dir);
+  const fs::path old = out.string() + fmt::format(".old-{}", ::getpid());
+  std::error_code ec;
+  // Checked again here, not only at start: the folder at `out` may have changed meanwhile (a run
+  // moved there, another export), and only what is replaceable now may be moved aside.
+  const auto refuse = [&](const std::string& reason) {
+    fs::remove_all(tmp, ec);
+    XLME_FAIL(
+        "export folder '{}' changed while the export ran: {}; it was left as it is and the "
+        "new export discarded. Choose another --out, or run again",
+        out_dir, reason);
+  };
+  const bool replace = fs::exists(fs::symlink_status(out, ec));
+  if (replace) {
+    if (fs::is_symlink(out, ec)) refuse("it is now a symbolic link");
+    if (!fs::is_directory(out, ec)) refuse("it is now a file");
+    if (!fs::is_empty(out, ec)) {
+      if (!force) refuse("it is not empty (pass --force to replace an export)");
+      const std::string reason = not_replaceable(out);
+      if (!reason.empty()) refuse(reason);
+    }
+    fs::rename(out, old);
+    // What was moved aside is what was checked: a folder swapped in between is put back.
+    const std::string reason = fs::is_empty(old, ec) ? "" : not_replaceable(old);
+    if (!reason.empty()) {
+      fs::rename(old, out);
+      refuse(reason);
+    }
+  }
+  fs::rename(tmp, out);
+  fsync_path(out.parent_path().string(), O_RDONLY | O_DIRECTORY);
+  if (replace) fs::remove_all(old);
+}
 
 ExportOptions ExportOptions::from_config(const config::Config& config) {
   ExportOptions o;
@@ -272,6 +361,12 @@ ExportSummary export_model(const ExportOptions& options) {
   XLME_CHECK(!is_within(options.checkpoint, out),
              "--out '{}' is the folder being exported or holds it ('{}'); choose another --out",
              options.out_dir, options.checkpoint);
+  // One export of `out` at a time: a second one fails here naming the first, instead of both
+  // finishing and one export silently replacing the other.
+  fs::create_directories(out.parent_path(), ec);
+  const FileLock lock(out.string() + ".lock", fmt::format("export folder '{}'", options.out_dir),
+                      "two exports to one --out would replace each other");
+  clean_leftovers(out);
   if (is_non_empty_directory(out)) {
     XLME_CHECK(options.force,
                "export folder '{}' exists and is not empty; pass --force to replace it, or choose "
@@ -339,13 +434,7 @@ ExportSummary export_model(const ExportOptions& options) {
                       model_card(p, exported, summary, metrics.string()));
     write_file_atomic((tmp / checkpoint::kExportMarkerFile).string(),
                       "written by xlme-export " XLME_VERSION "; --force may replace this folder\n");
-    // An existing folder (empty, or replaced with --force) moves aside until the new one is in.
-    const fs::path old = out.string() + fmt::format(".old-{}", ::getpid());
-    const bool replace = fs::exists(out);
-    if (replace) fs::rename(out, old);
-    fs::rename(tmp, out);
-    fsync_path(out.parent_path().string(), O_RDONLY | O_DIRECTORY);
-    if (replace) fs::remove_all(old);
+    move_export_into_place(tmp.string(), out.string(), options.force);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp, ec);
     XLME_FAIL("cannot write the export folder '{}': {}", options.out_dir, e.what());

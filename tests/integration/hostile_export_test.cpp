@@ -5,6 +5,7 @@
 // the exit code (never a signal), the file and the key or tensor named, and that nothing the user
 // had was lost or touched.
 #include "xlme/checkpoint/export_folder.h"
+#include "xlme/common/io.h"
 #include "xlme/export/export.h"
 
 #include "export_fixtures.h"
@@ -20,7 +21,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using checkpoint::kExportConfigFile;
+using xlme::FileLock;
 using xlme::testing::contains_all;
+using xlme::testing::error_message;
 using xlme::testing::fails_cleanly;
 using xlme::testing::HostileRun;
 using xlme::testing::nested_json_array;
@@ -273,6 +276,86 @@ TEST_F(HostileExport, ForceNeverReplacesASymbolicLinkOrWhatItPointsTo) {
   }
   EXPECT_TRUE(xlme::testing::nothing_lost(before));
   EXPECT_TRUE(sentinel.untouched());
+}
+
+// Issue 36 item 7: two exports to one --out at once both exited 0 and one export was silently
+// gone. An export holds <out>.lock: the second fails at once naming the first (here this test).
+TEST_F(HostileExport, TwoExportsToOneFolderAtOnceTheSecondFailsNamingTheFirst) {
+  TempDir dir;
+  const std::string out = dir / "exported";
+  const FileLock first(out + ".lock", "the test's export");
+  const auto run = run_hostile("xlme-export", {"--checkpoint", checkpoint(), "--out", out});
+  EXPECT_TRUE(fails_cleanly(
+      run, 1,
+      {"export folder '" + out + "' is in use by another process (pid " +
+           std::to_string(::getpid()),
+       "two exports to one --out would replace each other", "choose another folder"}));
+  EXPECT_FALSE(fs::exists(out));
+}
+
+// Issue 36 item 8: the --force and marker checks ran at start only, and the final rename removed
+// whatever was at --out by then (in the report: a run folder moved there during a 167 MB export).
+// The folder at --out is checked again when the export moves into place: anything but an empty
+// folder or (with --force) an export is kept as it is, and the new export discarded.
+TEST_F(HostileExport, WhatAppearsAtOutWhileTheExportRunsIsKept) {
+  TempDir dir;
+  const std::string out = dir / "exported";
+  const auto written = [&] { return export_copy(dir / "written"); };
+  // A run folder (checkpoints, results) moved to --out meanwhile, with and without --force.
+  copy_run(out);
+  write_file(out + "/results.json", "{\"accuracy\": 76.6}\n");
+  const auto before = xlme::testing::snapshot(out);
+  for (const bool force : {true, false}) {
+    const std::string message =
+        error_message([&] { move_export_into_place(written(), out, force); });
+    EXPECT_TRUE(contains_all(message, {"export folder '" + out + "' changed while the export ran",
+                                       force ? "it holds checkpoints" : "it is not empty",
+                                       "left as it is and the new export discarded"}))
+        << message;
+    EXPECT_TRUE(xlme::testing::nothing_lost(before));
+    EXPECT_FALSE(fs::exists(dir / "written"));
+  }
+  // A user's folder without the marker, and a symbolic link.
+  fs::remove_all(out);
+  write_file(out + "/notes.txt", "mine\n");
+  EXPECT_TRUE(contains_all(error_message([&] { move_export_into_place(written(), out, true); }),
+                           {"no .xlme-export marker file"}));
+  EXPECT_EQ(read_file(out + "/notes.txt"), "mine\n");
+  fs::rename(out, dir / "mine");
+  fs::create_directory_symlink(dir / "mine", out);
+  EXPECT_TRUE(contains_all(error_message([&] { move_export_into_place(written(), out, true); }),
+                           {"it is now a symbolic link"}));
+  EXPECT_EQ(read_file(dir / "mine/notes.txt"), "mine\n");
+  // An export there (another run of xlme-export) is replaced with --force; nothing is left aside.
+  fs::remove(out);
+  export_copy(out);
+  move_export_into_place(written(), out, true);
+  EXPECT_TRUE(fs::is_regular_file(out + "/.xlme-export"));
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    EXPECT_EQ(entry.path().filename().string().find(".old-"), std::string::npos) << entry.path();
+  }
+}
+
+// Issue 36 (weak): killed exports left <out>.tmp-<pid> folders forever (845 MB after 8 kills).
+// The next export of the same --out removes an unfinished one holding only export files, and
+// keeps (with a warning) one that holds anything else.
+TEST_F(HostileExport, UnfinishedFoldersOfKilledExportsAreRemovedByTheNext) {
+  TempDir dir;
+  const std::string out = dir / "exported";
+  write_file(out + ".tmp-999991/model.safetensors", std::string(1 << 20, 'x'));
+  write_file(out + ".tmp-999992/notes.txt", "mine\n");
+  const auto run = run_hostile("xlme-export", {"--checkpoint", checkpoint(), "--out", out});
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_TRUE(contains_all(run.err, {"removed '" + out +
+                                         ".tmp-999991', the unfinished folder of "
+                                         "an xlme-export that was killed",
+                                     "'" + out +
+                                         ".tmp-999992' looks like a folder a killed "
+                                         "xlme-export left, but holds other files; it is kept"}))
+      << run.err;
+  EXPECT_FALSE(fs::exists(out + ".tmp-999991"));
+  EXPECT_EQ(read_file(out + ".tmp-999992/notes.txt"), "mine\n");
+  EXPECT_TRUE(fs::is_regular_file(out + "/.xlme-export"));
 }
 
 TEST_F(HostileExport, ForceRemovesAnExportButNotWhatItsLinksPointTo) {

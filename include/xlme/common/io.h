@@ -46,10 +46,13 @@ void require_plain_file_or_missing(const std::string& path, const std::string& w
 // releases it when the process ends, crash included. The file records the holder's pid and host.
 class FileLock {
  public:
-  // Takes the lock on `path` (created if missing) or throws xlme::Error naming `what`, the file
-  // and the holder's pid and host, without waiting. A `path` that is a symbolic link or not a
-  // regular file is refused, never followed.
-  FileLock(const std::string& path, const std::string& what);
+  // Takes the lock on `path` (created if missing) or throws xlme::Error naming `what`, the file,
+  // the holder's pid and host and `clash` (what two holders would do), without waiting. A `path`
+  // that is a symbolic link or not a regular file is refused, never followed.
+  FileLock(const std::string& path, const std::string& what,
+           const std::string& clash =
+               "two runs in one folder would overwrite each other's "
+               "checkpoints and metrics");
   ~FileLock();
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;

@@ -31,6 +31,16 @@ struct ExportSummary {
   uint64_t weight_bytes = 0;  // size of model.safetensors
 };
 
+// Writes the export. Holds an exclusive lock on `<out_dir>.lock` for its length (a second export
+// of the same folder fails naming the first's pid), and first cleans the folders a killed export
+// of `out_dir` left beside it.
 ExportSummary export_model(const ExportOptions& options);
+
+// Moves the finished export folder `written` to `out_dir`. What is at `out_dir` now is checked
+// again (it may have changed since the export started): an empty folder, or with `force` an
+// export folder xlme-export wrote, is moved aside and removed once the new one is in; anything
+// else (a run moved there, a symbolic link) is left as it is, `written` is removed, and an
+// xlme::Error names `out_dir` and what it holds.
+void move_export_into_place(const std::string& written, const std::string& out_dir, bool force);
 
 }  // namespace xlme::export_
