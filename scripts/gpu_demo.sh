@@ -97,14 +97,13 @@ for run in xlme mlm; do
 done
 for pid in "${pids[@]}"; do wait "$pid"; echo "    exit $?"; done  # 75: stopped by the budget
 
-# 3. Export each run's newest checkpoint and evaluate retrieval at every layer, with the untrained
-# model of the same shape beside it.
+# 3. Export each run's newest valid checkpoint (xlme-export picks it from the run folder) and
+# evaluate retrieval at every layer, with the untrained model of the same shape beside it.
 for run in xlme mlm; do
   dir=$root/runs/gpu-demo-$run
-  checkpoint=$(ls -d "$dir"/checkpoints/step_* 2>/dev/null | grep -v '\.tmp$' | sort | tail -n 1)
-  [ -n "$checkpoint" ] || { echo "no checkpoint of $run" >>"$out/eval.log"; continue; }
+  [ -d "$dir/checkpoints" ] || { echo "no checkpoint of $run" >>"$out/eval.log"; continue; }
   {
-    "$build/xlme-export" --checkpoint "$checkpoint" --out "$dir/export" --force &&
+    "$build/xlme-export" --checkpoint "$dir" --out "$dir/export" --force &&
       "$build/xlme-finetune" --config configs/finetune/demo_retrieval.yaml \
         --set finetune.init="$dir/export" --set finetune.data_dir="$demo/heldout/test" \
         --set run.out_dir="$dir/retrieval"

@@ -62,18 +62,17 @@ stage "4/8 binarize into memory-mapped shards" "$logs/4-binarize.log" \
 stage "5/8 pre-train (MRTD + TRTD, tiny model, CPU)" "$logs/5-pretrain.log" \
   "$build_dir/xlme-pretrain" --config "$config"
 
-# The newest checkpoint, exported unless the export already holds it.
-checkpoint=$(ls -d runs/demo/checkpoints/step_* 2>/dev/null | grep -v '\.tmp$' | sort | tail -n 1)
-if [ -z "$checkpoint" ]; then
+# The run's newest valid checkpoint (xlme-export picks it from the run folder, as finetune.init
+# does), exported unless the export is newer than every checkpoint.
+if [ ! -d runs/demo/checkpoints ]; then
   echo "quickstart: pre-training left no checkpoint in runs/demo/checkpoints; see $logs/5-pretrain.log" >&2
   exit 1
 fi
-step=$((10#${checkpoint##*step_}))
-if grep -qs "\"step\": $step," runs/demo/export/config.json; then
-  echo "==> 6/8 export: runs/demo/export holds step $step, reused"
+if [ runs/demo/export/config.json -nt runs/demo/checkpoints ]; then
+  echo "==> 6/8 export: runs/demo/export is newer than the run's checkpoints, reused"
 else
-  stage "6/8 export step $step (safetensors + config + tokenizer)" "$logs/6-export.log" \
-    "$build_dir/xlme-export" --checkpoint "$checkpoint" --out runs/demo/export --force
+  stage "6/8 export the newest valid checkpoint (safetensors + config + tokenizer)" \
+    "$logs/6-export.log" "$build_dir/xlme-export" --checkpoint runs/demo --out runs/demo/export --force
 fi
 
 if [ runs/demo/retrieval/results.json -nt runs/demo/export/config.json ]; then

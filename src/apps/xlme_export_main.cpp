@@ -26,8 +26,9 @@ int main(int argc, char** argv) {
       },
       [&](CLI::App& cli) {
         cli.add_option("--checkpoint", checkpoint,
-                       "checkpoint folder (<run>/checkpoints/step_<N>) or export folder to export "
-                       "(= --set export.checkpoint=DIR)")
+                       "run folder (its newest valid checkpoint), checkpoint folder "
+                       "(<run>/checkpoints/step_<N>) or export folder to export (= --set "
+                       "export.checkpoint=DIR)")
             ->type_name("DIR");
         cli.add_option("--out", out_dir, "folder to write (= --set export.out_dir=DIR)")
             ->type_name("DIR");

@@ -345,8 +345,9 @@ ExportOptions ExportOptions::from_config(const config::Config& config) {
 
 ExportSummary export_model(const ExportOptions& options) {
   XLME_CHECK(!options.checkpoint.empty(),
-             "no checkpoint to export: pass --checkpoint DIR (a <run>/checkpoints/step_<N> folder) "
-             "or --set export.checkpoint=DIR");
+             "no checkpoint to export: pass --checkpoint DIR (a run folder, whose newest valid "
+             "checkpoint is exported, a <run>/checkpoints/step_<N> folder or an export folder) or "
+             "--set export.checkpoint=DIR");
   XLME_CHECK(!options.out_dir.empty(), "export.out_dir is empty; pass --out DIR");
   XLME_CHECK(options.dtype == "fp32" || options.dtype == "bf16",
              "export dtype must be fp32 or bf16, not '{}'", options.dtype);
@@ -382,12 +383,18 @@ ExportSummary export_model(const ExportOptions& options) {
   checkpoint::PretrainedOptions load;
   load.with_generator = options.with_generator;
   load.fallback_tokenizer = options.fallback_tokenizer;
-  checkpoint::Pretrained p = checkpoint::load_pretrained(options.checkpoint, load);
+  // A run folder stands for its newest valid checkpoint, as finetune.init and distill.teacher.
+  const std::string folder = checkpoint::resolve_pretrained_folder(options.checkpoint);
+  if (folder != options.checkpoint) {
+    spdlog::info("run folder {}: exporting its newest valid checkpoint {}", options.checkpoint,
+                 folder);
+  }
+  checkpoint::Pretrained p = checkpoint::load_pretrained(folder, load);
   XLME_CHECK(!p.tokenizer_path.empty(),
              "checkpoint '{}' holds no tokenizer.model (its run had no data.tokenizer); give the "
              "SentencePiece model it was trained with: --set data.tokenizer=FILE",
-             options.checkpoint);
-  spdlog::info("loaded {} (step {}, {} tokens seen)", options.checkpoint, p.step, p.tokens_seen);
+             folder);
+  spdlog::info("loaded {} (step {}, {} tokens seen)", folder, p.step, p.tokens_seen);
 
   const bool bf16 = options.dtype == "bf16";
   checkpoint::SafetensorsContent content;
@@ -413,7 +420,7 @@ ExportSummary export_model(const ExportOptions& options) {
   for (const auto& [name, tensor] : content.tensors) summary.parameters += tensor.numel();
 
   // Checkpoint folder -> <run>/metrics.jsonl (checkpoints live in <run>/checkpoints/step_<N>).
-  const fs::path source = fs::absolute(options.checkpoint).lexically_normal();
+  const fs::path source = fs::absolute(folder).lexically_normal();
   fs::path metrics = source.parent_path().parent_path() / checkpoint::kMetricsFile;
   if (!fs::is_regular_file(metrics) && p.run_config) {
     metrics = fs::path(p.run_config->run.out_dir) / checkpoint::kMetricsFile;

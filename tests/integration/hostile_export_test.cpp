@@ -358,6 +358,26 @@ TEST_F(HostileExport, UnfinishedFoldersOfKilledExportsAreRemovedByTheNext) {
   EXPECT_TRUE(fs::is_regular_file(out + "/.xlme-export"));
 }
 
+// Issue 37 point 9: --checkpoint takes a run folder and exports its newest valid checkpoint,
+// through the resolver finetune.init uses; a damaged newer one is skipped with a warning (the
+// scripts picked the newest by name with `ls | sort | tail`, valid or not).
+TEST_F(HostileExport, ARunFolderExportsItsNewestValidCheckpoint) {
+  TempDir dir;
+  copy_run(dir / "run");
+  const std::string valid = dir / ("run/" + step_);
+  const std::string damaged = dir / "run/checkpoints/step_99999999";
+  fs::copy(valid, damaged, fs::copy_options::recursive);
+  xlme::testing::flip_manifest_byte(damaged);
+  const auto run = run_hostile("xlme-export", {"--checkpoint", dir / "run", "--out", dir / "out"});
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_TRUE(contains_all(run.err, {"run folder " + (dir / "run") +
+                                     ": exporting its newest valid checkpoint " + valid}))
+      << run.err;
+  const auto exported = nlohmann::json::parse(read_file(dir / "out/config.json"));
+  const auto original = nlohmann::json::parse(read_file(suite_dir() / "export/config.json"));
+  EXPECT_EQ(exported["step"], original["step"]);
+}
+
 TEST_F(HostileExport, ForceRemovesAnExportButNotWhatItsLinksPointTo) {
   // An export folder xlme wrote, with a link among its own names (__pycache__) to a user's
   // folder: --force replaces the export and removes the link, never the files behind it.
