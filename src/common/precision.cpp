@@ -32,4 +32,13 @@ AutocastScope::~AutocastScope() {
   if (!was_enabled_) at::autocast::clear_cache();
 }
 
+AutocastPause::AutocastPause(const torch::Device& device)
+    : device_type_(device.type()), was_enabled_(at::autocast::is_autocast_enabled(device_type_)) {
+  if (was_enabled_) at::autocast::set_autocast_enabled(device_type_, false);
+}
+
+AutocastPause::~AutocastPause() {
+  if (was_enabled_) at::autocast::set_autocast_enabled(device_type_, true);
+}
+
 }  // namespace xlme

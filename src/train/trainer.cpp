@@ -198,13 +198,19 @@ StepRecord Trainer::train_step() {
 
   // 2. Forward and backward, one micro-batch at a time; gradients and term sums accumulate. A
   // stop signal on any rank abandons the step.
+  // One autocast scope over all of them: autocast casts each weight to bf16 once per step and
+  // reuses the copy in every micro-batch (its cache lives until the scope ends, before the
+  // optimizer changes the weights).
   objectives::TermSums sums(objectives_);
   StopVote stop(*comm_);
-  for (std::size_t b = 0; b < batches.size(); ++b) {
-    forward_backward(batches[b], normalizers, sums, clock);
-    const bool stopping = stop.after_micro_batch(b + 1 == batches.size());
-    clock.lap("communication");
-    if (stopping) return abandon_step(std::move(record));
+  {
+    const AutocastScope step_autocast(device_, bf16_);
+    for (std::size_t b = 0; b < batches.size(); ++b) {
+      forward_backward(batches[b], normalizers, sums, clock);
+      const bool stopping = stop.after_micro_batch(b + 1 == batches.size());
+      clock.lap("communication");
+      if (stopping) return abandon_step(std::move(record));
+    }
   }
 
   // 3. Gradients and term sums summed over ranks.
@@ -238,6 +244,7 @@ void Trainer::forward_backward(const data::Batch& batch,
   {
     const MicroBatchLoss micro = forward(batch, normalizers);
     clock.lap("forward");
+    const AutocastPause no_autocast(device_);  // the backward as outside autocast
     micro.loss.backward();
     sums.add(micro.terms);
   }

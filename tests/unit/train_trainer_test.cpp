@@ -10,6 +10,9 @@
 #include "train_fixtures.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
+
+#include <atomic>
 
 #include <filesystem>
 #include <fstream>
@@ -283,6 +286,47 @@ TEST(Trainer, AllFourLossesFallOnALearnableStream) {
     EXPECT_LT(last.terms.at(term).at("loss"), first.terms.at(term).at("loss")) << term;
   }
   EXPECT_GT(last.terms.at("mlm").at("accuracy"), first.terms.at("mlm").at("accuracy"));
+}
+
+// Casts of a parameter (a leaf that requires a gradient) to another dtype during one train_step.
+int64_t parameter_casts_in_one_step(Trainer& trainer) {
+  std::atomic<int64_t> casts{0};
+  static std::atomic<int64_t>* counter = nullptr;  // the callback is a plain function
+  counter = &casts;
+  const auto counting = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(
+          [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+            if (std::string(fn.name()) != "aten::_to_copy") return nullptr;
+            const auto inputs = fn.inputs();
+            if (!inputs.empty() && inputs[0].isTensor()) {
+              const auto& t = inputs[0].toTensor();
+              if (t.is_leaf() && t.requires_grad()) ++*counter;
+            }
+            return nullptr;
+          })
+          .needsInputs(true)
+          .scopes({at::RecordScope::FUNCTION}));
+  trainer.train_step();
+  at::removeCallback(counting);
+  counter = nullptr;
+  return casts.load();
+}
+
+TEST(Trainer, Bf16WeightsAreCastOncePerStepNotPerMicroBatch) {
+  // The same model and tokens, in 1 micro-batch of 4 sequences and in 4 of 1, under bf16 autocast:
+  // autocast's cast of each weight is made once per step either way.
+  std::vector<int64_t> casts;
+  for (const int64_t micro_batches : {1, 4}) {
+    auto c = tiny_config(4 / micro_batches, micro_batches, 0.0);
+    c.train.precision = "bf16";
+    auto source = make_source(c, 4 / micro_batches);
+    Trainer trainer(c, make_model(c, 1), source, single_process());
+    ASSERT_TRUE(trainer.bf16());
+    trainer.train_step();  // warm-up
+    casts.push_back(parameter_casts_in_one_step(trainer));
+  }
+  EXPECT_GT(casts[0], 10) << "autocast cast no weight: is the step under bf16 autocast?";
+  EXPECT_EQ(casts[1], casts[0]) << "weights cast again in every micro-batch";
 }
 
 }  // namespace

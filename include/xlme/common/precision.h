@@ -32,4 +32,19 @@ class AutocastScope {
   at::ScalarType previous_dtype_ = at::kFloat;
 };
 
+// Autocast off on `device` while in scope, its cast cache kept: a backward pass inside a step-wide
+// AutocastScope runs in the dtypes its forward chose (as outside any scope) while the bf16 copies
+// of the weights that autocast cached stay for the next micro-batch.
+class AutocastPause {
+ public:
+  explicit AutocastPause(const torch::Device& device);
+  ~AutocastPause();
+  AutocastPause(const AutocastPause&) = delete;
+  AutocastPause& operator=(const AutocastPause&) = delete;
+
+ private:
+  torch::DeviceType device_type_;
+  bool was_enabled_;
+};
+
 }  // namespace xlme
