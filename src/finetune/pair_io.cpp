@@ -1,7 +1,6 @@
 #include "xlme/finetune/pair_io.h"
 
 #include "xlme/common/error.h"
-#include "xlme/data/line_reader.h"
 #include "xlme/finetune/task_registry.h"
 #include "xlme/finetune/text.h"
 #include "xtreme_files.h"
@@ -25,10 +24,8 @@ std::string pair_file(const std::string& download_dir, const std::string& task,
       path_under(download_dir, fmt::format("{}/{}-{}.tsv", task, lang, split));
   if (fs::is_regular_file(current)) return current;
   if (fs::is_regular_file(original)) return original;
-  XLME_FAIL(
-      "{} {} split for language '{}': neither '{}' nor '{}' exists; run XTREME's "
-      "download_data.sh or drop '{}' from the task's languages",
-      task, split, lang, current, original, lang);
+  XLME_FAIL("{} {} split for language '{}': neither '{}' nor '{}' exists; {}", task, split, lang,
+            current, original, io::data_remedy(task, download_dir));
 }
 
 std::vector<PairExample> read_pair_tsv(const std::string& path, const std::string& task,
@@ -67,12 +64,13 @@ namespace {
 using GoldRowReader = std::function<bool(const std::vector<std::string>& fields,
                                          const std::string& at, PairExample& ex)>;
 
-// The pairs of a gold release's TSV `path` (`what` names it when it is missing): a header line,
+// The pairs of a gold release's TSV `path` (`what` names it, and `task`'s gold_remedy says what to
+// do, when it is missing): a header line,
 // then one pair a line, empty lines skipped, each row read by `read_row`.
 std::vector<PairExample> read_gold_tsv(const std::string& path, const std::string& what,
-                                       const GoldRowReader& read_row) {
-  io::require_file(path, what);
-  data::LineReader reader(path, io::reader_options());
+                                       const std::string& task, const GoldRowReader& read_row) {
+  io::require_file(path, what, io::gold_remedy(task_info(task).gold));
+  io::Lines reader(path);
   std::vector<PairExample> examples;
   std::string line;
   reader.next(line);  // header
@@ -90,7 +88,7 @@ std::vector<PairExample> read_gold_tsv(const std::string& path, const std::strin
 
 std::vector<PairExample> read_xnli_gold(const std::string& path, const std::string& lang) {
   auto examples =
-      read_gold_tsv(path, "XNLI-1.0 gold for language '" + lang + "'",
+      read_gold_tsv(path, "XNLI-1.0 gold for language '" + lang + "'", "xnli",
                     [&](const std::vector<std::string>& f, const std::string& at, PairExample& ex) {
                       XLME_CHECK(f.size() >= 8,
                                  "{}: expected XNLI-1.0's columns (language, gold_label, ..., "
@@ -110,7 +108,7 @@ std::vector<PairExample> read_xnli_gold(const std::string& path, const std::stri
 
 std::vector<PairExample> read_pawsx_gold(const std::string& path) {
   return read_gold_tsv(
-      path, "PAWS-X gold",
+      path, "PAWS-X gold", "pawsx",
       [](const std::vector<std::string>& f, const std::string& at, PairExample& ex) {
         XLME_CHECK(f.size() == 4,
                    "{}: expected 4 columns (id, sentence1, sentence2, label), found {}", at,

@@ -8,6 +8,7 @@
 #include "xlme/finetune/task_registry.h"
 #include "xlme/finetune/tasks.h"
 #include "xlme/finetune/xtreme_io.h"
+#include "xtreme_files.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -122,9 +123,10 @@ ProbeReport run_retrieval(const config::FinetuneConfig& settings, model::Encoder
   for (const auto& pair : find_language_pairs(settings.data_dir, settings.pairs)) {
     const auto dash = pair.find('-');
     const auto a = pair.substr(0, dash), b = pair.substr(dash + 1);
-    auto sentences = read_line_pairs(path_under(settings.data_dir, pair + "." + a),
-                                     path_under(settings.data_dir, pair + "." + b), a, b,
-                                     /*aligned=*/true);
+    auto sentences =
+        read_line_pairs(path_under(settings.data_dir, pair + "." + a),
+                        path_under(settings.data_dir, pair + "." + b), a, b,
+                        /*aligned=*/true, io::data_remedy(settings.task, settings.data_dir));
     if (static_cast<int64_t>(sentences.source.size()) < settings.min_sentences) continue;
     if (settings.max_eval_examples > 0) {
       const auto n = static_cast<size_t>(settings.max_eval_examples);

@@ -111,9 +111,8 @@ std::string first_qa_file(const std::string& root, const std::vector<fs::path>& 
     if (fs::is_regular_file(path)) return path;
     tried.push_back("'" + path + "'");
   }
-  XLME_FAIL(
-      "{} {} split for language '{}': {} not found; {} or drop '{}' from the task's languages",
-      dataset, split, lang, io::join(tried, " or "), remedy, lang);
+  XLME_FAIL("{} {} split for language '{}': {} not found; {}", dataset, split, lang,
+            io::join(tried, " or "), remedy);
 }
 
 }  // namespace
@@ -121,7 +120,7 @@ std::string first_qa_file(const std::string& root, const std::vector<fs::path>& 
 std::string qa_file(const std::string& download_dir, const std::string& dataset,
                     const std::string& split, const std::string& lang) {
   return first_qa_file(download_dir, qa_candidates(dataset, split, lang), dataset, split, lang,
-                       "run XTREME's download_data.sh");
+                       io::download_remedy(download_dir));
 }
 
 std::string qa_gold_file(const std::string& gold_dir, const std::string& dataset,
@@ -129,11 +128,13 @@ std::string qa_gold_file(const std::string& gold_dir, const std::string& dataset
   std::vector<fs::path> names;
   for (const auto& c : qa_candidates(dataset, split, lang)) names.push_back(c.filename());
   return first_qa_file(gold_dir, names, dataset, split, lang,
-                       "put the file with its answers into finetune.gold_dir");
+                       io::gold_remedy(TaskGold::kSquadJson));
 }
 
 QaData read_squad_json(const std::string& path, bool skip_mismatched) {
-  io::require_file(path, "SQuAD-format QA data");
+  io::require_file(path, "SQuAD-format QA data",
+                   "check finetune.data_dir, finetune.gold_dir, finetune.train_file and "
+                   "finetune.dev_file");
   const auto root = parse_json<nlohmann::json>(read_file(path, "SQuAD-format QA data"),
                                                fmt::format("SQuAD-format file '{}'", path));
   using T = nlohmann::json::value_t;

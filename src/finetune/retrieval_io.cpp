@@ -1,7 +1,6 @@
 #include "xlme/finetune/retrieval_io.h"
 
 #include "xlme/common/error.h"
-#include "xlme/data/line_reader.h"
 #include "xlme/finetune/task_registry.h"
 #include "xlme/finetune/text.h"
 #include "xlme/finetune/xtreme_io.h"
@@ -74,10 +73,11 @@ const std::string& tatoeba_iso3(const std::string& lang) {
 
 SentencePairs read_line_pairs(const std::string& source_path, const std::string& target_path,
                               const std::string& source_language,
-                              const std::string& target_language, bool aligned) {
+                              const std::string& target_language, bool aligned,
+                              const std::string& remedy) {
   const std::string what = fmt::format("{}-{} sentences", source_language, target_language);
-  io::require_file(source_path, what);
-  io::require_file(target_path, what);
+  io::require_file(source_path, what, remedy);
+  io::require_file(target_path, what, remedy);
   SentencePairs pairs;
   pairs.source_language = source_language;
   pairs.target_language = target_language;
@@ -94,15 +94,30 @@ SentencePairs read_line_pairs(const std::string& source_path, const std::string&
 SentencePairs read_tatoeba_laser(const std::string& dir, const std::string& lang) {
   const std::string code = tatoeba_iso3(lang);
   const std::string base = fmt::format("tatoeba.{}-eng", code);
+  std::string remedy = io::gold_remedy(TaskGold::kLaserTatoeba);
+  if (fs::is_regular_file(path_under(dir, fmt::format("tatoeba/{}-en.{}", lang, lang)))) {
+    remedy += fmt::format(
+        "; '{}' is XTREME's download folder (tatoeba/{}-en.{}): that is finetune.data_dir", dir,
+        lang, lang);
+  }
   return read_line_pairs(path_under(dir, base + "." + code), path_under(dir, base + ".eng"), lang,
-                         "en", true);
+                         "en", true, remedy);
 }
 
 SentencePairs read_tatoeba_xtreme(const std::string& download_dir, const std::string& lang) {
-  tatoeba_iso3(lang);  // validates the language
+  const std::string code = tatoeba_iso3(lang);  // validates the language
+  const std::string laser = path_under(download_dir, fmt::format("tatoeba.{}-eng.{}", code, code));
+  XLME_CHECK(!fs::is_regular_file(laser),
+             "finetune.data_dir '{}' holds LASER's Tatoeba files ('{}'): LASER's data/tatoeba/v1 "
+             "folder is the gold; set finetune.gold_dir to it (finetune.data_dir is XTREME's "
+             "download folder, whose tatoeba/ copy hides the alignment)",
+             download_dir, laser);
   const std::string base = fmt::format("tatoeba/{}-en", lang);
-  return read_line_pairs(path_under(download_dir, base + "." + lang),
-                         path_under(download_dir, base + ".en"), lang, "en", false);
+  return read_line_pairs(
+      path_under(download_dir, base + "." + lang), path_under(download_dir, base + ".en"), lang,
+      "en", false,
+      io::data_remedy("tatoeba", download_dir) +
+          "; or, to score, set finetune.gold_dir to LASER's data/tatoeba/v1 folder");
 }
 
 std::vector<int64_t> tatoeba_sorted_order(const std::vector<std::string>& english) {
@@ -125,12 +140,17 @@ BuccCorpus read_bucc(const std::string& download_dir, const std::string& lang,
   const std::string base = path_under(download_dir, fmt::format("bucc2018/{}-en.{}", lang, split));
   BuccCorpus corpus;
   corpus.language = lang;
+  const std::string remedy = fmt::format(
+      "XTREME's scripts/download_data.sh writes the dev files and the test sentences (set "
+      "finetune.data_dir to its download/ folder); the test gold is BUCC 2018's training-gold "
+      "archive ({})",
+      io::gold_remedy(TaskGold::kBucc));
   auto read_side = [&](const std::string& ext,
                        std::vector<std::pair<std::string, std::string>>& out,
                        std::unordered_set<std::string>& ids) {
     const std::string path = base + "." + ext;
-    io::require_file(path, fmt::format("bucc {} split for language '{}'", split, lang));
-    data::LineReader reader(path, io::reader_options());
+    io::require_file(path, fmt::format("bucc {} split for language '{}'", split, lang), remedy);
+    io::Lines reader(path);
     for (std::string line; reader.next(line);) {
       if (line.empty()) continue;
       const std::string at = io::where(path, reader.lines_read());
@@ -152,7 +172,7 @@ BuccCorpus read_bucc(const std::string& download_dir, const std::string& lang,
                split, lang, gold_path);
     return corpus;
   }
-  data::LineReader reader(gold_path, io::reader_options());
+  io::Lines reader(gold_path);
   for (std::string line; reader.next(line);) {
     if (line.empty()) continue;
     const std::string at = io::where(gold_path, reader.lines_read());
@@ -198,9 +218,11 @@ void parse_pharaoh_line(const std::string& line, bool one_based, const std::stri
 std::vector<AlignedPair> read_aligned_pairs(const std::string& source_path,
                                             const std::string& target_path,
                                             const std::string& gold_path, bool one_based) {
-  io::require_file(source_path, "word-alignment source sentences");
-  io::require_file(target_path, "word-alignment target sentences");
-  io::require_file(gold_path, "word-alignment gold");
+  const std::string remedy =
+      "finetune.data_dir must hold each pair's <a>-<b>.<a>, <a>-<b>.<b> and <a>-<b>.gold";
+  io::require_file(source_path, "word-alignment source sentences", remedy);
+  io::require_file(target_path, "word-alignment target sentences", remedy);
+  io::require_file(gold_path, "word-alignment gold", remedy);
   const auto src = io::read_lines(source_path), tgt = io::read_lines(target_path),
              gold = io::read_lines(gold_path);
   XLME_CHECK(src.size() == tgt.size() && src.size() == gold.size(),

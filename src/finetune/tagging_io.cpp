@@ -123,16 +123,14 @@ std::string clean_ud_form(const std::string& form) {
 std::string tagging_file(const std::string& download_dir, const std::string& task,
                          const std::string& split, const std::string& lang) {
   const std::string path = path_under(download_dir, fmt::format("{}/{}-{}.tsv", task, split, lang));
-  XLME_CHECK(fs::is_regular_file(path),
-             "{} {} split for language '{}': '{}' does not exist; run "
-             "XTREME's download_data.sh or drop '{}' from the task's languages",
-             task, split, lang, path, lang);
+  XLME_CHECK(fs::is_regular_file(path), "{} {} split for language '{}': '{}' does not exist; {}",
+             task, split, lang, path, io::data_remedy(task, download_dir));
   return path;
 }
 
 std::vector<TaggedSentence> read_conll_tsv(const std::string& path, const std::string& task) {
   if (!task.empty()) task_labels(task);
-  data::LineReader reader(path, io::reader_options());
+  io::Lines reader(path);
   std::vector<TaggedSentence> sentences;
   TaggedSentence current;
   int tagged = -1;  // unknown until the first word line: 1 word+tag, 0 word only
@@ -142,7 +140,6 @@ std::vector<TaggedSentence> read_conll_tsv(const std::string& path, const std::s
   };
   std::string line;
   while (reader.next(line)) {
-    if (reader.lines_read() == 1) io::drop_bom(line);
     if (text::strip_ascii(line).empty()) {
       flush();
       continue;
@@ -170,8 +167,23 @@ std::vector<TaggedSentence> read_conll_tsv(const std::string& path, const std::s
   return sentences;
 }
 
+namespace {
+
+// Refuses a file that gave no sentence: a failed download leaves a 0-byte file or an HTML page.
+void require_sentences(const std::vector<TaggedSentence>& sentences, const std::string& path,
+                       const std::string& expected) {
+  if (!sentences.empty()) return;
+  std::error_code error;
+  const auto bytes = fs::file_size(path, error);
+  XLME_CHECK(error || bytes > 0,
+             "'{}' is empty (0 bytes); a failed download or copy? fetch and unpack it again", path);
+  XLME_FAIL("'{}' holds no {}; is it the right file, complete?", path, expected);
+}
+
+}  // namespace
+
 std::vector<TaggedSentence> read_panx_raw(const std::string& path) {
-  data::LineReader reader(path, io::reader_options());
+  io::Lines reader(path);
   std::vector<TaggedSentence> sentences;
   TaggedSentence current;
   std::string line;
@@ -193,15 +205,16 @@ std::vector<TaggedSentence> read_panx_raw(const std::string& path) {
     current.tags.push_back(io::check_label(text::strip_ascii(f[1]), "panx", at));
   }
   if (!current.words.empty()) sentences.push_back(std::move(current));
+  require_sentences(sentences, path, "raw PAN-X line ('lang:token TAB tag')");
   return sentences;
 }
 
 std::vector<TaggedSentence> read_conllu(const std::string& path, const std::string& lang) {
-  data::LineReader reader(path, io::reader_options());
+  io::Lines reader(path);
   std::vector<TaggedSentence> sentences;
   std::vector<ud::UdWord> words;
   std::vector<ud::UdRange> ranges;
-  int64_t first_line = 0;
+  int64_t first_line = 0, word_lines = 0;
   const auto& upos_set = task_labels("udpos");
   auto flush = [&] {
     if (!words.empty()) {
@@ -229,6 +242,7 @@ std::vector<TaggedSentence> read_conllu(const std::string& path, const std::stri
     const auto f = text::split_tabs(line);
     XLME_CHECK(f.size() == 10, "{}: a CoNLL-U word line has 10 TAB-separated columns, found {}", at,
                f.size());
+    ++word_lines;
     if (f[0].find('.') != std::string::npos) continue;  // empty node of enhanced UD
     if (words.empty() && ranges.empty()) first_line = reader.lines_read();
     try {
@@ -252,6 +266,9 @@ std::vector<TaggedSentence> read_conllu(const std::string& path, const std::stri
     }
   }
   flush();
+  // Sentences whose forms are all '_' are dropped (UD_English-ESL has no text): only a file
+  // without any word line is refused.
+  if (word_lines == 0) require_sentences(sentences, path, "CoNLL-U word line");
   return sentences;
 }
 
@@ -284,9 +301,8 @@ std::vector<std::string> ud_conllu_files(const std::string& ud_dir, const std::s
                                          const std::string& split) {
   auto paths = find_ud_files(ud_dir, lang, split);
   XLME_CHECK(!paths.empty(),
-             "udpos {} split for language '{}': no '{}_*{}*.conllu' file under "
-             "'{}'",
-             split, lang, lang, split, ud_dir);
+             "udpos {} split for language '{}': no '{}_*{}*.conllu' file under '{}'; {}", split,
+             lang, lang, split, ud_dir, io::gold_remedy(TaskGold::kUdRelease));
   return paths;
 }
 

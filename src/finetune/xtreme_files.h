@@ -4,6 +4,7 @@
 #pragma once
 
 #include "xlme/data/line_reader.h"
+#include "xlme/finetune/task_registry.h"
 
 #include <cstdint>
 #include <string>
@@ -11,20 +12,42 @@
 
 namespace xlme::finetune::io {
 
-// XTREME files are read with a warning naming the file and line for invalid UTF-8.
-data::LineReaderOptions reader_options();
+// How every reader of fine-tuning files reads text lines: with a warning naming the file and line
+// for invalid UTF-8, and a UTF-8 byte-order mark at the start of the file dropped (Windows editors
+// write one; XTREME's Python readers decode it away or fail, and no XTREME file needs it).
+class Lines {
+ public:
+  explicit Lines(const std::string& path);
+  // The next line without its line end; false at the end of the file.
+  bool next(std::string& line);
+  int64_t lines_read() const { return reader_.lines_read(); }
+
+ private:
+  data::LineReader reader_;
+};
 
 // "path:line".
 std::string where(const std::string& path, int64_t line);
 
-// Throws naming `what` and `path` (and how to get the data) when `path` is not a file.
-void require_file(const std::string& path, const std::string& what);
+// Throws "<what>: file '<path>' not found; <remedy>" when `path` is not a file. `remedy` says
+// what the user has to do for this file (the config key to fix, the archive to unpack, the
+// command that writes it): data_remedy and gold_remedy for XTREME's files.
+void require_file(const std::string& path, const std::string& what, const std::string& remedy);
+
+// "XTREME's scripts/download_data.sh writes it into its download/ folder; set finetune.data_dir
+// ('<data_dir>') to that folder".
+std::string download_remedy(const std::string& data_dir);
+
+// How to get `task`'s processed files under finetune.data_dir `data_dir`: XTREME's
+// scripts/download_data.sh, or for udpos and panx xlme-data xtreme (XTREME's own converter needs
+// an old networkx; PAN-X needs a manual download).
+std::string data_remedy(const std::string& task, const std::string& data_dir);
+
+// How to get a task's upstream test gold into finetune.gold_dir.
+std::string gold_remedy(TaskGold gold);
 
 // `label` when it is in task_labels(task); throws naming `at` and listing the set otherwise.
 std::string check_label(const std::string& label, const std::string& task, const std::string& at);
-
-// Drops a UTF-8 byte-order mark at the start of `line`.
-void drop_bom(std::string& line);
 
 // Every line of `path` (no line ends).
 std::vector<std::string> read_lines(const std::string& path);

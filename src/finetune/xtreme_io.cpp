@@ -18,21 +18,85 @@ namespace fs = std::filesystem;
 
 namespace io {
 
+namespace {
+
 data::LineReaderOptions reader_options() {
   data::LineReaderOptions options;
   options.warn_invalid_utf8 = true;
   return options;
 }
 
+}  // namespace
+
+Lines::Lines(const std::string& path) : reader_(path, reader_options()) {}
+
+bool Lines::next(std::string& line) {
+  if (!reader_.next(line)) return false;
+  if (reader_.lines_read() == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
+  return true;
+}
+
 std::string where(const std::string& path, int64_t line) {
   return fmt::format("{}:{}", path, line);
 }
 
-void require_file(const std::string& path, const std::string& what) {
-  XLME_CHECK(fs::is_regular_file(path),
-             "{}: file '{}' not found; download the data (XTREME's "
-             "scripts/download_data.sh) or fix the data folder in the config",
-             what, path);
+void require_file(const std::string& path, const std::string& what, const std::string& remedy) {
+  XLME_CHECK(fs::is_regular_file(path), "{}: file '{}' not found; {}", what, path, remedy);
+}
+
+std::string download_remedy(const std::string& data_dir) {
+  return fmt::format(
+      "XTREME's scripts/download_data.sh writes it into its download/ folder; set "
+      "finetune.data_dir ('{}') to that folder",
+      data_dir.empty() ? "." : data_dir);
+}
+
+std::string data_remedy(const std::string& task, const std::string& data_dir) {
+  const std::string dir = data_dir.empty() ? "." : data_dir;
+  switch (task_info(task).gold) {
+    case TaskGold::kUdRelease:
+      return fmt::format(
+          "write it with 'xlme-data xtreme --task udpos --input <the unpacked "
+          "ud-treebanks-v2.5.tgz> --out {}' (finetune.data_dir)",
+          dir);
+    case TaskGold::kPanxRaw:
+      return fmt::format(
+          "write it with 'xlme-data xtreme --task panx --input <a folder with each <lang>.tar.gz "
+          "of WikiAnn's AmazonPhotos.zip unpacked into <lang>/> --out {}' (finetune.data_dir)",
+          dir);
+    case TaskGold::kNone:
+      return fmt::format("check finetune.data_dir ('{}')", dir);
+    default:
+      return download_remedy(data_dir);
+  }
+}
+
+std::string gold_remedy(TaskGold gold) {
+  switch (gold) {
+    case TaskGold::kXnliRelease:
+      return "finetune.gold_dir must hold XNLI-1.0/xnli.test.tsv (unpack XNLI-1.0.zip into it)";
+    case TaskGold::kPawsxRelease:
+      return "finetune.gold_dir must hold x-final/<lang>/test_2k.tsv (unpack PAWS-X's "
+             "x-final.tar.gz into it)";
+    case TaskGold::kUdRelease:
+      return "finetune.gold_dir must be a UD v2.5 release folder (the unpacked "
+             "ud-treebanks-v2.5.tgz, with <lang>_*-ud-test.conllu files)";
+    case TaskGold::kPanxRaw:
+      return "finetune.gold_dir must hold <lang>/test (unpack each <lang>.tar.gz of WikiAnn's "
+             "AmazonPhotos.zip into <gold_dir>/<lang>/)";
+    case TaskGold::kSquadJson:
+      return "put the SQuAD-format file with its answers, under the same name, into "
+             "finetune.gold_dir";
+    case TaskGold::kLaserTatoeba:
+      return "finetune.gold_dir must be LASER's data/tatoeba/v1 folder (tatoeba.<xxx>-eng.<xxx> "
+             "and tatoeba.<xxx>-eng.eng for each language)";
+    case TaskGold::kBucc:
+      return "finetune.gold_dir must hold bucc2018/<lang>-en.test.{<lang>,en,gold} (BUCC 2018's "
+             "training-gold archive, renamed as XTREME does: training -> test)";
+    case TaskGold::kNone:
+      break;
+  }
+  return "this task reads its gold from finetune.data_dir";
 }
 
 std::string check_label(const std::string& label, const std::string& task, const std::string& at) {
@@ -42,12 +106,8 @@ std::string check_label(const std::string& label, const std::string& task, const
   return label;
 }
 
-void drop_bom(std::string& line) {
-  if (line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
-}
-
 std::vector<std::string> read_lines(const std::string& path) {
-  data::LineReader reader(path, reader_options());
+  Lines reader(path);
   std::vector<std::string> lines;
   for (std::string line; reader.next(line);) lines.push_back(line);
   return lines;
@@ -103,13 +163,10 @@ TsvQuoting parse_tsv_quoting(const std::string& name) {
 }
 
 std::vector<TsvRow> read_tsv(const std::string& path, TsvQuoting quoting) {
-  data::LineReader reader(path, io::reader_options());
+  io::Lines reader(path);
   std::vector<TsvRow> rows;
   std::string line;
-  bool first = true;
   while (reader.next(line)) {
-    if (first) io::drop_bom(line);
-    first = false;
     if (line.empty()) continue;
     TsvRow row;
     row.line = reader.lines_read();
@@ -161,6 +218,71 @@ std::vector<TsvRow> read_tsv(const std::string& path, TsvQuoting quoting) {
     rows.push_back(std::move(row));
   }
   return rows;
+}
+
+// ---- Test files against their gold -------------------------------------------------------------
+
+namespace {
+
+// `value` quoted for a message, cut to 60 bytes at a character boundary.
+std::string excerpt(const std::string& value) {
+  constexpr size_t kMax = 60;
+  if (value.size() <= kMax) return "'" + value + "'";
+  size_t cut = kMax;
+  while (cut > 0 && (static_cast<unsigned char>(value[cut]) & 0xC0) == 0x80) --cut;
+  return "'" + value.substr(0, cut) + "...'";
+}
+
+std::string place(const Source& source) {
+  return source.line > 0 ? io::where(source.file, source.line) : source.file;
+}
+
+}  // namespace
+
+void check_test_matches_gold(const std::string& what, const std::vector<ExampleKey>& test,
+                             const std::string& test_file, const std::vector<ExampleKey>& gold,
+                             const std::string& gold_files, const std::string& unit,
+                             const std::vector<std::string>& field_names, const SameValue& same) {
+  auto field_name = [&](size_t j) {
+    return field_names.size() == 1 ? fmt::format("{} {}", field_names[0], j + 1)
+                                   : field_names.at(j);
+  };
+  auto equal = [&](const std::string& a, const std::string& b) {
+    return same ? same(a, b) : a == b;
+  };
+  const size_t n = std::min(test.size(), gold.size());
+  std::string difference;
+  size_t k = 0;
+  for (; k < n && difference.empty(); ++k) {
+    const auto& a = test[k].fields;
+    const auto& b = gold[k].fields;
+    for (size_t j = 0; j < std::min(a.size(), b.size()) && difference.empty(); ++j) {
+      if (!equal(a[j], b[j])) {
+        difference = fmt::format("{} is {} in the test file and {} in the gold", field_name(j),
+                                 excerpt(a[j]), excerpt(b[j]));
+      }
+    }
+    if (difference.empty() && a.size() != b.size()) {
+      const std::string name = field_names.size() == 1 ? field_names[0] + "s" : "fields";
+      difference = fmt::format("{} {} in the test file, {} in the gold", a.size(), name, b.size());
+    }
+    if (!difference.empty()) {
+      difference = fmt::format("{} {} ({}; gold {}): {}", unit, k + 1, place(test[k].source),
+                               place(gold[k].source), difference);
+    }
+  }
+  if (difference.empty() && test.size() != gold.size()) {
+    const bool gold_longer = gold.size() > test.size();
+    const auto& first = gold_longer ? gold[n] : test[n];
+    difference = fmt::format("after {} {}s the {} ends; the {} goes on at {}", n, unit,
+                             gold_longer ? "test file" : "gold", gold_longer ? "gold" : "test file",
+                             place(first.source));
+  }
+  XLME_CHECK(difference.empty(),
+             "{}: the test file '{}' ({} {}s) and the gold {} ({} {}s) differ; first difference: "
+             "{}. XTREME's test file is the gold without its labels: are both complete and of "
+             "the same release?",
+             what, test_file, test.size(), unit, gold_files, gold.size(), unit, difference);
 }
 
 // ---- Submission layout -------------------------------------------------------------------------

@@ -510,5 +510,188 @@ TEST(QaFiles, GoldNeedsNoAnswerStrippedCopy) {
                    {dir / "gold/xquad.ru.json", "finetune.gold_dir"}));
 }
 
+// Issue 37: a UTF-8 byte-order mark (as Windows editors write one) is dropped by every reader
+// alike; a .conllu with one was refused as "10 TAB-separated columns, found 1", a Tatoeba line kept
+// it in its text and a BUCC id no longer matched its gold.
+TEST(Bom, EveryReaderDropsAByteOrderMarkAlike) {
+  TempDir dir;
+  auto both = [&](const std::string& name, const std::string& content) {
+    write_file(dir / ("plain/" + name), content);
+    write_file(dir / ("bom/" + name), "\xEF\xBB\xBF" + content);
+  };
+  both("t.tsv", "a\tb\t1\r\n");
+  both("udpos.tsv", "The\tDET\n");
+  both("en/test", "en:Bob\tB-PER\n");
+  both("word.conllu", "1\tHi\thi\tINTJ\t_\t_\t0\troot\t_\t_\n\n");
+  both("comment.conllu", "# sent_id = 1\n1\tHo\tho\tINTJ\t_\t_\t0\troot\t_\t_\n\n");
+  both("xnli.test.tsv",
+       "language\tgold_label\n"
+       "de\tneutral\t_\t_\t_\t_\ta\tb\n");
+  both("test_2k.tsv", "id\tsentence1\tsentence2\tlabel\n1\tc\td\t1\n");
+  both("q.json",
+       R"({"data": [{"paragraphs": [{"context": "x y", "qas": [{"id": "q1", "question": "w",
+       "answers": [{"text": "y", "answer_start": 2}]}]}]}]})");
+  both("tatoeba.deu-eng.deu", "Hallo\n");
+  both("tatoeba.deu-eng.eng", "Hello\n");
+  both("bucc2018/de-en.dev.de", "de-1\tHallo\n");
+  both("bucc2018/de-en.dev.en", "en-1\tHello\n");
+  both("bucc2018/de-en.dev.gold", "de-1\ten-1\n");
+  both("a.en", "x y\n");
+  both("a.de", "x y\n");
+  both("a.gold", "0-0 1-1\n");
+  auto read_all = [&](const std::string& root) {
+    const std::string d = dir / root;
+    std::string out;
+    for (const auto& row : read_tsv(d + "/t.tsv", TsvQuoting::kFaithful)) out += row.fields[0];
+    for (const auto& s : read_conll_tsv(d + "/udpos.tsv", "udpos")) out += s.words[0] + s.tags[0];
+    for (const auto& s : read_panx_raw(d + "/en/test")) out += s.words[0];
+    for (const char* f : {"/word.conllu", "/comment.conllu"}) {
+      for (const auto& s : read_conllu(d + f, "en")) out += s.words[0] + s.tags[0];
+    }
+    for (const auto& e : read_xnli_gold(d + "/xnli.test.tsv", "de")) out += e.text_a + e.label;
+    for (const auto& e : read_pawsx_gold(d + "/test_2k.tsv")) out += e.text_a + e.label;
+    for (const auto& e : read_squad_json(d + "/q.json").examples) out += e.id + e.answers[0].text;
+    const auto tatoeba = read_tatoeba_laser(d, "de");
+    out += tatoeba.source[0] + tatoeba.target[0];
+    const auto bucc = read_bucc(d, "de", "dev", true);
+    out += bucc.source[0].first + bucc.gold[0].first;
+    for (const auto& p : read_aligned_pairs(d + "/a.en", d + "/a.de", d + "/a.gold")) {
+      out += p.source_words[0] + std::to_string(p.sure.size());
+    }
+    return out;
+  };
+  const auto plain = read_all("plain");
+  EXPECT_EQ(plain, "aTheDETBobHiINTJHoINTJaneutralc1q1yHalloHellode-1de-1x2");
+  EXPECT_EQ(read_all("bom"), plain);
+}
+
+// Issue 37: a processed test file and the gold it was made from are compared; the first
+// difference names both files and both lines.
+TEST(TestAgainstGold, FirstDifferenceNamesBothFilesAndLines) {
+  const std::vector<ExampleKey> gold = {{{"g.conllu", 1}, {"Ich", "bin"}},
+                                        {{"g.conllu", 5}, {"Ja"}}};
+  std::vector<ExampleKey> test = {{{"t.tsv", 1}, {"Ich", "bin"}}, {{"t.tsv", 4}, {"Ja"}}};
+  auto check = [&]() -> std::string {
+    try {
+      check_test_matches_gold("udpos test set of de", test, "t.tsv", gold, "'g.conllu'", "sentence",
+                              {"word"});
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(check(), "");
+  // A gold cut at a sentence boundary.
+  test.push_back({{"t.tsv", 6}, {"Nein"}});
+  EXPECT_TRUE(contains_all(check(), {"udpos test set of de: the test file 't.tsv' (3 sentences) "
+                                     "and the gold 'g.conllu' (2 sentences) differ",
+                                     "first difference: after 2 sentences the gold ends; the test "
+                                     "file goes on at t.tsv:6",
+                                     "same release"}))
+      << check();
+  test.pop_back();
+  test[1].fields = {"Jo"};
+  EXPECT_TRUE(contains_all(check(), {"sentence 2 (t.tsv:4; gold g.conllu:5): word 1 is 'Jo' in "
+                                     "the test file and 'Ja' in the gold"}))
+      << check();
+  test[1].fields = {"Ja", "!"};
+  EXPECT_TRUE(contains_all(check(), {"sentence 2", "2 words in the test file, 1 in the gold"}));
+  // Named fields, a tolerant comparison, long values cut.
+  const std::vector<ExampleKey> q_gold = {
+      {{"gold/xquad.de.json", 0}, {"q1", std::string(90, 'x')}}};
+  const std::vector<ExampleKey> q_test = {{{"xquad.de.json", 0}, {"q1", std::string(90, 'y')}}};
+  const auto message = error_message([&] {
+    check_test_matches_gold("xquad test set of de", q_test, "xquad.de.json", q_gold,
+                            "'gold/xquad.de.json'", "question", {"id", "question"});
+  });
+  EXPECT_TRUE(contains_all(message, {"question 1 (xquad.de.json; gold gold/xquad.de.json): "
+                                     "question is '" +
+                                     std::string(60, 'y') + "...'"}))
+      << message;
+  EXPECT_NO_THROW(
+      check_test_matches_gold("x", q_test, "a", q_gold, "b", "question", {"id", "question"},
+                              [](const std::string&, const std::string&) { return true; }));
+}
+
+// Issue 37: xlme-data xtreme's readers refuse an empty or unparseable download, naming it (a
+// 0-byte .conllu was skipped and "wrote 4 files" followed); a treebank without text (forms all
+// '_', as UD_English-ESL) is still no error.
+TEST(Prepare, RefusesEmptyAndUnparseableInputsNamingThem) {
+  TempDir dir;
+  const std::string good = "1\tHi\thi\tINTJ\t_\t_\t0\troot\t_\t_\n\n";
+  write_file(dir / "ud/UD_English-A/en_a-ud-dev.conllu", good);
+  const std::string train = dir / "ud/UD_English-A/en_a-ud-train.conllu";
+  write_file(train, "");
+  EXPECT_TRUE(contains_all(error_message([&] { prepare_udpos(dir / "ud", dir / "o", {"en"}); }),
+                           {"'" + train + "' is empty (0 bytes)", "failed download"}));
+  write_file(train, "# newdoc\n# sent_id = 1\n\n");
+  EXPECT_TRUE(contains_all(error_message([&] { prepare_udpos(dir / "ud", dir / "o", {"en"}); }),
+                           {"'" + train + "' holds no CoNLL-U word line"}));
+  write_file(train, "<!DOCTYPE html>\n<html><body>Not Found</body></html>\n");
+  EXPECT_TRUE(contains_all(error_message([&] { prepare_udpos(dir / "ud", dir / "o", {"en"}); }),
+                           {train + ":1", "10 TAB-separated columns, found 1"}));
+  write_file(train, "1\t_\t_\tNOUN\t_\t_\t0\troot\t_\t_\n\n");         // no text, as ESL
+  EXPECT_EQ(prepare_udpos(dir / "ud", dir / "o", {"en"}).size(), 1u);  // dev-en only
+  write_file(dir / "panx/en/train", "");
+  EXPECT_TRUE(contains_all(error_message([&] { prepare_panx(dir / "panx", dir / "o", {"en"}); }),
+                           {"'" + (dir / "panx/en/train") + "' is empty (0 bytes)"}));
+  write_file(dir / "panx/en/train", "<html>\n");
+  EXPECT_TRUE(contains_all(error_message([&] { prepare_panx(dir / "panx", dir / "o", {"en"}); }),
+                           {dir / "panx/en/train", "holds no raw PAN-X line"}));
+}
+
+// Issue 37: every "file not found" says what the user has to do for that file: xlme-data xtreme
+// for udpos and panx, XTREME's download_data.sh for what it writes, the upstream archive and
+// finetune.gold_dir for gold; none says to drop a language (for the training language that
+// cannot help).
+TEST(DataMessages, SayWhatTheUserHasToDoForEachFile) {
+  TempDir dir;
+  const std::string d = dir.path().string();
+  auto says = [](const std::string& message, const std::vector<std::string>& parts) {
+    EXPECT_EQ(message.find("drop"), std::string::npos) << message;
+    for (const auto& part : parts) EXPECT_NE(message.find(part), std::string::npos) << part;
+    EXPECT_FALSE(message.empty());
+  };
+  says(error_message([&] { tagging_file(d, "udpos", "train", "en"); }),
+       {dir / "udpos/train-en.tsv", "xlme-data xtreme --task udpos --input",
+        "ud-treebanks-v2.5.tgz", "--out " + d});
+  says(error_message([&] { tagging_file(d, "panx", "train", "en"); }),
+       {"xlme-data xtreme --task panx", "AmazonPhotos.zip"});
+  says(error_message([&] { pair_file(d, "xnli", "train", "en"); }),
+       {"XTREME's scripts/download_data.sh", "finetune.data_dir ('" + d + "')"});
+  says(error_message([&] { qa_file(d, "squad", "train", "en"); }),
+       {dir / "squad/train-v1.1.json", "scripts/download_data.sh"});
+  says(error_message([&] { read_pair_gold(d, "xnli", "de"); }),
+       {dir / "XNLI-1.0/xnli.test.tsv", "finetune.gold_dir", "XNLI-1.0.zip"});
+  says(error_message([&] { read_pair_gold(d, "pawsx", "de"); }),
+       {dir / "x-final/de/test_2k.tsv", "finetune.gold_dir", "x-final.tar.gz"});
+  says(error_message([&] { tagging_gold_files(d, "panx", "de"); }),
+       {dir / "de/test", "finetune.gold_dir"});
+  says(error_message([&] { read_bucc(d, "de", "dev", true); }),
+       {dir / "bucc2018/de-en.dev.de", "download_data.sh", "training-gold archive"});
+  says(error_message([&] { read_aligned_pairs(d + "/a.en", d + "/a.de", d + "/a.gold"); }),
+       {"finetune.data_dir", "<a>-<b>.gold"});
+}
+
+// Issue 37: LASER's data/tatoeba/v1 is finetune.gold_dir; each error points at the right key.
+TEST(Tatoeba, ErrorsPointAtTheRightKey) {
+  TempDir dir;
+  write_file(dir / "v1/tatoeba.deu-eng.deu", "Hallo\n");
+  // LASER's folder as finetune.data_dir: not "run download_data.sh", but "it is the gold_dir".
+  EXPECT_TRUE(contains_all(error_message([&] { read_tatoeba_xtreme(dir / "v1", "de"); }),
+                           {"finetune.data_dir '" + (dir / "v1") + "' holds LASER's Tatoeba files",
+                            "set finetune.gold_dir to it"}));
+  // A missing .eng file: finetune.gold_dir must hold it.
+  EXPECT_TRUE(contains_all(error_message([&] { read_tatoeba_laser(dir / "v1", "de"); }),
+                           {dir / "v1/tatoeba.deu-eng.eng", "not found",
+                            "finetune.gold_dir must be LASER's data/tatoeba/v1 folder"}));
+  // XTREME's download as finetune.gold_dir: that is the data folder.
+  write_file(dir / "download/tatoeba/de-en.de", "Hallo\n");
+  EXPECT_TRUE(contains_all(error_message([&] { read_tatoeba_laser(dir / "download", "de"); }),
+                           {"is XTREME's download folder", "that is finetune.data_dir"}));
+  EXPECT_TRUE(contains_all(error_message([&] { read_tatoeba_xtreme(dir / "nowhere", "de"); }),
+                           {"tatoeba/de-en.de", "download_data.sh", "finetune.gold_dir"}));
+}
+
 }  // namespace
 }  // namespace xlme::finetune

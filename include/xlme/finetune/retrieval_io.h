@@ -18,17 +18,19 @@ namespace xlme::finetune {
 const std::string& tatoeba_iso3(const std::string& lang);
 
 // Two line-aligned files as SentencePairs (source_language/target_language given); throws naming
-// both files when their line counts differ.
+// both files when their line counts differ, and a missing file with `remedy` (what to do).
 SentencePairs read_line_pairs(const std::string& source_path, const std::string& target_path,
                               const std::string& source_language,
-                              const std::string& target_language, bool aligned);
+                              const std::string& target_language, bool aligned,
+                              const std::string& remedy);
 
-// LASER's originals `<dir>/tatoeba.{xxx}-eng.{xxx}` and `.eng`: source = lang, target = en,
-// aligned (line i translates line i).
+// LASER's originals `<dir>/tatoeba.{xxx}-eng.{xxx}` and `.eng` (dir = finetune.gold_dir, LASER's
+// data/tatoeba/v1): source = lang, target = en, aligned (line i translates line i). A missing
+// file's error says what finetune.gold_dir must hold.
 SentencePairs read_tatoeba_laser(const std::string& dir, const std::string& lang);
 
 // XTREME's copy `<download_dir>/tatoeba/{xx}-en.{xx}` and `{xx}-en.en` (the English side sorted,
-// so not aligned).
+// so not aligned). Throws saying to set finetune.gold_dir when `download_dir` holds LASER's files.
 SentencePairs read_tatoeba_xtreme(const std::string& download_dir, const std::string& lang);
 
 // For each line of XTREME's sorted English file, the line of the LASER English file it came from

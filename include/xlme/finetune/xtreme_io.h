@@ -6,7 +6,10 @@
 // Every error names the file and the 1-based line (or the JSON key) and says what to do.
 #pragma once
 
+#include "xlme/finetune/examples.h"
+
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -46,6 +49,30 @@ struct TsvRow {
 // The rows of a TSV with LF or CRLF line ends (a UTF-8 BOM is dropped, empty lines are skipped).
 // Throws naming file:line for an unterminated quoted field (kUnquoted).
 std::vector<TsvRow> read_tsv(const std::string& path, TsvQuoting quoting);
+
+// ---- Test files against their gold -------------------------------------------------------------
+
+// An example as a processed test file and the upstream gold it was made from must both hold it:
+// where it is, and the strings they must agree on (a sentence's words; a pair's two sentences; a
+// question's id, question and context).
+struct ExampleKey {
+  Source source;
+  std::vector<std::string> fields;
+};
+
+// How a test file's value and the gold's value are compared (exact by default).
+using SameValue = std::function<bool(const std::string& test, const std::string& gold)>;
+
+// Throws unless `test` (XTREME's processed test file `test_file`, without labels) and `gold` (the
+// upstream file(s) `gold_files` that carry them) hold the same examples in the same order: the
+// error names both files, both counts and the first difference (its lines in both files and the
+// differing value). `what` starts the message ("udpos test set of de"); `unit` names an example
+// ("sentence"); `field_names` the fields (one name: "word" -> "word 3").
+void check_test_matches_gold(const std::string& what, const std::vector<ExampleKey>& test,
+                             const std::string& test_file, const std::vector<ExampleKey>& gold,
+                             const std::string& gold_files, const std::string& unit,
+                             const std::vector<std::string>& field_names,
+                             const SameValue& same = {});
 
 // ---- Submission layout -------------------------------------------------------------------------
 
