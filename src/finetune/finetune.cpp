@@ -123,8 +123,21 @@ int run_finetune(const config::Config& config) {
     }
     write_file_atomic((fs::path(config.run.out_dir) / "results.json").string(),
                       results_json(recorded, seeds));
-    table = results_table(seeds, Split::kTest) + results_table(seeds, Split::kDev);
-    if (table.empty()) table = "no evaluation set had gold labels; predictions were written\n";
+    // Every run prints a test section: scores, or which predictions were not scored and why.
+    const auto languages = evaluated_languages(settings);
+    const std::string written =
+        fmt::format("the files are in {}",
+                    seed_folder(config.run.out_dir, seeds.size(), settings.seeds.front()));
+    const std::string why =
+        settings.gold_dir.empty()
+            ? "XTREME's test files carry no labels and finetune.gold_dir is not set (point it at "
+              "the upstream files with the gold: docs/finetuning.md#where-gold-comes-from); " +
+                  written
+            : "their gold files carry no labels; " + written;
+    table = results_table(seeds, Split::kTest, languages, why);
+    if (table.empty())
+      table = "test: no language had a test set (the log names what each lacked)\n";
+    table += results_table(seeds, Split::kDev, languages, "the dev files carry no labels");
   }
   spdlog::info("{} results ({}):\n{}", settings.task,
                (fs::path(config.run.out_dir) / "results.json").string(), table);

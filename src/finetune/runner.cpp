@@ -100,6 +100,13 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
       settings.warmup_steps > 0
           ? std::min(settings.warmup_steps, total)
           : static_cast<int64_t>(std::llround(settings.warmup_ratio * static_cast<double>(total)));
+  if (settings.warmup_steps > total) {
+    spdlog::warn(
+        "finetune.warmup_steps ({}) is longer than the run ({} steps): the whole run is warm-up "
+        "and the learning rate never reaches finetune.lr ({}); lower finetune.warmup_steps or use "
+        "finetune.warmup_ratio",
+        settings.warmup_steps, total, settings.lr);
+  }
   const optim::LinearSchedule schedule(settings.lr, warmup, total);
   const int64_t eval_every = settings.eval_every > 0 ? settings.eval_every : per_epoch;
   const bool select_best = settings.select == "best_dev";
@@ -194,7 +201,10 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
               ? std::string()
               : path_under(predictions_dir, task.prediction_file(language, split));
       auto scores = evaluate_without_grad(task, model, language, split, device, bf16, predictions);
-      if (scores.values.empty()) continue;  // predicted, but the set has no gold to score
+      if (scores.values.empty()) {  // predicted, but the set has no gold to score
+        result.unscored[split_name(split)].push_back(language);
+        continue;
+      }
       if (split == Split::kDev && language == settings.train_language && !select_best) {
         result.best_dev = scores.main_value();
       }
@@ -262,9 +272,21 @@ std::string results_json(const config::Config& config, const std::vector<SeedRes
   return out.dump(2) + "\n";
 }
 
-std::string results_table(const std::vector<SeedResult>& seeds, Split split) {
-  if (seeds.empty() || !seeds.front().by.count(split_name(split))) return "";
-  const auto& first = seeds.front().by.at(split_name(split));
+std::string results_table(const std::vector<SeedResult>& seeds, Split split,
+                          const std::vector<std::string>& languages,
+                          const std::string& unscored_why) {
+  if (seeds.empty()) return "";
+  const std::string name = split_name(split);
+  const auto& front = seeds.front();
+  const auto unscored_it = front.unscored.find(name);
+  const std::vector<std::string> unscored =
+      unscored_it == front.unscored.end() ? std::vector<std::string>() : unscored_it->second;
+  const std::string unscored_line =
+      unscored.empty() ? ""
+                       : fmt::format("{}: predictions for {} written but not scored: {}\n", name,
+                                     fmt::join(unscored, " "), unscored_why);
+  if (!front.by.count(name)) return unscored_line;
+  const auto& first = front.by.at(name);
   std::string out;
   std::vector<double> averages(seeds.size(), 0.0);
   std::string main;
@@ -272,16 +294,29 @@ std::string results_table(const std::vector<SeedResult>& seeds, Split split) {
     main = scores.main;
     std::vector<double> values;
     for (size_t i = 0; i < seeds.size(); ++i) {
-      const double v = seeds[i].by.at(split_name(split)).at(language).main_value();
+      const double v = seeds[i].by.at(name).at(language).main_value();
       values.push_back(v);
       averages[i] += v / static_cast<double>(first.size());
     }
     auto [mean, std] = mean_std(values);
     out += fmt::format("  {:<8} {:>7.2f} ± {:.2f}\n", language, mean, std);
   }
+  std::vector<std::string> without_data;
+  for (const auto& language : languages) {
+    if (!first.count(language) &&
+        std::find(unscored.begin(), unscored.end(), language) == unscored.end()) {
+      without_data.push_back(language);
+    }
+  }
   auto [mean, std] = mean_std(averages);
-  return fmt::format("{} {} per language:\n", split_name(split), main) + out +
-         fmt::format("  {:<8} {:>7.2f} ± {:.2f}\n", "average", mean, std);
+  std::string coverage = fmt::format("over {} of {} languages", first.size(),
+                                     std::max(languages.size(), first.size()));
+  if (!without_data.empty())
+    coverage += fmt::format("; no data for: {}", fmt::join(without_data, " "));
+  if (!unscored.empty()) coverage += fmt::format("; not scored: {}", fmt::join(unscored, " "));
+  return fmt::format("{} {} per language:\n", name, main) + out +
+         fmt::format("  {:<8} {:>7.2f} ± {:.2f} {}\n", "average", mean, std, coverage) +
+         unscored_line;
 }
 
 }  // namespace xlme::finetune

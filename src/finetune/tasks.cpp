@@ -7,7 +7,9 @@
 #include "xlme/finetune/qa_io.h"
 #include "xlme/finetune/tagging_io.h"
 #include "xlme/finetune/task_registry.h"
+#include "xlme/finetune/text.h"
 #include "xlme/finetune/xtreme_io.h"
+#include "xtreme_files.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -48,7 +50,14 @@ torch::Tensor run_model(FinetuneModel& model, const PaddedBatch& batch,
   return model->forward_host(batch.input_ids, batch.positions, batch.padding, device);
 }
 
-// Shared by the tasks: where each language's evaluation data is and whether it exists.
+// The part of a reader's error before its remedy ("udpos test split for language 'af':
+// 'download/udpos/test-af.tsv' does not exist"): what a skipped language lacked.
+std::string lacked(const std::string& message) {
+  const size_t semicolon = message.find("; ");
+  return semicolon == std::string::npos ? message : message.substr(0, semicolon);
+}
+
+// Shared by the tasks: which languages have evaluation data, found once per split.
 class EvalSets {
  public:
   explicit EvalSets(const config::FinetuneConfig& settings) : settings_(settings) {}
@@ -56,9 +65,12 @@ class EvalSets {
   // Languages of `split` for which `exists(language, missing)` holds; an xlme::Error from it
   // (a reader that finds no file) counts as missing, with its message. A test set of a language
   // named in finetune.languages must exist (the error says which file is missing); other missing
-  // sets are skipped (XTREME has no dev set for some tasks and languages).
+  // sets are skipped (XTREME has no dev set for most languages), each logged at info level with
+  // the file it lacked. The answer is kept: the runner asks several times.
   template <class Exists>
-  std::vector<std::string> available(Split split, const Exists& exists) const {
+  const std::vector<std::string>& available(Split split, const Exists& exists) const {
+    auto cached = found_.find(split);
+    if (cached != found_.end()) return cached->second;
     std::vector<std::string> out;
     for (const auto& language : evaluated_languages(settings_)) {
       std::string missing;
@@ -71,19 +83,68 @@ class EvalSets {
       if (found) {
         out.push_back(language);
       } else if (!settings_.languages.empty() && split == Split::kTest) {
-        XLME_FAIL("finetune.languages names {} but its {} data is missing: {}", language,
-                  split_name(split), missing);
+        XLME_FAIL(
+            "finetune.languages names {} but its {} data is missing: {}; or drop {} from "
+            "finetune.languages",
+            language, split_name(split), missing, language);
       } else {
-        spdlog::debug("{} {} {}: no data ({}), skipped", settings_.task, split_name(split),
-                      language, missing);
+        spdlog::info("{} {} {}: skipped, no data: {}", settings_.task, split_name(split), language,
+                     lacked(missing));
       }
     }
-    return out;
+    return found_.emplace(split, std::move(out)).first->second;
+  }
+
+  // `languages` for `split` whatever the data folder holds, and why, said once (xquad and tydiqa
+  // have no dev set; finetune.dev_file names the train language's).
+  const std::vector<std::string>& fixed(Split split, std::vector<std::string> languages,
+                                        const std::string& why) const {
+    auto cached = found_.find(split);
+    if (cached != found_.end()) return cached->second;
+    spdlog::info("{} {}: {}", settings_.task, split_name(split), why);
+    return found_.emplace(split, std::move(languages)).first->second;
   }
 
  private:
   const config::FinetuneConfig& settings_;
+  mutable std::map<Split, std::vector<std::string>> found_;
 };
+
+// Logs where a language's evaluation set came from: `files` without a gold folder, or the gold
+// `files` alone or checked against XTREME's processed test file.
+void log_source(const config::FinetuneConfig& settings, const std::string& language, Split split,
+                size_t count, const std::string& unit, const std::string& files,
+                const std::string& test_file, bool gold) {
+  const std::string head =
+      fmt::format("{} {} {}: {} {}s", settings.task, split_name(split), language, count, unit);
+  if (!gold) {
+    spdlog::info("{} from {}", head, files);
+  } else if (!test_file.empty()) {
+    spdlog::info("{} from the gold {}, the same as the test file '{}'", head, files, test_file);
+  } else {
+    spdlog::info(
+        "{} from the gold {} alone (finetune.data_dir has no test file of {} to check it "
+        "against)",
+        head, files, language);
+  }
+}
+
+// XTREME's processed test file of a language, or "" when there is none (a gold file alone is
+// allowed).
+template <class Locate>
+std::string optional_test_file(const Locate& locate) {
+  try {
+    return locate();
+  } catch (const Error&) {
+    return "";
+  }
+}
+
+std::string quoted_list(const std::vector<std::string>& paths) {
+  std::vector<std::string> quoted;
+  for (const auto& p : paths) quoted.push_back("'" + p + "'");
+  return io::join(quoted, ", ");
+}
 
 bool file_exists(const std::string& path) {
   return fs::is_regular_file(path);
@@ -164,15 +225,16 @@ class PairTask : public TrainableTask {
   void read(const std::string& language, Split split) override { load(language, split); }
 
   std::vector<std::string> languages(Split split) const override {
-    return EvalSets(settings_).available(
-        split, [&](const std::string& language, std::string& missing) {
-          if (split == Split::kTest && !settings_.gold_dir.empty()) {
-            missing = pair_gold_file(settings_.gold_dir, settings_.task, language);
-            return file_exists(missing);
-          }
-          missing = pair_file(settings_.data_dir, settings_.task, split_name(split), language);
-          return true;
-        });
+    return sets_.available(split, [&](const std::string& language, std::string& missing) {
+      if (split == Split::kTest && !settings_.gold_dir.empty()) {
+        const auto path = pair_gold_file(settings_.gold_dir, settings_.task, language);
+        missing = fmt::format("'{}' does not exist; {}", path,
+                              io::gold_remedy(task_info(settings_.task).gold));
+        return file_exists(path);
+      }
+      pair_file(settings_.data_dir, settings_.task, split_name(split), language);
+      return true;
+    });
   }
 
   std::string prediction_file(const std::string& language, Split split) const override {
@@ -187,21 +249,48 @@ class PairTask : public TrainableTask {
 
   using Cache = EvalCache<PairExample, std::vector<ClassificationFeature>>;
 
+  // The two sentences of each pair, as XTREME's preprocessing writes them from the gold (stripped;
+  // the test file read with its CSV quoting undone).
+  static std::vector<ExampleKey> keys(const std::vector<PairExample>& examples) {
+    std::vector<ExampleKey> out;
+    for (const auto& e : examples) {
+      out.push_back({e.source, {text::strip_ascii(e.text_a), text::strip_ascii(e.text_b)}});
+    }
+    return out;
+  }
+
+  std::vector<PairExample> read_set(const std::string& language, Split split) const {
+    const bool gold = split == Split::kTest && !settings_.gold_dir.empty();
+    if (!gold) {
+      const auto path = pair_file(settings_.data_dir, settings_.task, split_name(split), language);
+      auto examples = read_pair_tsv(path, settings_.task, split_name(split), quoting_);
+      log_source(settings_, language, split, examples.size(), "pair", "'" + path + "'", "", false);
+      return examples;
+    }
+    auto examples = read_pair_gold(settings_.gold_dir, settings_.task, language);
+    const auto gold_file = pair_gold_file(settings_.gold_dir, settings_.task, language);
+    const auto test_file = optional_test_file(
+        [&] { return pair_file(settings_.data_dir, settings_.task, "test", language); });
+    if (!test_file.empty()) {
+      check_test_matches_gold(
+          fmt::format("{} test set of {}", settings_.task, language),
+          keys(read_pair_tsv(test_file, settings_.task, "test", TsvQuoting::kUnquoted)), test_file,
+          keys(examples), "'" + gold_file + "'", "pair", {"sentence1", "sentence2"});
+    }
+    log_source(settings_, language, split, examples.size(), "pair", "'" + gold_file + "'",
+               test_file, true);
+    return examples;
+  }
+
   const Cache::Set& load(const std::string& language, Split split) {
-    auto read = [&] {
-      if (split == Split::kTest && !settings_.gold_dir.empty()) {
-        return read_pair_gold(settings_.gold_dir, settings_.task, language);
-      }
-      return read_pair_split(settings_.data_dir, settings_.task, split_name(split), language,
-                             quoting_);
-    };
-    return cache_.get(language, split, settings_.max_eval_examples, read, [&](const auto& e) {
-      return featurize_pairs(e, labels_, tokenizer_, settings_.max_len);
-    });
+    return cache_.get(
+        language, split, settings_.max_eval_examples, [&] { return read_set(language, split); },
+        [&](const auto& e) { return featurize_pairs(e, labels_, tokenizer_, settings_.max_len); });
   }
 
   const config::FinetuneConfig& settings_;
   const data::Tokenizer& tokenizer_;
+  EvalSets sets_{settings_};
   std::vector<std::string> labels_;
   TsvQuoting quoting_;
   std::vector<ClassificationFeature> train_;
@@ -272,15 +361,13 @@ class TaggingTask : public TrainableTask {
   void read(const std::string& language, Split split) override { load(language, split); }
 
   std::vector<std::string> languages(Split split) const override {
-    return EvalSets(settings_).available(
-        split, [&](const std::string& language, std::string& missing) {
-          if (split == Split::kTest && !settings_.gold_dir.empty()) {
-            missing = settings_.gold_dir;
-            return !tagging_gold_files(settings_.gold_dir, settings_.task, language).empty();
-          }
-          missing = tagging_file(settings_.data_dir, settings_.task, split_name(split), language);
-          return true;
-        });
+    return sets_.available(split, [&](const std::string& language, std::string&) {
+      if (split == Split::kTest && !settings_.gold_dir.empty()) {
+        return !tagging_gold_files(settings_.gold_dir, settings_.task, language).empty();
+      }
+      tagging_file(settings_.data_dir, settings_.task, split_name(split), language);
+      return true;
+    });
   }
 
   std::string prediction_file(const std::string& language, Split split) const override {
@@ -290,22 +377,56 @@ class TaggingTask : public TrainableTask {
  private:
   using Cache = EvalCache<TaggedSentence, std::vector<TaggingFeature>>;
 
+  static std::vector<ExampleKey> keys(const std::vector<TaggedSentence>& sentences) {
+    std::vector<ExampleKey> out;
+    for (const auto& s : sentences) {
+      ExampleKey key{s.source, {}};
+      for (const auto& w : s.words) key.fields.push_back(text::strip_ascii(w));
+      out.push_back(std::move(key));
+    }
+    return out;
+  }
+
+  std::vector<TaggedSentence> read_set(const std::string& language, Split split) const {
+    const bool gold = split == Split::kTest && !settings_.gold_dir.empty();
+    if (!gold) {
+      const auto path =
+          tagging_file(settings_.data_dir, settings_.task, split_name(split), language);
+      auto sentences = read_conll_tsv(path, settings_.task);
+      log_source(settings_, language, split, sentences.size(), "sentence", "'" + path + "'", "",
+                 false);
+      return sentences;
+    }
+    auto sentences = read_tagging_gold(settings_.gold_dir, settings_.task, language);
+    const auto gold_files =
+        quoted_list(tagging_gold_files(settings_.gold_dir, settings_.task, language));
+    const auto test_file = optional_test_file(
+        [&] { return tagging_file(settings_.data_dir, settings_.task, "test", language); });
+    if (!test_file.empty()) {
+      // XTREME's original panx_preprocess kept a token only up to its second ':' ("en:a:b" ->
+      // "a"); the later one, as read_panx_raw, keeps "a:b". A test file of either release matches.
+      const bool panx = task_info(settings_.task).gold == TaskGold::kPanxRaw;
+      const SameValue same = [panx](const std::string& test, const std::string& gold) {
+        return test == gold || (panx && test == gold.substr(0, gold.find(':')));
+      };
+      check_test_matches_gold(fmt::format("{} test set of {}", settings_.task, language),
+                              keys(read_conll_tsv(test_file, settings_.task)), test_file,
+                              keys(sentences), gold_files, "sentence", {"word"}, same);
+    }
+    log_source(settings_, language, split, sentences.size(), "sentence", gold_files, test_file,
+               true);
+    return sentences;
+  }
+
   const Cache::Set& load(const std::string& language, Split split) {
-    auto read = [&] {
-      if (split != Split::kTest || settings_.gold_dir.empty()) {
-        return read_conll_tsv(
-            tagging_file(settings_.data_dir, settings_.task, split_name(split), language),
-            settings_.task);
-      }
-      return read_tagging_gold(settings_.gold_dir, settings_.task, language);
-    };
-    return cache_.get(language, split, settings_.max_eval_examples, read, [&](const auto& e) {
-      return featurize_tagging(e, labels_, tokenizer_, options_);
-    });
+    return cache_.get(
+        language, split, settings_.max_eval_examples, [&] { return read_set(language, split); },
+        [&](const auto& e) { return featurize_tagging(e, labels_, tokenizer_, options_); });
   }
 
   const config::FinetuneConfig& settings_;
   const data::Tokenizer& tokenizer_;
+  EvalSets sets_{settings_};
   std::vector<std::string> labels_;
   TaggingOptions options_;
   std::vector<TaggingFeature> train_;
@@ -324,9 +445,12 @@ class QaTask : public TrainableTask {
     // XQuAD and MLQA are predicted by a model trained on SQuAD v1.1; TyDiQA by one trained on
     // its English GoldP train set (docs/finetuning.md#fine-tuning-recipe-xtremes-scripts).
     const std::string& train_task = task_info(settings.task).train_data;
-    auto data =
-        read_squad_json(qa_file(settings.data_dir, train_task, "train", settings.train_language),
-                        /*skip_mismatched=*/true);
+    const std::string train_file =
+        settings.train_file.empty()
+            ? qa_file(settings.data_dir, train_task, "train", settings.train_language)
+            : named_file(settings.train_file, "finetune.train_file");
+    spdlog::info("{} train: {}", settings.task, train_file);
+    auto data = read_squad_json(train_file, /*skip_mismatched=*/true);
     keep_first(data.examples, settings.max_train_examples);
     auto features = featurize_qa(data.examples, tokenizer_, options_, /*training=*/true);
     spdlog::info("{} train: {} questions ({} skipped: answer not in its context), {} windows",
@@ -386,11 +510,19 @@ class QaTask : public TrainableTask {
   void read(const std::string& language, Split split) override { load(language, split); }
 
   std::vector<std::string> languages(Split split) const override {
-    return EvalSets(settings_).available(split,
-                                         [&](const std::string& language, std::string& missing) {
-                                           missing = path(language, split);
-                                           return file_exists(missing);
-                                         });
+    if (split == Split::kDev && !task_info(settings_.task).has_dev) {
+      if (settings_.dev_file.empty()) {
+        return sets_.fixed(split, {},
+                           "none; XTREME has no dev set for this task and keeps the final weights "
+                           "(finetune.dev_file names a file to select on)");
+      }
+      return sets_.fixed(split, {settings_.train_language},
+                         fmt::format("{} from finetune.dev_file '{}'", settings_.train_language,
+                                     path(settings_.train_language, split)));
+    }
+    return sets_.available(split, [&](const std::string& language, std::string&) {
+      return file_exists(path(language, split));
+    });
   }
 
   std::string prediction_file(const std::string& language, Split split) const override {
@@ -398,7 +530,22 @@ class QaTask : public TrainableTask {
   }
 
  private:
+  // A file a config key names: relative to finetune.data_dir, or absolute; it must exist.
+  std::string named_file(const std::string& file, const std::string& key) const {
+    const std::string path =
+        fs::path(file).is_absolute() ? file : (fs::path(settings_.data_dir) / file).string();
+    XLME_CHECK(file_exists(path),
+               "{} '{}': '{}' does not exist (a relative path is under finetune.data_dir '{}'); "
+               "fix {}, or leave it empty for XTREME's file",
+               key, file, path, settings_.data_dir, key);
+    return path;
+  }
+
   std::string path(const std::string& language, Split split) const {
+    if (split == Split::kDev && language == settings_.train_language &&
+        !settings_.dev_file.empty()) {
+      return named_file(settings_.dev_file, "finetune.dev_file");
+    }
     // XQuAD and TyDiQA have no dev set in XTREME (their models are not selected on one).
     if (split == Split::kDev && !task_info(settings_.task).has_dev) {
       XLME_FAIL("{} has no dev set in XTREME", settings_.task);
@@ -410,19 +557,44 @@ class QaTask : public TrainableTask {
     return qa_file(settings_.data_dir, settings_.task, split_name(split), language);
   }
 
+  static std::vector<ExampleKey> keys(const std::vector<QaExample>& examples) {
+    std::vector<ExampleKey> out;
+    for (const auto& e : examples) out.push_back({e.source, {e.id, e.question, e.context}});
+    return out;
+  }
+
+  std::vector<QaExample> read_set(const std::string& language, Split split) const {
+    const auto file = path(language, split);
+    auto examples = read_squad_json(file, /*skip_mismatched=*/false).examples;
+    const bool gold = split == Split::kTest && !settings_.gold_dir.empty();
+    std::string test_file;
+    if (gold) {
+      // XTREME's answer-stripped copy makes each question its own paragraph, in the gold's order.
+      test_file = optional_test_file(
+          [&] { return qa_file(settings_.data_dir, settings_.task, "test", language); });
+      if (!test_file.empty()) {
+        check_test_matches_gold(
+            fmt::format("{} test set of {}", settings_.task, language),
+            keys(read_squad_json(test_file, /*skip_mismatched=*/false).examples), test_file,
+            keys(examples), "'" + file + "'", "question", {"id", "question", "context"});
+      }
+    }
+    log_source(settings_, language, split, examples.size(), "question", "'" + file + "'", test_file,
+               gold);
+    return examples;
+  }
+
   using Cache = EvalCache<QaExample, QaFeatures>;
 
   const Cache::Set& load(const std::string& language, Split split) {
-    auto read = [&] {
-      return read_squad_json(path(language, split), /*skip_mismatched=*/false).examples;
-    };
-    return cache_.get(language, split, settings_.max_eval_examples, read, [&](const auto& e) {
-      return featurize_qa(e, tokenizer_, options_, /*training=*/false);
-    });
+    return cache_.get(
+        language, split, settings_.max_eval_examples, [&] { return read_set(language, split); },
+        [&](const auto& e) { return featurize_qa(e, tokenizer_, options_, /*training=*/false); });
   }
 
   const config::FinetuneConfig& settings_;
   const data::Tokenizer& tokenizer_;
+  EvalSets sets_{settings_};
   QaOptions options_;
   std::vector<QaFeature> train_;
   Cache cache_;
@@ -436,7 +608,14 @@ std::vector<std::string> evaluated_languages(const config::FinetuneConfig& setti
 
 std::unique_ptr<TrainableTask> make_task(const config::FinetuneConfig& settings,
                                          const data::Tokenizer& tokenizer) {
-  switch (task_info(settings.task).family) {
+  const auto family = task_info(settings.task).family;
+  XLME_CHECK(
+      family == TaskFamily::kQa || (settings.train_file.empty() && settings.dev_file.empty()),
+      "finetune.train_file and finetune.dev_file name the SQuAD-format files of a QA task "
+      "(xquad, mlqa, tydiqa); {} reads XTREME's {}/{{train,dev}}-<lang>.tsv under "
+      "finetune.data_dir: leave them empty",
+      settings.task, settings.task);
+  switch (family) {
     case TaskFamily::kSentencePair:
       return std::make_unique<PairTask>(settings, tokenizer);
     case TaskFamily::kTagging:

@@ -60,6 +60,22 @@ class FinetuneTasks : public xlme::testing::TinyCheckpointSuite<FinetuneTasks> {
     return {error, log.str()};
   }
 
+  // run_finetune(c), which must succeed: everything it logged.
+  static std::string logged_run(const config::Config& c) {
+    std::ostringstream log;
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+    spdlog::default_logger()->sinks().push_back(sink);
+    int code = -1;
+    try {
+      code = run_finetune(c);
+    } catch (const Error& e) {
+      ADD_FAILURE() << e.what();
+    }
+    spdlog::default_logger()->sinks().pop_back();
+    EXPECT_EQ(code, 0);
+    return log.str();
+  }
+
   TempDir data_;
 };
 
@@ -100,9 +116,18 @@ TEST_F(FinetuneTasks, XnliTrainsSelectsOnEnglishDevAndScoresUpstreamGold) {
   write_file(file("download/xnli/train-en.tsv"), xnli_rows(60, 1, true));
   write_file(file("download/xnli/dev-en.tsv"), xnli_rows(30, 2, true));
   write_file(file("download/xnli/dev-de.tsv"), xnli_rows(30, 3, true));
-  write_file(file("download/xnli/test-de.tsv"), xnli_rows(30, 4, false));
-  write_file(file("download/xnli/test-en.tsv"), xnli_rows(30, 5, false));
-  // Upstream XNLI-1.0: header; 0 language, 1 gold_label, 6 sentence1, 7 sentence2.
+  // XTREME's test files are the gold's pairs without labels (written with csv.writer's quoting).
+  write_file(file("download/xnli/test-de.tsv"), xnli_rows(30, 6, false));
+  write_file(file("download/xnli/test-en.tsv"), xnli_rows(30, 6, false));
+  // Upstream XNLI-1.0: header; 0 language, 1 gold_label, 6 sentence1, 7 sentence2; no quoting.
+  auto unquoted = [](std::string field) {
+    if (field.size() < 2 || field.front() != '"') return field;
+    field = field.substr(1, field.size() - 2);
+    for (size_t q = field.find("\"\""); q != std::string::npos; q = field.find("\"\"", q + 1)) {
+      field.erase(q, 1);
+    }
+    return field;
+  };
   std::string gold = "language\tgold_label\ta\tb\tc\td\tsentence1\tsentence2\n";
   for (const char* language : {"de", "en"}) {
     std::istringstream rows(xnli_rows(30, 6, true));
@@ -110,7 +135,7 @@ TEST_F(FinetuneTasks, XnliTrainsSelectsOnEnglishDevAndScoresUpstreamGold) {
       row.pop_back();  // \r
       const auto a = row.find('\t'), b = row.find('\t', a + 1);
       gold += std::string(language) + "\t" + row.substr(b + 1) + "\t.\t.\t.\t.\t" +
-              row.substr(0, a) + "\t" + row.substr(a + 1, b - a - 1) + "\n";
+              unquoted(row.substr(0, a)) + "\t" + row.substr(a + 1, b - a - 1) + "\n";
     }
   }
   write_file(file("gold/XNLI-1.0/xnli.test.tsv"), gold);
@@ -155,20 +180,22 @@ TEST_F(FinetuneTasks, TaggingTasksScoreSeqevalOnProcessedAndUpstreamGold) {
   };
   write_file(file("download/udpos/train-en.tsv"), conll(40, 1, true, ""));
   write_file(file("download/udpos/dev-en.tsv"), conll(10, 2, true, ""));
-  write_file(file("download/udpos/test-en.tsv"), conll(10, 3, false, ""));
-  // UD gold: a CoNLL-U file of the same sentences' kind.
-  std::string conllu;
+  // UD gold: a CoNLL-U file of the same sentences' kind; XTREME's test file holds its words.
+  std::string conllu, test_words;
   std::mt19937 rng(4);
   for (int s = 0; s < 10; ++s) {
     conllu += "# sent_id = " + std::to_string(s) + "\n";
+    test_words += s ? "\n" : "";
     for (int w = 0; w < 6; ++w) {
       const size_t k = rng() % words.size();
       conllu += std::to_string(w + 1) + "\t" + words[k] + "\t_\t" + pos[k % 3] + "\t_\t_\t" +
                 (w ? "1" : "0") + "\t" + (w ? "dep" : "root") + "\t_\t_\n";
+      test_words += words[k] + "\n";
     }
     conllu += "\n";
   }
   write_file(file("gold/UD_English-X/en_x-ud-test.conllu"), conllu);
+  write_file(file("download/udpos/test-en.tsv"), test_words);
   auto json = run(config_for("udpos", {"finetune.languages=[en]", "finetune.epochs=60",
                                        "finetune.batch_size=8", "finetune.lr=5e-3"}));
   EXPECT_EQ(json["test"]["main"], "f1");
@@ -479,6 +506,169 @@ TEST_F(FinetuneTasks, InitMustNameAModel) {
                            {"finetune.init is empty", "run folder"}));
   c.finetune.init = file("nowhere");
   EXPECT_TRUE(contains_all(error_message([&] { run_finetune(c); }), {"nowhere", "does not exist"}));
+}
+
+// A CoNLL-U file of `sentences` (words of one sentence separated by spaces) tagged NOUN.
+std::string conllu_of(const std::vector<std::string>& sentences) {
+  std::string out;
+  for (const auto& sentence : sentences) {
+    std::istringstream words(sentence);
+    int id = 0;
+    for (std::string w; words >> w;) {
+      ++id;
+      out += std::to_string(id) + "\t" + w + "\t_\tNOUN\t_\t_\t" + (id > 1 ? "1" : "0") +
+             "\t_\t_\t_\n";
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+// Issue 37: with finetune.gold_dir the test set comes from the gold; XTREME's test file, when
+// there, must hold the same examples (a gold cut short was scored as a subset without a word); a
+// gold file alone is allowed; the log says which file(s) each set came from.
+TEST_F(FinetuneTasks, TestFileAndGoldAreMatchedAndTheSourceIsLogged) {
+  const std::string tagged = "a\tNOUN\nb\tVERB\n\nc\tDET\n";
+  write_file(file("download/udpos/train-en.tsv"), tagged);
+  write_file(file("download/udpos/dev-en.tsv"), tagged);
+  const std::string test = file("download/udpos/test-en.tsv");
+  const std::string gold = file("gold/UD_English-X/en_x-ud-test.conllu");
+  write_file(test, "Ich\nbin\n\nda\n\nJa\n");
+  write_file(gold, conllu_of({"Ich bin", "da", "Ja"}));
+  auto c = config_for("udpos",
+                      {"finetune.languages=[en]", "finetune.max_steps=1", "finetune.select=last"});
+  auto log = logged_run(c);
+  EXPECT_TRUE(
+      contains_all(log, {"udpos test en: 3 sentences from the gold '" + gold +
+                             "', the same as the test file '" + test + "'",
+                         "udpos dev en: 2 sentences from '" + file("download/udpos/dev-en.tsv")}))
+      << log;
+  // The gold cut at a sentence boundary: an error naming both files and where they part.
+  write_file(gold, conllu_of({"Ich bin", "da"}));
+  auto [error, failed_log] = failed_run(c);
+  EXPECT_TRUE(contains_all(
+      error, {"udpos test set of en: the test file '" + test + "' (3 sentences) and the gold '" +
+                  gold + "' (2 sentences) differ",
+              "after 2 sentences the gold ends; the test file goes on at " + test + ":6"}))
+      << error;
+  EXPECT_EQ(failed_log.find("step 1/1"), std::string::npos) << failed_log;
+  // A word that differs.
+  write_file(gold, conllu_of({"Ich bin", "do", "Ja"}));
+  std::tie(error, failed_log) = failed_run(c);
+  EXPECT_TRUE(contains_all(error, {"sentence 2 (" + test + ":4; gold " + gold + ":4)",
+                                   "word 1 is 'da' in the test file and 'do' in the gold"}))
+      << error;
+  // The gold alone is used, and said.
+  std::filesystem::remove(test);
+  log = logged_run(c);
+  EXPECT_TRUE(contains_all(log, {"udpos test en: 3 sentences from the gold '" + gold + "' alone"}))
+      << log;
+
+  // QA: the gold lacks a question of XTREME's answer-stripped test file.
+  write_file(file("download/squad/train-v1.1.json"), squad_json(8, 1, false));
+  write_file(file("download/xquad/xquad.de.json"), squad_json(6, 2, true));
+  write_file(file("gold/xquad.de.json"), squad_json(5, 2, false));
+  auto qa = config_for("xquad",
+                       {"finetune.languages=[de]", "finetune.max_steps=1", "finetune.select=last",
+                        "finetune.doc_stride=16", "finetune.max_query_len=16"});
+  std::tie(error, failed_log) = failed_run(qa);
+  EXPECT_TRUE(contains_all(error, {"xquad test set of de: the test file '" +
+                                       file("download/xquad/xquad.de.json") + "' (6 questions)",
+                                   "the gold '" + file("gold/xquad.de.json") + "' (5 questions)",
+                                   "after 5 questions the gold ends"}))
+      << error;
+  write_file(file("gold/xquad.de.json"), squad_json(6, 2, false));
+  log = logged_run(qa);
+  EXPECT_TRUE(
+      contains_all(log, {"xquad test de: 6 questions from the gold", "the same as the test file"}))
+      << log;
+}
+
+// Issue 37: without finetune.languages, the languages without data are skipped at info level with
+// the file each lacked; the summary says what its average covers; a test set without gold is
+// said to be predicted but not scored, and why.
+TEST_F(FinetuneTasks, SummarySaysWhatTheAverageCoversAndWhatWasNotScored) {
+  const std::string tagged = "a\tNOUN\nb\tVERB\n\nc\tDET\n";
+  write_file(file("download/udpos/train-en.tsv"), tagged);
+  write_file(file("download/udpos/dev-en.tsv"), tagged);
+  write_file(file("download/udpos/test-en.tsv"), "a\nb\n");
+  write_file(file("download/udpos/test-de.tsv"), "a\nb\n");
+  auto c = config_for("udpos", {"finetune.max_steps=1", "finetune.select=last"});
+  c.finetune.gold_dir.clear();
+  const auto log = logged_run(c);
+  EXPECT_TRUE(contains_all(
+      log, {"[info] udpos test af: skipped, no data: udpos test split for language 'af': '" +
+                file("download/udpos/test-af.tsv") + "' does not exist",
+            "[info] udpos dev de: skipped, no data:",
+            "test: predictions for de en written but not scored: XTREME's test files carry no "
+            "labels and finetune.gold_dir is not set",
+            file("out/predictions"), "over 1 of 33 languages; no data for: af ar bg de el es"}))
+      << log;
+  // The skipped language's remedy is not repeated 31 times.
+  EXPECT_EQ(log.find("xlme-data xtreme"), std::string::npos) << log;
+
+  // With gold for en only: the test average covers 1 of 33 languages, and says so.
+  write_file(file("gold/UD_English-X/en_x-ud-test.conllu"), conllu_of({"a b"}));
+  const auto scored =
+      logged_run(config_for("udpos", {"finetune.max_steps=1", "finetune.select=last"}));
+  EXPECT_TRUE(
+      contains_all(scored, {"test f1 per language:", "over 1 of 33 languages; no data for: af"}))
+      << scored;
+}
+
+// Issue 37: xlme-data xtreme refuses an empty download instead of writing the other files, and
+// fine-tuning's message for the missing training file says how to write it.
+TEST_F(FinetuneTasks, XtremeCommandRefusesEmptyInputsAndMessagesSayWhatToDo) {
+  write_file(file("ud/UD_English-A/en_a-ud-train.conllu"), "");
+  write_file(file("ud/UD_English-A/en_a-ud-dev.conllu"),
+             "1\there\there\tADV\t_\t_\t0\troot\t_\t_\n\n");
+  const auto r = xlme::testing::run_tool(
+      "xlme-data", {"xtreme", "--task", "udpos", "--input", file("ud"), "--out", file("download")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains_all(r.out + r.err,
+                           {file("ud/UD_English-A/en_a-ud-train.conllu"), "is empty (0 bytes)"}))
+      << r.out << r.err;
+  EXPECT_EQ((r.out + r.err).find("wrote"), std::string::npos) << r.out << r.err;
+  auto c = config_for("udpos", {"finetune.languages=[en]"});
+  const auto error = failed_run(c).first;
+  EXPECT_TRUE(
+      contains_all(error, {file("download/udpos/train-en.tsv"),
+                           "xlme-data xtreme --task udpos --input", "--out " + file("download")}))
+      << error;
+  EXPECT_EQ(error.find("drop"), std::string::npos) << error;
+}
+
+// Issue 37: the QA training and dev files are config keys (XTREME's paths when empty), and a
+// warm-up longer than the run is a warning with both numbers.
+TEST_F(FinetuneTasks, QaTrainAndDevFilesAreConfigKeys) {
+  write_file(file("download/mine/train.json"), squad_json(8, 1, false));
+  write_file(file("download/mine/dev.json"), squad_json(6, 3, false));
+  write_file(file("gold/xquad.de.json"), squad_json(6, 2, false));
+  auto c = config_for(
+      "xquad", {"finetune.languages=[de]", "finetune.max_steps=2", "finetune.doc_stride=16",
+                "finetune.max_query_len=16", "finetune.select=last", "finetune.warmup_steps=500",
+                "finetune.train_file=mine/train.json",
+                "finetune.dev_file=" + file("download/mine/dev.json")});
+  const auto log = logged_run(c);
+  const auto json = nlohmann::json::parse(read_file(data_.path() / "out/results.json"));
+  EXPECT_TRUE(json["dev"]["languages"]["en"].contains("f1")) << json.dump();
+  EXPECT_TRUE(json["test"]["languages"]["de"].contains("f1")) << json.dump();
+  EXPECT_TRUE(contains_all(
+      log, {"xquad train: " + file("download/mine/train.json"),
+            "xquad dev: en from finetune.dev_file '" + file("download/mine/dev.json") + "'",
+            "[warning] finetune.warmup_steps (500) is longer than the run (2 steps)"}))
+      << log;
+  // Without the keys xquad has XTREME's layout: SQuAD's train file, no dev set.
+  c.finetune.train_file.clear();
+  EXPECT_TRUE(
+      contains_all(failed_run(c).first, {file("download/squad/train-v1.1.json"), "not found"}));
+  c.finetune.train_file = "nope.json";
+  EXPECT_TRUE(contains_all(failed_run(c).first,
+                           {"finetune.train_file 'nope.json'", file("download/nope.json"),
+                            "does not exist", "under finetune.data_dir"}));
+  auto tagging = config_for("udpos", {"finetune.train_file=x.json"});
+  EXPECT_TRUE(contains_all(failed_run(tagging).first,
+                           {"finetune.train_file and finetune.dev_file", "udpos reads XTREME's"}));
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 
 #include "test_util.h"
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
@@ -14,6 +16,7 @@
 #include <cmath>
 #include <memory>
 #include <set>
+#include <sstream>
 
 namespace xlme::finetune {
 namespace {
@@ -190,6 +193,30 @@ TEST(FinetuneRunner, SelectLastKeepsTheFinalWeightsAndMaxStepsStops) {
   EXPECT_EQ(result.best_step, 10);
 }
 
+// A recipe's warmup_steps (QA: 500) longer than a short run: the run is all warm-up, which is
+// said with both numbers; warm-up within the run says nothing.
+TEST(FinetuneRunner, WarmupLongerThanTheRunIsAWarningWithBothNumbers) {
+  ContainsTokenTask task;
+  auto settings = synthetic_settings();
+  settings.select = "last";
+  settings.max_steps = 3;
+  settings.warmup_steps = 500;
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  train_and_evaluate(settings, task, tiny_model, 2, torch::kCPU, "");
+  settings.warmup_steps = 3;
+  const auto long_warmup = log.str();
+  train_and_evaluate(settings, task, tiny_model, 2, torch::kCPU, "");
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_TRUE(contains_all(long_warmup, {"[warning]",
+                                         "finetune.warmup_steps (500) is longer than the run (3 "
+                                         "steps)",
+                                         "never reaches finetune.lr"}))
+      << long_warmup;
+  EXPECT_EQ(log.str().find("longer than the run", long_warmup.size()), std::string::npos);
+}
+
 TEST(FinetuneRunner, SameSeedSameResult) {
   ContainsTokenTask task;
   auto settings = synthetic_settings();
@@ -242,8 +269,21 @@ TEST(FinetuneResults, MeanStdAndJson) {
   EXPECT_DOUBLE_EQ(json["test"]["average"]["mean"].get<double>(), 77.0);
   EXPECT_EQ(json["test"]["main"], "accuracy");
   EXPECT_FALSE(json.contains("dev"));
-  EXPECT_TRUE(contains_all(results_table(seeds, Split::kTest),
-                           {"de", "82.00 ± 2.83", "average", "77.00 ± 2.83"}));
+  // The average says what it covers: 2 of the 4 evaluated languages; en had no data, ru was
+  // predicted without gold.
+  seeds[0].unscored["test"] = seeds[1].unscored["test"] = {"ru"};
+  const auto table = results_table(seeds, Split::kTest, {"de", "en", "fr", "ru"}, "no gold here");
+  EXPECT_TRUE(
+      contains_all(table, {"de", "82.00 ± 2.83",
+                           "average    77.00 ± 2.83 over 2 of 4 languages; no data for: en; "
+                           "not scored: ru",
+                           "test: predictions for ru written but not scored: no gold here"}))
+      << table;
+  // Nothing scored: the section still says what was predicted and why it was not scored.
+  seeds[0].by.clear();
+  EXPECT_EQ(results_table(seeds, Split::kTest, {"ru"}, "no gold here"),
+            "test: predictions for ru written but not scored: no gold here\n");
+  EXPECT_EQ(results_table(seeds, Split::kDev, {"ru"}, "x"), "");
 }
 
 }  // namespace

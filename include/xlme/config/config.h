@@ -434,6 +434,8 @@ struct FinetuneConfig {
   std::vector<int64_t> seeds = {1};
   int64_t max_train_examples = 0;
   int64_t max_eval_examples = 0;
+  std::string train_file;
+  std::string dev_file;
   int64_t doc_stride = 128;
   int64_t max_query_len = 64;
   int64_t n_best = 20;
@@ -503,6 +505,14 @@ struct FinetuneConfig {
             "use only the first N training examples; 0 = all");
     v.field("max_eval_examples", max_eval_examples, IntRange{0, kNoLimit},
             "evaluate only the first N examples per language; 0 = all");
+    v.field("train_file", train_file,
+            "QA: the SQuAD-format training file, relative to data_dir or absolute; empty = "
+            "XTREME's: squad/train-v1.1.json (xquad, mlqa), "
+            "tydiqa/tydiqa-goldp-v1.1-train/tydiqa.goldp.<train_language>.train.json (tydiqa)");
+    v.field("dev_file", dev_file,
+            "QA: the train language's dev file (model selection), relative to data_dir or "
+            "absolute; empty = XTREME's: mlqa/MLQA_V1/dev/dev-context-<lang>-question-<lang>.json "
+            "(mlqa); xquad and tydiqa have none");
     v.field("doc_stride", doc_stride, IntRange{1, kNoLimit}, "QA: step between window starts");
     v.field("max_query_len", max_query_len, IntRange{1, kNoLimit},
             "QA: questions are truncated to this many tokens");

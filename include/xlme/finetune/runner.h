@@ -70,6 +70,8 @@ struct SeedResult {
   double best_dev = 0.0;                                    // its train-language dev score
   std::string precision;                                    // "bf16" (autocast) or "fp32"
   std::map<std::string, std::map<std::string, Scores>> by;  // split -> language -> scores
+  // split -> the languages predicted but not scored (their set has no labels)
+  std::map<std::string, std::vector<std::string>> unscored;
 };
 
 // One seed: reads every evaluation set (a missing or damaged file fails before the first step),
@@ -83,8 +85,14 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
 // the task average of the main score, and the resolved config.
 std::string results_json(const config::Config& config, const std::vector<SeedResult>& seeds);
 
-// One table row per language: "de  81.20 ± 0.35" of the main score of `split`.
-std::string results_table(const std::vector<SeedResult>& seeds, Split split);
+// The console's section of `split`: one row per language, "de  81.20 ± 0.35" of the main score,
+// then the average and what it covers: "average  18.30 ± 0.00 over 2 of 33 languages; no data
+// for: af ar ...", `languages` being the evaluated list. Languages predicted without gold are
+// named with `unscored_why` ("test: predictions for de en written but not scored: <why>"), also
+// when nothing was scored. Empty when `split` has neither.
+std::string results_table(const std::vector<SeedResult>& seeds, Split split,
+                          const std::vector<std::string>& languages,
+                          const std::string& unscored_why);
 
 // Mean and sample standard deviation (0 for a single value).
 std::pair<double, double> mean_std(const std::vector<double>& values);
