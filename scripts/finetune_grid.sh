@@ -8,12 +8,15 @@
 #   xlme-finetune --config CONFIG [arguments] --set <the point's overrides> --set run.out_dir=OUT_DIR/pointN
 # and its score is the train-language dev score its results.json records (`selection[].dev`, the
 # mean over finetune.seeds). OUT_DIR/grid.json lists every point with its score and folder, and
-# names the best (the first of equal scores); the best point's folder holds its predictions.
+# names the best (the first of equal scores); the best point's folder holds its predictions. A task
+# without a train-language dev set (TyDiQA-GoldP in XTREME) is run as XTREME's scripts run it: every
+# point keeps its final weights, grid.json lists each point's test average, and none is selected
+# ("best": null).
 # XLME_FINETUNE names the binary (default: build/xlme-finetune beside this script's checkout).
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 config=$1
@@ -67,20 +70,40 @@ for n, point in enumerate(points, 1):
     language = results.get("train_language", "en")
     devs = [s.get("dev") for s in results.get("selection", [])]
     scored = language in results.get("dev", {}).get("languages", {})
-    if not scored or not devs or any(d is None or not math.isfinite(d) for d in devs):
-        sys.exit(f"finetune_grid: {path} records no {language} dev score for "
-                 f"{results.get('task')}; the grid selects on it: add that dev set under "
-                 "finetune.data_dir")
-    rows.append({"point": point, "dir": folder, "dev": sum(devs) / len(devs),
+    dev = None
+    if scored and devs and all(d is not None and math.isfinite(d) for d in devs):
+        dev = sum(devs) / len(devs)
+    rows.append({"point": point, "dir": folder, "dev": dev, "path": path,
                  "test_average": results.get("test", {}).get("average", {}).get("mean")})
-best = max(rows, key=lambda r: r["dev"])  # max keeps the first of equal scores
-summary = {"config": config, "task": results.get("task"), "dev_metric": results.get("dev", {}).get("main"),
-           "points": rows, "best": best}
+task = results.get("task")
+without = [r for r in rows if r["dev"] is None]
+if without and len(without) < len(rows):
+    sys.exit(f"finetune_grid: {without[0]['path']} records no {language} dev score for {task} "
+             "while other points do; the grid selects on it: add that dev set under "
+             "finetune.data_dir")
+summary = {"config": config, "task": task, "dev_metric": results.get("dev", {}).get("main"),
+           "points": [{k: v for k, v in r.items() if k != "path"} for r in rows]}
+if without:
+    # XTREME's way for a task without a dev set (TyDiQA-GoldP): every point keeps its final
+    # weights and none is selected; picking one by its test scores would select on test.
+    summary["best"] = None
+    summary["selection"] = (f"none: {task} has no {language} dev set; as XTREME's scripts, each "
+                            "point keeps its final weights and no point is selected")
+else:
+    best = max(rows, key=lambda r: r["dev"])  # max keeps the first of equal scores
+    summary["best"] = summary["points"][rows.index(best)]
 with open(os.path.join(out, "grid.json"), "w") as f:
     json.dump(summary, f, indent=2)
     f.write("\n")
 for r in rows:
-    mark = "*" if r is best else " "
-    print(f"{mark} dev {r['dev']:.4f}  {r['point']}  ({r['dir']})")
-print(f"best: {best['point']} (dev {best['dev']:.4f}); {os.path.join(out, 'grid.json')}")
+    if without:
+        test = r["test_average"]
+        print(f"  test average {'-' if test is None else f'{test:.4f}'}  {r['point']}  ({r['dir']})")
+    else:
+        mark = "*" if r is best else " "
+        print(f"{mark} dev {r['dev']:.4f}  {r['point']}  ({r['dir']})")
+if without:
+    print(f"no point selected: {summary['selection']}; {os.path.join(out, 'grid.json')}")
+else:
+    print(f"best: {best['point']} (dev {best['dev']:.4f}); {os.path.join(out, 'grid.json')}")
 EOF

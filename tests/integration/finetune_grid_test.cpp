@@ -1,6 +1,8 @@
 // scripts/finetune_grid.sh end to end: every `# grid:` line of a config is one xlme-finetune run
 // in its own folder, the dev score of each is the one its results.json records, and the best is
 // kept; bad grids and failing points are reported with the file and the point.
+#include "xlme/config/config.h"
+
 #include "export_fixtures.h"
 #include "test_util.h"
 
@@ -8,8 +10,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <random>
+#include <set>
+#include <sstream>
+#include <tuple>
 
 namespace xlme::finetune {
 namespace {
@@ -131,6 +138,105 @@ TEST_F(FinetuneGrid, BadGridsAndFailingPointsNameTheFileAndThePoint) {
       << run.output;
   EXPECT_FALSE(std::filesystem::exists(data_.path() / "out/point2"));
   EXPECT_FALSE(std::filesystem::exists(data_.path() / "out/grid.json"));
+}
+
+// Issue 37: TyDiQA-GoldP has no dev set in XTREME; its grid runs as XTREME's scripts run it (final
+// weights, no selection): every point is run and listed with its test average, none is selected.
+TEST_F(FinetuneGrid, TaskWithoutDevSetRunsEveryPointAndSelectsNone) {
+  nlohmann::json train = {{"data", nlohmann::json::array()}};
+  nlohmann::json paragraphs = nlohmann::json::array();
+  for (int i = 0; i < 6; ++i) {
+    const std::string before = "abc def ghi zzans ", answer = "word" + std::to_string(i);
+    nlohmann::json answers = nlohmann::json::array();
+    answers.push_back({{"text", answer}, {"answer_start", before.size()}});
+    nlohmann::json question = {
+        {"id", "q" + std::to_string(i)}, {"question", "what follows"}, {"answers", answers}};
+    nlohmann::json qas = nlohmann::json::array();
+    qas.push_back(question);
+    paragraphs.push_back({{"context", before + answer + " jkl"}, {"qas", qas}});
+  }
+  train["data"].push_back({{"paragraphs", paragraphs}});
+  const auto download = data_.path() / "download/tydiqa";
+  write_file((download / "tydiqa-goldp-v1.1-train/tydiqa.goldp.en.train.json").string(),
+             train.dump());
+  write_file((download / "tydiqa-goldp-v1.1-dev/tydiqa.goldp.en.dev.json").string(), train.dump());
+  const auto path = (data_.path() / "tydiqa.yaml").string();
+  write_file(path,
+             "# grid: finetune.lr=2.0e-5 finetune.epochs=1\n# grid: finetune.lr=3.0e-5\n"
+             "finetune:\n  task: tydiqa\n  init: " +
+                 checkpoint() + "\n  data_dir: " + (data_.path() / "download").string() +
+                 "\n  languages: [en]\n  max_len: 64\n  doc_stride: 16\n  max_query_len: "
+                 "16\n  max_steps: 1\n  select: last\nrun:\n  device: cpu\n");
+  const auto run = run_grid(path);
+  ASSERT_EQ(run.code, 0) << run.output;
+  const auto grid = nlohmann::json::parse(read_file(data_.path() / "out/grid.json"));
+  ASSERT_EQ(grid["points"].size(), 2u) << grid.dump(2);
+  EXPECT_TRUE(grid["best"].is_null()) << grid.dump(2);
+  EXPECT_TRUE(grid["points"][1]["dev"].is_null());
+  EXPECT_TRUE(grid["points"][1]["test_average"].is_number()) << grid.dump(2);
+  EXPECT_TRUE(contains_all(grid["selection"].get<std::string>(),
+                           {"tydiqa has no en dev set", "final weights", "no point is selected"}));
+  EXPECT_TRUE(contains_all(run.output, {"no point selected", "test average"})) << run.output;
+}
+
+// The values of the XLM-E paper's Table 11 (../shared/PAPER.md), one row per trained task: batch
+// sizes, learning rates, epochs (a set is a grid), and the warm-up (a ratio, or steps).
+struct Table11Row {
+  std::string task;
+  std::set<int64_t> batch_sizes;
+  std::set<double> lrs;
+  std::set<int64_t> epochs;
+  double warmup_ratio;
+  int64_t warmup_steps;
+};
+
+// Issue 37: configs/finetune/paper/ holds the recipe of every task of Table 11; every `# grid:`
+// point is accepted by the config loader (what scripts/finetune_grid.sh passes to xlme-finetune)
+// and the points together are the table's grid.
+TEST(FinetunePaperRecipes, EveryTaskOfTable11WithItsGrid) {
+  const std::vector<Table11Row> table = {
+      {"udpos", {8, 16, 32}, {1e-5, 2e-5, 3e-5}, {10}, 0.1, 0},
+      {"panx", {8}, {5e-6, 6e-6, 7e-6, 8e-6, 9e-6}, {10}, 0.1, 0},
+      {"xquad", {32}, {2e-5, 3e-5, 4e-5}, {4}, 0.1, 0},
+      {"mlqa", {32}, {2e-5, 3e-5, 4e-5}, {2, 3, 4}, 0.1, 0},
+      {"tydiqa", {32}, {2e-5, 3e-5, 4e-5}, {10, 20, 40}, 0.1, 0},
+      {"xnli", {32}, {5e-6, 6e-6, 7e-6, 8e-6}, {10}, 0.0, 12500},
+      {"pawsx", {32}, {8e-6, 9e-6, 10e-6, 20e-6}, {10}, 0.1, 0},
+  };
+  for (const auto& row : table) {
+    SCOPED_TRACE(row.task);
+    const std::string path =
+        std::string(XLME_SOURCE_DIR) + "/configs/finetune/paper/" + row.task + ".yaml";
+    ASSERT_TRUE(std::filesystem::exists(path)) << path;
+    std::vector<std::vector<std::string>> points = {{}};  // the file itself is the first point
+    std::istringstream lines(read_file(path));
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("# grid:", 0) != 0) continue;
+      std::istringstream words(line.substr(7));
+      std::vector<std::string> sets;
+      for (std::string w; words >> w;) sets.push_back(w);
+      points.push_back(sets);
+    }
+    const size_t grid = row.batch_sizes.size() * row.lrs.size() * row.epochs.size();
+    EXPECT_EQ(points.size(), grid > 1 ? grid + 1 : 2u) << "# grid: lines of " << path;
+    std::set<std::tuple<int64_t, double, int64_t>> seen;
+    for (const auto& sets : points) {
+      const auto c = config::load_config(path, sets).finetune;
+      EXPECT_EQ(c.task, row.task);
+      EXPECT_TRUE(row.batch_sizes.count(c.batch_size)) << c.batch_size;
+      EXPECT_TRUE(std::any_of(row.lrs.begin(), row.lrs.end(), [&](double lr) {
+        return std::abs(lr - c.lr) < 1e-12;
+      })) << c.lr;
+      EXPECT_TRUE(row.epochs.count(c.epochs)) << c.epochs;
+      EXPECT_EQ(c.weight_decay, 0.0);
+      EXPECT_EQ(c.warmup_steps, row.warmup_steps);
+      if (row.warmup_steps == 0) {
+        EXPECT_DOUBLE_EQ(c.warmup_ratio, row.warmup_ratio);
+      }
+      if (!sets.empty()) seen.insert({c.batch_size, std::round(c.lr * 1e7), c.epochs});
+    }
+    EXPECT_EQ(seen.size(), grid) << "the grid points are the table's grid";
+  }
 }
 
 }  // namespace
