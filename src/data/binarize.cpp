@@ -595,13 +595,14 @@ std::vector<ParaFiles> find_para_files(const std::string& dir,
   std::map<std::string, ParaFiles> found;
   if (fs::is_directory(para)) {
     for (const auto& e : fs::directory_iterator(para)) {
-      if (!e.is_regular_file()) continue;
       const std::string name = strip_compression(e.path().filename().string());
       const size_t dot = name.rfind('.'), dash = name.find('-');
       if (dot == std::string::npos || dash == std::string::npos || dash > dot) continue;
       const std::string pair = name.substr(0, dot), side = name.substr(dot + 1);
       const std::string first = pair.substr(0, dash), second = pair.substr(dash + 1);
       if (side != first && side != second) continue;
+      if (!pairs.empty() && std::find(pairs.begin(), pairs.end(), pair) == pairs.end()) continue;
+      check_corpus_file(e.path().string(), pair);
       ParaFiles& files = found[pair];
       files.pair = pair;
       (side == first ? files.first : files.second) = e.path().string();

@@ -213,10 +213,24 @@ std::vector<std::string> list_shards(const std::string& dir) {
   for (const char* kind : {"mono", "para"}) {
     const auto sub = std::filesystem::path(dir) / kind;
     if (!std::filesystem::is_directory(sub)) continue;
+    std::vector<std::string> unfinished;
     for (const auto& e : std::filesystem::directory_iterator(sub)) {
       if (e.path().extension() == ".idx") {
         stems.push_back((e.path().parent_path() / e.path().stem()).string());
+      } else if (e.path().extension() == ".progress") {
+        unfinished.push_back((e.path().parent_path() / e.path().stem()).string());
       }
+    }
+    // A shard whose binarize was stopped has its .progress and .partial files but no .idx yet:
+    // listing only the .idx files would leave its language out of training without a word.
+    for (const auto& stem : unfinished) {
+      XLME_CHECK(std::filesystem::exists(stem + ".idx"),
+                 "shard '{}' is unfinished: '{}.progress' is there but '{}.idx' is not (xlme-data "
+                 "binarize was stopped before it finished), and its {} '{}' would be missing from "
+                 "training; run xlme-data binarize again (it resumes), or remove '{}.*' to go on "
+                 "without it",
+                 stem, stem, stem, std::string(kind) == "mono" ? "language" : "language pair",
+                 std::filesystem::path(stem).filename().string(), stem);
     }
   }
   std::sort(stems.begin(), stems.end());

@@ -1,4 +1,5 @@
 #include "xlme/data/spm_trainer.h"
+#include "xlme/data/text.h"
 
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
@@ -76,11 +77,12 @@ std::vector<LanguageFile> find_mono_files(const std::string& dir,
   std::vector<LanguageFile> files;
   for (const auto& entry : fs::directory_iterator(mono)) {
     const std::string lang = language_of(entry.path().filename().string());
-    if (lang.empty() || !entry.is_regular_file()) continue;
+    if (lang.empty()) continue;
     if (!languages.empty() &&
         std::find(languages.begin(), languages.end(), lang) == languages.end()) {
       continue;
     }
+    check_corpus_file(entry.path().string(), lang);
     files.push_back({lang, entry.path().string()});
   }
   std::sort(files.begin(), files.end(),

@@ -6,9 +6,12 @@
 
 #include "xlme/data/shard.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
 namespace xlme {
 namespace {
@@ -156,6 +159,55 @@ TEST_F(DataFaults, BinarizeMemoryIsFlatInTheNumberOfLines) {
   const int64_t index_kib = lines * 8 / 1024;
   EXPECT_LT(many - few, index_kib / 2) << "peak RSS " << few << " KiB for 4k lines, " << many
                                        << " KiB for 4M lines (index: " << index_kib << " KiB)";
+}
+
+// Issue 36 (weak): a mono/en.txt that is a dangling link (an unmounted file system), a FIFO, a
+// folder or /dev/zero, or a para file that is a dangling link, was skipped: exit 0 and English
+// absent from training. Each is now an error naming the file and the language; the shards the
+// user had are untouched.
+TEST_F(DataFaults, CorpusFilesThatAreNotRegularFilesAreNamedNotSkipped) {
+  const std::string before = shard_files();
+  const std::string en = dir_ / "raw/mono/en.txt";
+  const auto fails = [&](const std::function<void()>& make, const std::string& file,
+                         const std::vector<std::string>& words) {
+    make();
+    const auto r = binarize({});
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_TRUE(contains_all(r.err, {"corpus file '" + file + "'"})) << r.err;
+    for (const auto& w : words) EXPECT_TRUE(contains_all(r.err, {w})) << r.err;
+    std::filesystem::remove_all(file);
+    EXPECT_EQ(shard_files(), before);
+  };
+  fails([&] { std::filesystem::create_symlink(dir_ / "unmounted/en.txt", en); }, en,
+        {"which does not exist (an unmounted file system?)", "language 'en'"});
+  fails([&] { ASSERT_EQ(::mkfifo(en.c_str(), 0644), 0); }, en,
+        {"is a FIFO (named pipe), not a regular file", "language 'en' would be missing"});
+  fails([&] { std::filesystem::create_directories(en); }, en, {"is a folder"});
+  fails([&] { std::filesystem::create_symlink("/dev/zero", en); }, en, {"is a character device"});
+  const std::string para = dir_ / "raw/para/en-yy.yy";
+  write_file(dir_ / "raw/para/en-yy.en", "hello\n");
+  fails([&] { std::filesystem::create_symlink(dir_ / "unmounted/en-yy.yy", para); }, para,
+        {"language 'en-yy' would be missing"});
+  std::filesystem::remove(dir_ / "raw/para/en-yy.en");
+  // Names that are not language codes: they became languages ("e n", "-rf") or vanished ("..txt").
+  for (const std::string name : {"e n", "-rf", "."}) {
+    const std::string file = dir_ / ("raw/mono/" + name + ".txt");
+    fails([&] { write_file(file, "hello\n"); }, file,
+          {"'" + name + "' is not a language code", "rename the file"});
+  }
+}
+
+// Issue 36 (weak): a shard whose binarize was killed (only its .progress and .partial files) was
+// skipped by the reader; it is an error naming the shard and what to do.
+TEST_F(DataFaults, UnfinishedShardIsNamedNotSkipped) {
+  write_file(dir_ / "shards/para/en-de.progress", "source_signature 1\n");
+  write_file(dir_ / "shards/para/en-de.bin.partial", std::string(64, '\0'));
+  const auto r = run_data_tool({"inspect", "--shards", dir_ / "shards"});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"shard '" + (dir_ / "shards/para/en-de") + "' is unfinished",
+                                   "language pair 'en-de' would be missing from training",
+                                   "run xlme-data binarize again (it resumes)"}))
+      << r.err;
 }
 
 // Flips bytes of the shards the training reader opens (xlme-data bench reads batches exactly as

@@ -22,6 +22,17 @@ Utf8Char utf8_char_at(std::string_view text, size_t i);
 // True when `text` is well-formed UTF-8: utf8_char_at is valid at every sequence start.
 bool valid_utf8(std::string_view text);
 
+// Whether `code` can name a language (de, zh-yue) or, with its '-', a pair (en-de) in a corpus
+// file name: letters, digits, '_' and '-', not empty and not starting with '-' (a file "-rf.txt"
+// would become an option in a shell command).
+bool is_language_code(std::string_view code);
+
+// Throws xlme::Error when the corpus file `path`, whose name says it holds language (or pair)
+// `code`, cannot be read as one: `code` is not a language code, or `path` is not a regular file
+// (a dangling symbolic link — an unmounted file system —, a FIFO, a folder, a device). Such a
+// file used to be skipped, and its language silently left out of training.
+void check_corpus_file(const std::string& path, const std::string& code);
+
 // A SentencePiece piece covers at most 16 code points (max_sentencepiece_length's default), 64
 // UTF-8 bytes: `n` tokens never need more than n * kMaxBytesPerPiece bytes of a text (runs of
 // whitespace, which make no piece, aside). Texts are cut to that before tokenization, which
