@@ -49,6 +49,18 @@ ModelInputs ModelInputs::to(const torch::Device& device, bool non_blocking) cons
   return out;
 }
 
+ModelInputs ModelInputs::pinned() const {
+  ModelInputs out;
+  for (const auto& side : sides) out.sides.push_back(side.pinned());
+  const auto pin = [](const torch::Tensor& t) { return t.defined() ? t.pin_memory() : t; };
+  out.input_ids = pin(input_ids);
+  out.labels = pin(labels);
+  out.padding = pin(padding);
+  out.positions = pin(positions);
+  out.masked_index = pin(masked_index);
+  return out;
+}
+
 GeneratorHeadImpl::GeneratorHeadImpl(int64_t hidden_size, int64_t embedding_size,
                                      int64_t vocab_size, double layer_norm_eps, double init_std) {
   dense = register_module("dense", torch::nn::Linear(hidden_size, embedding_size));

@@ -19,8 +19,13 @@
 #include <torch/serialize.h>
 #include <yaml-cpp/yaml.h>
 
+#ifdef XLME_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <set>
@@ -38,6 +43,47 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr data::Task kTasks[] = {data::Task::kMono, data::Task::kPara};
+
+}  // namespace
+
+namespace {
+
+// XLME_CUDA_SYNC_DEBUG=warn|error: LibTorch's CUDA synchronization check (a warning or an error
+// at every call that makes the host wait for the device) over the micro-batch loop, which should
+// have none; the step's one read of its totals comes after. Off by default and on the CPU.
+class SyncDebugScope {
+ public:
+  explicit SyncDebugScope(const torch::Device& device) {
+#ifdef XLME_WITH_CUDA
+    const char* env = std::getenv("XLME_CUDA_SYNC_DEBUG");
+    if (!device.is_cuda() || env == nullptr || std::string(env).empty()) return;
+    const std::string mode = env;
+    XLME_CHECK(mode == "warn" || mode == "error",
+               "XLME_CUDA_SYNC_DEBUG is '{}'; it takes warn or error (or nothing: off)", mode);
+    auto& state = c10::cuda::warning_state();
+    previous_ = static_cast<int>(state.get_sync_debug_mode());
+    state.set_sync_debug_mode(mode == "error" ? c10::cuda::SyncDebugMode::L_ERROR
+                                              : c10::cuda::SyncDebugMode::L_WARN);
+    active_ = true;
+#else
+    (void)device;
+#endif
+  }
+  ~SyncDebugScope() {
+#ifdef XLME_WITH_CUDA
+    if (active_) {
+      c10::cuda::warning_state().set_sync_debug_mode(
+          static_cast<c10::cuda::SyncDebugMode>(previous_));
+    }
+#endif
+  }
+  SyncDebugScope(const SyncDebugScope&) = delete;
+  SyncDebugScope& operator=(const SyncDebugScope&) = delete;
+
+ private:
+  bool active_ = false;
+  int previous_ = 0;
+};
 
 }  // namespace
 
@@ -153,7 +199,9 @@ void Trainer::dry_run() {
                                        config_.objectives.mask_ratio, config_.run.seed);
       synthetic.set_sentence_pairs(config_.model.cross_attention);  // VECO splits pairs
       const data::Batch batch = synthetic.next(task);
-      forward(batch, objectives_.normalizers(count_micro_batches({batch}))).loss.backward();
+      forward(batch, device_inputs({batch}).front(),
+              objectives_.normalizers(count_micro_batches({batch})))
+          .loss.backward();
       if (device_.is_cuda()) torch::cuda::synchronize();  // asynchronous errors surface here
     } catch (const std::exception& e) {
       const std::string what = e.what();
@@ -191,6 +239,7 @@ StepRecord Trainer::train_step() {
   // 1. Every micro-batch of the step, and the counts its terms are normalized by (all ranks).
   const std::vector<data::Batch> batches = next_micro_batches();
   torch::Tensor counts = count_micro_batches(batches);
+  const std::vector<model::ModelInputs> inputs = device_inputs(batches);
   clock.lap("data");
   counts = summed_over_ranks(*comm_, counts);
   clock.lap("communication");
@@ -205,8 +254,9 @@ StepRecord Trainer::train_step() {
   StopVote stop(*comm_);
   {
     const AutocastScope step_autocast(device_, bf16_);
+    const SyncDebugScope no_host_waits(device_);
     for (std::size_t b = 0; b < batches.size(); ++b) {
-      forward_backward(batches[b], normalizers, sums, clock);
+      forward_backward(batches[b], inputs[b], normalizers, sums, clock);
       const bool stopping = stop.after_micro_batch(b + 1 == batches.size());
       clock.lap("communication");
       if (stopping) return abandon_step(std::move(record));
@@ -238,11 +288,11 @@ void Trainer::remember_state_before_step() {
 
 // One micro-batch forward and backward: its gradients add to the parameters', its terms to
 // `sums`; its activations and outputs are freed inside the backward phase.
-void Trainer::forward_backward(const data::Batch& batch,
+void Trainer::forward_backward(const data::Batch& batch, const model::ModelInputs& inputs,
                                const std::map<std::string, torch::Tensor>& normalizers,
                                objectives::TermSums& sums, PhaseClock& clock) {
   {
-    const MicroBatchLoss micro = forward(batch, normalizers);
+    const MicroBatchLoss micro = forward(batch, inputs, normalizers);
     clock.lap("forward");
     const AutocastPause no_autocast(device_);  // the backward as outside autocast
     micro.loss.backward();
@@ -321,12 +371,28 @@ torch::Tensor Trainer::count_micro_batches(const std::vector<data::Batch>& batch
     counts[terms + 1] +=
         tokens * training_flops_per_token(config_, batch.input_ids.size(1), model_->teacher());
   }
-  return torch::tensor(counts, torch::kFloat64).to(device_);
+  auto host = torch::tensor(counts, torch::kFloat64);
+  // From pinned memory the copy is queued; from pageable memory it would wait for the stream.
+  if (device_.is_cuda()) host = host.pin_memory();
+  return host.to(device_, /*non_blocking=*/true);
 }
 
-Trainer::MicroBatchLoss Trainer::forward(const data::Batch& batch,
+// Every micro-batch's model inputs on the device, all copies queued at the step's start from
+// pinned memory (a few hundred kB per micro-batch), so that no copy waits inside the loop.
+std::vector<model::ModelInputs> Trainer::device_inputs(
+    const std::vector<data::Batch>& batches) const {
+  std::vector<model::ModelInputs> inputs;
+  inputs.reserve(batches.size());
+  for (const auto& batch : batches) {
+    auto host = model_->inputs(batch);
+    if (device_.is_cuda()) host = host.pinned();
+    inputs.push_back(host.to(device_, /*non_blocking=*/true));
+  }
+  return inputs;
+}
+
+Trainer::MicroBatchLoss Trainer::forward(const data::Batch& batch, const model::ModelInputs& inputs,
                                          const std::map<std::string, torch::Tensor>& normalizers) {
-  const auto inputs = model_->inputs(batch).to(device_);
   AutocastScope autocast(device_, bf16_);
   MicroBatchLoss micro;
   micro.terms = objectives_.compute(model_->forward(inputs), batch.task);

@@ -627,7 +627,7 @@ TEST(CudaOps, AStepWithEveryFusedOpMatchesTheReferenceStep) {
   const auto c = on_cuda(xlme::testing::tiny_train_config(4, 1, /*dropout=*/0.0));
   const auto special = data::SpecialIds::for_vocab(c.model.vocab_size);
   auto batches = cuda_test_batches(c);
-  const auto batch = batches.next();
+  const auto batch = batches.next(data::Task::kMono);
   std::vector<double> losses;
   for (const std::string spec : {"reference", "fused"}) {
     ops::set_ops(spec);
@@ -640,6 +640,27 @@ TEST(CudaOps, AStepWithEveryFusedOpMatchesTheReferenceStep) {
     losses.push_back(lm.loss_sum.item<double>());
   }
   EXPECT_NEAR(losses[1], losses[0], 1e-4 * std::abs(losses[0]));
+}
+
+TEST(CudaTrainer, TheMicroBatchLoopNeverWaitsForTheDevice) {
+  XLME_REQUIRE_CUDA();
+  // XLME_CUDA_SYNC_DEBUG=error makes every host wait inside the micro-batch loop an error (the
+  // step's one read of its totals comes after the loop), after two warm-up steps (caches filled).
+  const auto c = on_cuda(xlme::testing::tiny_train_config(4, 3, /*dropout=*/0.1));
+  auto source = cuda_test_batches(c);
+  train::Trainer trainer(c, xlme::testing::make_tiny_model(c, 5), source,
+                         xlme::testing::single_process(kCuda));
+  trainer.train_step();
+  trainer.train_step();
+  ::setenv("XLME_CUDA_SYNC_DEBUG", "error", 1);
+  std::string error;
+  try {
+    trainer.train_step();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  ::unsetenv("XLME_CUDA_SYNC_DEBUG");
+  EXPECT_EQ(error, "") << "a host wait inside the micro-batch loop";
 }
 
 }  // namespace

@@ -48,6 +48,9 @@ struct ModelInputs {
   // The same for VECO: only `sides`, from data::split_pair of the host batch.
   static ModelInputs from_pair(const data::Batch& batch, const data::SpecialIds& ids);
   ModelInputs to(const torch::Device& device, bool non_blocking = true) const;
+  // The same tensors in pinned (page-locked) host memory: a non-blocking copy to a GPU from them
+  // is queued without waiting for the device. Needs CUDA.
+  ModelInputs pinned() const;
 };
 
 // An MLM head's logits at masked positions and the original tokens there.

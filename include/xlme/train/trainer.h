@@ -98,7 +98,8 @@ class Trainer {
   void remember_state_before_step();
   std::vector<data::Batch> next_micro_batches();
   torch::Tensor count_micro_batches(const std::vector<data::Batch>& batches) const;
-  void forward_backward(const data::Batch& batch,
+  std::vector<model::ModelInputs> device_inputs(const std::vector<data::Batch>& batches) const;
+  void forward_backward(const data::Batch& batch, const model::ModelInputs& inputs,
                         const std::map<std::string, torch::Tensor>& normalizers,
                         objectives::TermSums& sums, PhaseClock& clock);
   // One micro-batch's terms and its share of the step's normalized L ([], differentiable).
@@ -106,7 +107,7 @@ class Trainer {
     std::vector<objectives::Term> terms;
     torch::Tensor loss;
   };
-  MicroBatchLoss forward(const data::Batch& batch,
+  MicroBatchLoss forward(const data::Batch& batch, const model::ModelInputs& inputs,
                          const std::map<std::string, torch::Tensor>& normalizers);
   StepRecord abandon_step(StepRecord record);
   torch::Tensor gradient_presence() const;
