@@ -242,6 +242,7 @@ Pretrained load_pretrained(const std::string& path, const PretrainedOptions& opt
        (p.source == PretrainedSource::kCheckpoint ? kModelFile : kExportWeightsFile))
           .string();
   check_vocabulary(p, weights, weights_file, config_file);
+  check_finite_weights(weights, weights_file);
 
   const auto architecture = model::architecture_for(p.objective_set);
   XLME_CHECK(!options.with_generator || architecture != model::Architecture::kEncoder,

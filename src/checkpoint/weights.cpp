@@ -1,8 +1,24 @@
 #include "xlme/checkpoint/weights.h"
 
+#include "xlme/common/error.h"
+
 #include <torch/torch.h>
 
 namespace xlme::checkpoint {
+
+void check_finite_weights(const std::map<std::string, torch::Tensor>& weights,
+                          const std::string& file) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, tensor] : weights) {
+    if (!tensor.defined() || !tensor.is_floating_point()) continue;
+    const int64_t bad = tensor.numel() - torch::isfinite(tensor).sum().item<int64_t>();
+    XLME_CHECK(bad == 0,
+               "'{}': tensor '{}' holds {} NaN or infinite values of {}: the run diverged before "
+               "these weights were saved; use an earlier checkpoint (a run keeps its last good "
+               "one: train.keep_last), or lower train.lr and train again",
+               file, name, bad, tensor.numel());
+  }
+}
 
 std::map<std::string, torch::Tensor> named_weights(const torch::nn::Module& module) {
   std::map<std::string, torch::Tensor> out;

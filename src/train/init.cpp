@@ -116,9 +116,11 @@ std::map<std::string, torch::Tensor> checkpoint_weights(const std::string& folde
              "--init-from {}: not a folder; give a pre-training checkpoint folder such as "
              "runs/demo/checkpoints/step_600, or an HF XLM-R checkpoint folder",
              folder);
-  auto out = checkpoint::read_module_archive(
-      checkpoint::CheckpointManager::verify(folder).path(checkpoint::kModelFile));
+  const std::string file =
+      checkpoint::CheckpointManager::verify(folder).path(checkpoint::kModelFile);
+  auto out = checkpoint::read_module_archive(file);
   XLME_CHECK(!out.empty(), "--init-from {}: {} holds no tensors", folder, checkpoint::kModelFile);
+  checkpoint::check_finite_weights(out, file);
   return out;
 }
 

@@ -2,6 +2,7 @@
 
 #include "xlme/checkpoint/layout.h"
 #include "xlme/checkpoint/manager.h"
+#include "xlme/checkpoint/weights.h"
 #include "xlme/common/error.h"
 #include "xlme/common/exit_codes.h"
 #include "xlme/common/io.h"
@@ -278,6 +279,8 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
   Trainer trainer(config, model, source, comm);
   if (resume) {
     trainer.load_checkpoint(*resume);
+    checkpoint::check_finite_weights(checkpoint::named_weights(*trainer.model()),
+                                     resume->path(checkpoint::kModelFile));
     if (!options.init_from.empty()) {
       spdlog::info("--init-from {} ignored: the run continues from its own checkpoint {}",
                    options.init_from, resume->folder());

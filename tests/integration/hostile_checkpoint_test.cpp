@@ -155,6 +155,29 @@ TEST_F(HostileCheckpoint, RecordShorterThanItsTensorIsRefusedNamingFileAndTensor
   }
 }
 
+// Issue 36 (weak): NaN/inf weights (a diverged run) exported, fine-tuned and evaluated with exit
+// 0, and a resume failed its dry run with "index out of range in self". Every reader of the
+// weights now refuses them naming the file and the tensor.
+TEST_F(HostileCheckpoint, NonFiniteWeightsAreRefusedNamingFileAndTensor) {
+  const std::string file = checkpoint_ + "/model.pt";
+  auto records = archive_records(file);
+  std::string* largest = nullptr;  // the token table: float32, whose 0xff bytes are NaN
+  for (auto& [record, bytes] : records) {
+    if (record.rfind("data/", 0) == 0 && (!largest || bytes.size() > largest->size())) {
+      largest = &bytes;
+    }
+  }
+  ASSERT_NE(largest, nullptr);
+  std::fill(largest->begin(), largest->end(), '\xff');
+  write_archive_records(file, records);
+  resign_manifest(checkpoint_, checkpoint_entries(checkpoint_));
+  for (const HostileRun& r : {resume(), init_from(), export_it()}) {
+    EXPECT_TRUE(fails_cleanly(
+        r, 1,
+        {"'" + file + "': tensor '", "NaN or infinite values of", "use an earlier checkpoint"}));
+  }
+}
+
 // Item 6: trainer.yaml values out of range or of the wrong type are refused naming the file and
 // the key.
 TEST_F(HostileCheckpoint, TrainerStateOutOfRangeIsRefusedNamingFileAndKey) {

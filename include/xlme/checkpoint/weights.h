@@ -14,6 +14,12 @@
 
 namespace xlme::checkpoint {
 
+// Throws xlme::Error naming `file` and the first floating-point tensor of `weights` that holds
+// NaN or infinite values (a run that diverged before it was saved): such weights used to export,
+// fine-tune and evaluate with exit 0, and a resume failed later with "index out of range".
+void check_finite_weights(const std::map<std::string, torch::Tensor>& weights,
+                          const std::string& file);
+
 // Every parameter and buffer of `module` by its dotted name: the module's own tensors.
 std::map<std::string, torch::Tensor> named_weights(const torch::nn::Module& module);
 
