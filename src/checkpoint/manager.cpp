@@ -208,7 +208,16 @@ std::optional<VerifiedCheckpoint> CheckpointManager::latest_valid() const {
   const auto all = list();
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
-      return VerifiedCheckpoint{it->step, it->path, verify(it->path)};
+      VerifiedFiles files = verify(it->path);
+      // The folder's name orders the checkpoints: one renamed (step_40 holding step 4) would be
+      // taken as the newest and rewind every resume.
+      const std::string manifest = (fs::path(it->path) / kManifestFile).string();
+      const auto step = manifest_field<int64_t>(load_manifest(it->path)["step"], "step", manifest);
+      XLME_CHECK(step == it->step,
+                 "checkpoint '{}' holds step {} (its manifest '{}'), not the step {} of its "
+                 "name; it was renamed or copied: rename it to '{}'",
+                 it->path, step, manifest, it->step, fs::path(path_for(step)).filename().string());
+      return VerifiedCheckpoint{it->step, it->path, std::move(files)};
     } catch (const Error& e) {
       spdlog::warn("skipping a damaged checkpoint: {}", e.what());
     }

@@ -203,6 +203,35 @@ void check_same_model_config(const config::Config& config, dist::Communicator& c
   }
 }
 
+// When the checkpoint `folder` was written by another run than the other checkpoints beside it
+// (copied from another run folder), a sentence naming both runs; "" otherwise. Said before the
+// reason its loading failed, which alone (a data-state seed, a shape) does not name the run.
+std::string other_run_note(const CheckpointManager& manager, const std::string& folder) {
+  const std::string id = CheckpointManager::run_id_of(folder);
+  for (const auto& ref : manager.list()) {
+    if (ref.path == folder) continue;
+    std::string other;
+    try {
+      other = CheckpointManager::run_id_of(ref.path);
+    } catch (const Error&) {
+      continue;
+    }
+    if (other.empty() || other == id) continue;
+    std::string written_in = "unknown";
+    try {
+      written_in =
+          config::load_config((fs::path(folder) / checkpoint::kConfigFile).string()).run.out_dir;
+    } catch (const Error&) {
+    }
+    return fmt::format(
+        "checkpoint '{}' was written by another run (run id {}, run.out_dir '{}') than the "
+        "checkpoints beside it (run id {}, e.g. '{}'): was it copied from another run folder? "
+        "Move it out of '{}' to resume this run, or resume that run from it in its own folder",
+        folder, id, written_in, other, ref.path, manager.dir());
+  }
+  return "";
+}
+
 // Rank 0's hold on the run folder for the length of the run (an exclusive lock: a second run in
 // the same run.out_dir fails at once, naming this one), after checking that the run may write
 // there: a fresh start (--resume none) refuses a folder that holds checkpoints, unless
@@ -278,7 +307,13 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
   }
   Trainer trainer(config, model, source, comm);
   if (resume) {
-    trainer.load_checkpoint(*resume);
+    try {
+      trainer.load_checkpoint(*resume);
+    } catch (const Error& e) {
+      const std::string other = other_run_note(manager, resume->folder());
+      if (other.empty()) throw;
+      XLME_FAIL("{}; {}", other, e.what());
+    }
     checkpoint::check_finite_weights(checkpoint::named_weights(*trainer.model()),
                                      resume->path(checkpoint::kModelFile));
     if (!options.init_from.empty()) {

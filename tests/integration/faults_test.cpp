@@ -215,6 +215,42 @@ TEST(Faults, MicroBatchLargerThanTheMachinesMemoryIsRefusedBeforeAllocating) {
   EXPECT_LT(r.peak_rss_kib, 2 << 20) << "peak RSS " << r.peak_rss_kib << " KiB";
 }
 
+// Issue 36 (weak): a checkpoint folder named step_..40 holding step 1 was taken as the newest, so
+// that every resume rewound. It is skipped with a warning naming both steps and the right name.
+TEST(Faults, RenamedCheckpointIsNotTakenAsTheNewest) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  ASSERT_EQ(run_tool("xlme-pretrain", tiny_pretrain_args(run, 2)).code, kExitOk);
+  fs::copy(run + "/checkpoints/step_00000001", run + "/checkpoints/step_00000040",
+           fs::copy_options::recursive);
+  const auto r = run_tool("xlme-pretrain", tiny_pretrain_args(run, 3));
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_TRUE(
+      contains_all(r.err, {"checkpoint '" + run + "/checkpoints/step_00000040' holds step 1",
+                           "not the step 40 of its name", "rename it to 'step_00000001'"}))
+      << r.err;
+  EXPECT_TRUE(verifies(step_folder(run, 3)));
+}
+
+// Issue 36 (weak): another run's checkpoint copied into checkpoints/ was refused with a message
+// about a data-state seed; the message now names the other run and what to do.
+TEST(Faults, AnotherRunsCheckpointCopiedInIsNamed) {
+  TempDir dir;
+  const std::string run = dir / "run", other = dir / "other";
+  ASSERT_EQ(run_tool("xlme-pretrain", tiny_pretrain_args(run, 1)).code, kExitOk);
+  ASSERT_EQ(run_tool("xlme-pretrain", tiny_pretrain_args(other, 2, {"--set", "run.seed=7"})).code,
+            kExitOk);
+  fs::copy(other + "/checkpoints/step_00000002", run + "/checkpoints/step_00000002",
+           fs::copy_options::recursive);
+  const auto r = run_tool("xlme-pretrain", tiny_pretrain_args(run, 3));
+  EXPECT_EQ(r.code, kExitError);
+  EXPECT_TRUE(contains_all(
+      r.err, {"checkpoint '" + run + "/checkpoints/step_00000002' was written by another run",
+              "run.out_dir '" + other + "'", "copied from another run folder?",
+              "Move it out of '" + run + "/checkpoints'"}))
+      << r.err;
+}
+
 // Item 3: the lock goes with the process; the next run proceeds.
 TEST(Faults, TheRunFolderLockEndsWithTheRun) {
   TempDir dir;
