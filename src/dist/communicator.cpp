@@ -131,18 +131,20 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
   Group& group = *comm->group_;
 
   // Rendezvous: rank 0 serves a TCPStore without waiting for the others, so that the presence
-  // check below, not the store, decides who is missing and says so.
+  // check below, not the store, decides who is missing and says so. Under torchrun's agent store
+  // the agent serves it already and every rank is a client, as in PyTorch's own rendezvous.
+  const bool serve = rank == 0 && !launch.agent_store;
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(launch.master_port);
-  options.isServer = rank == 0;
+  options.isServer = serve;
   options.numWorkers = world;
   options.waitWorkers = false;
   options.timeout = timeout;
   // c10d's store listens on every interface; rank 0's listens on MASTER_ADDR alone when it is an
   // address, so that a job on 127.0.0.1 stays on loopback (the store has no authentication).
   const std::optional<sockaddr_storage> listen_at =
-      rank == 0 ? store_listen_address(launch.master_addr) : std::nullopt;
-  if (rank == 0 && !listen_at) {
+      serve ? store_listen_address(launch.master_addr) : std::nullopt;
+  if (serve && !listen_at) {
     spdlog::info(
         "MASTER_ADDR {} is a host name: the rendezvous store listens on every interface of this "
         "host; set MASTER_ADDR to this host's address on the job's private network to listen "
@@ -151,21 +153,31 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
   }
   try {
     const StoreListenScope scope(listen_at ? &*listen_at : nullptr);
-    group.store = c10::make_intrusive<c10d::TCPStore>(launch.master_addr, options);
+    c10::intrusive_ptr<c10d::Store> store =
+        c10::make_intrusive<c10d::TCPStore>(launch.master_addr, options);
+    // The agent's store outlives the workers it restarts: each attempt keeps its keys apart.
+    if (launch.agent_store) {
+      store = c10::make_intrusive<c10d::PrefixStore>(
+          fmt::format("xlme/attempt_{}", launch.restart_count), store);
+    }
+    group.store = store;
   } catch (const std::exception& e) {
     const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
     const std::string what = torch_error ? torch_error->what_without_backtrace() : e.what();
-    XLME_CHECK(rank != 0 || (what.find("EADDRINUSE") == std::string::npos &&
-                             what.find("ddress already in use") == std::string::npos),
+    XLME_CHECK(!serve || (what.find("EADDRINUSE") == std::string::npos &&
+                          what.find("ddress already in use") == std::string::npos),
                "rank 0 of {}: MASTER_PORT {} is already taken on {} (another job, or a process "
                "left over from an earlier one, listens there); set MASTER_PORT to a free port "
                "for every rank, or stop that process",
                world, launch.master_port, launch.master_addr);
     XLME_FAIL(
         "rank {} of {}: cannot {} the rendezvous at {} within {} s ({}); check MASTER_ADDR and "
-        "MASTER_PORT, that the port is free on rank 0's host, and that rank 0 is running",
-        rank, world, rank == 0 ? "serve" : "reach", where, seconds,
-        what.substr(0, what.find('\n')));
+        "MASTER_PORT, {}",
+        rank, world, serve ? "serve" : "reach", where, seconds, what.substr(0, what.find('\n')),
+        launch.agent_store
+            ? "and that torchrun's agent on the first node (TORCHELASTIC_USE_AGENT_STORE=True) "
+              "is running"
+            : "that the port is free on rank 0's host, and that rank 0 is running");
   }
 
   // Start-up check: every rank announces itself; rank 0 names the ones that stay silent.
@@ -239,8 +251,9 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
   const double total = probe[0].item<double>();
   XLME_CHECK(total == world, "start-up all-reduce over {} ranks returned {} instead of {}", world,
              total, world);
-  spdlog::info("distributed: rank {} of {} (local rank {}) on {}, {} via {}, rendezvous {}", rank,
-               world, launch.local_rank, device.str(), chosen, launch.launcher, where);
+  spdlog::info("distributed: rank {} of {} (local rank {}) on {}, {} via {}, rendezvous {}{}", rank,
+               world, launch.local_rank, device.str(), chosen, launch.launcher, where,
+               launch.agent_store ? " (torchrun agent's store)" : "");
   return comm;
 }
 

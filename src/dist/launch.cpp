@@ -68,6 +68,13 @@ LaunchInfo launch_info_from_env() {
       info.master_addr = env("MASTER_ADDR");
       info.master_port = env_int("MASTER_PORT", "torchrun", 1, 65535);
     }
+    // PyTorch's own rendezvous compares with Python's str(True) the same way.
+    const char* agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
+    info.agent_store = agent_store != nullptr && std::string(agent_store) == "True";
+    if (env("TORCHELASTIC_RESTART_COUNT") != nullptr) {
+      info.restart_count =
+          env_int("TORCHELASTIC_RESTART_COUNT", "torchrun", 0, std::numeric_limits<int>::max());
+    }
   } else if (env("SLURM_PROCID") != nullptr) {
     info.launcher = "slurm";
     info.world_size = env_int("SLURM_NTASKS", "SLURM", 1, kMaxRanks);

@@ -1,9 +1,12 @@
 // Two real processes on a real Gloo process group over loopback: all-reduce, broadcast, bucketed
 // gradient averaging and parameter broadcast give what one process computes from both ranks'
-// values; the start-up check names a rank that never joins.
+// values, with rank 0 serving the store or torchrun's agent serving it; the start-up check names a
+// rank that never joins.
 #include "xlme/dist/communicator.h"
 
 #include "test_util.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cstdlib>
 #include <fstream>
@@ -101,6 +104,39 @@ TEST(DistGloo, TwoProcessesAgreeWithTheCombinedComputation) {
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(wait_exit_code(pids[rank]), 0) << "rank " << rank;
     EXPECT_EQ(read_file(dir / ("rank" + std::to_string(rank))), "ok") << "rank " << rank;
+  }
+}
+
+// torchrun's agent serves the store (TORCHELASTIC_USE_AGENT_STORE=True) on MASTER_PORT: the
+// ranks join it as clients (rank 0 used to fail with "MASTER_PORT ... is already taken"), twice
+// on the same store as after a restart of the workers, each attempt under its own keys.
+TEST(DistGloo, TwoProcessesJoinTorchrunsAgentStore) {
+  TempDir dir;
+  const int port = free_port();
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(port);
+  options.isServer = true;
+  options.waitWorkers = false;
+  options.timeout = std::chrono::seconds(30);
+  const auto agent = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+  for (const std::string attempt : {"0", "1"}) {
+    std::vector<pid_t> pids;
+    for (int rank = 0; rank < 2; ++rank) {
+      pids.push_back(spawn_worker({{"RANK", std::to_string(rank)},
+                                   {"WORLD_SIZE", "2"},
+                                   {"MASTER_ADDR", "127.0.0.1"},
+                                   {"MASTER_PORT", std::to_string(port)},
+                                   {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                   {"TORCHELASTIC_RESTART_COUNT", attempt},
+                                   {"XLME_DIST_MODE", "collectives"},
+                                   {"XLME_DIST_RESULT", dir / ("rank" + std::to_string(rank))}}));
+    }
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_EQ(wait_exit_code(pids[rank]), 0) << "attempt " << attempt << ", rank " << rank;
+      EXPECT_EQ(read_file(dir / ("rank" + std::to_string(rank))), "ok")
+          << "attempt " << attempt << ", rank " << rank;
+    }
+    EXPECT_TRUE(agent->check({"xlme/attempt_" + attempt + "/xlme/alive/1"})) << attempt;
   }
 }
 

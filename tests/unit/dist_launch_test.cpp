@@ -25,9 +25,9 @@ class LaunchEnv : public ::testing::Test {
   void SetUp() override { clear(); }
   void TearDown() override { clear(); }
   static void clear() {
-    for (const char* name :
-         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
-          "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST"}) {
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                             "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST",
+                             "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT"}) {
       unsetenv(name);
     }
   }
@@ -74,6 +74,26 @@ TEST_F(LaunchEnv, Torchrun) {
   EXPECT_EQ(info.local_rank, 1);
   EXPECT_EQ(info.master_addr, "10.0.0.7");
   EXPECT_EQ(info.master_port, 29400);
+  EXPECT_FALSE(info.agent_store);
+  EXPECT_EQ(info.restart_count, 0);
+}
+
+// torchrun's agent serves the store and says so; only Python's str(True) means yes.
+TEST_F(LaunchEnv, TorchrunAgentStore) {
+  set({{"RANK", "1"},
+       {"WORLD_SIZE", "2"},
+       {"MASTER_ADDR", "127.0.0.1"},
+       {"MASTER_PORT", "29400"},
+       {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+       {"TORCHELASTIC_RESTART_COUNT", "2"}});
+  LaunchInfo info = launch_info_from_env();
+  EXPECT_TRUE(info.agent_store);
+  EXPECT_EQ(info.restart_count, 2);
+  set({{"TORCHELASTIC_USE_AGENT_STORE", "False"}});
+  EXPECT_FALSE(launch_info_from_env().agent_store);
+  set({{"TORCHELASTIC_RESTART_COUNT", "-1"}});
+  EXPECT_TRUE(contains_all(error_message([] { launch_info_from_env(); }),
+                           {"TORCHELASTIC_RESTART_COUNT='-1' is not an integer"}));
 }
 
 TEST_F(LaunchEnv, Slurm) {

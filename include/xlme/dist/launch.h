@@ -1,5 +1,6 @@
 // Where this process sits in a multi-process job, read from the launcher's environment:
-// torchrun (`torchrun --no-python`: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or
+// torchrun (`torchrun --no-python`: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, and
+// TORCHELASTIC_USE_AGENT_STORE / TORCHELASTIC_RESTART_COUNT when its agent serves the store) or
 // SLURM (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, first host of SLURM_JOB_NODELIST). Without
 // either, a single process.
 #pragma once
@@ -18,6 +19,12 @@ struct LaunchInfo {
   int local_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // torchrun's agent already serves a TCPStore at master_addr:master_port
+  // (TORCHELASTIC_USE_AGENT_STORE=True): every rank connects to it as a client, rank 0 included.
+  bool agent_store = false;
+  // TORCHELASTIC_RESTART_COUNT: the agent's store outlives a restart of the workers, so each
+  // attempt keeps its keys apart.
+  int restart_count = 0;
 };
 
 // Reads the environment; throws xlme::Error naming the variable that is missing or malformed.
