@@ -104,7 +104,9 @@ TEST(TritonImages, EveryVariantHasACubinForSm90aAndSm80) {
           << variant;
       EXPECT_EQ(image->cubin[18], 190) << variant;
       EXPECT_EQ(image->cubin[48], image->capability) << variant << " " << image->arch;
-      EXPECT_LE(image->shared_bytes, 48 * 1024);
+      // Above 48 KB the launcher raises the kernel's limit; the architecture's ceiling holds
+      // (A100: 163 KB per block, H100/H200: 227 KB).
+      EXPECT_LE(image->shared_bytes, image->capability == 90 ? 232448 : 166912) << variant;
     }
   }
   EXPECT_STREQ(triton::triton_version(), "3.6.0");

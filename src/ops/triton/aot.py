@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
+import attention  # noqa: E402
 import masked_lm  # noqa: E402
 import residual_layernorm  # noqa: E402
 
@@ -70,7 +71,36 @@ def residual_layernorm_variants():
                        residual_layernorm.residual_layernorm_backward, backward, constants, warps)
 
 
-VARIANTS = list(masked_lm_variants()) + list(residual_layernorm_variants())
+def attention_variants():
+    # bf16 q, k, v (autocast); head sizes 64 (every paper size) and 32 (the demo model); the
+    # gated relative bias, the plain relative bias, no bias (cross-attention); dropout or not.
+    scalars = {"sqb": "i64", "sqh": "i64", "sqt": "i64", "skb": "i64", "skh": "i64", "skt": "i64",
+               "svb": "i64", "svh": "i64", "svt": "i64", "heads": "i32", "tq": "i32", "tk": "i32",
+               "scale": "fp32", "seed": "u64", "offset_lo": "u32", "offset_hi": "u32",
+               "threshold": "u32", "drop_scale": "fp32"}
+    inputs = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16"}
+    forward = {**inputs, "o_ptr": "*bf16", "lse_ptr": "*fp32", "f_ptr": "*fp32",
+               "table_ptr": "*fp32", "len_ptr": "*i32", **scalars}
+    saved = {**inputs, "do_ptr": "*bf16", "lse_ptr": "*fp32", "delta_ptr": "*fp32",
+             "f_ptr": "*fp32", "table_ptr": "*fp32", "len_ptr": "*i32"}
+    dkdv = {**saved, "dk_ptr": "*bf16", "dv_ptr": "*bf16", **scalars}
+    dq = {**saved, "dq_ptr": "*bf16", "df_ptr": "*fp32", "dtable_ptr": "*fp32", **scalars}
+    for d in (64, 32):
+        for mode, bias, gated in (("gated", True, True), ("bias", True, False),
+                                  ("nobias", False, False)):
+            for dropout in (True, False):
+                tag = f"bf16_d{d}_{mode}{'_dropout' if dropout else ''}"
+                constants = {"D": d, "BM": attention.BLOCK, "BN": attention.BLOCK, "BIAS": bias,
+                             "GATED": gated, "DROPOUT": dropout, "PRECISION": "tf32"}
+                for kind, fn, signature in (("forward", attention.attention_forward, forward),
+                                            ("backward_dkdv", attention.attention_backward_dkdv,
+                                             dkdv),
+                                            ("backward_dq", attention.attention_backward_dq, dq)):
+                    yield f"attention_{kind}_{tag}", fn, signature, constants, 4
+
+
+VARIANTS = (list(masked_lm_variants()) + list(residual_layernorm_variants()) +
+            list(attention_variants()))
 
 
 def entry_params(ptx, name):
@@ -120,7 +150,8 @@ def main():
             symbol = f"k{index}_sm{capability}"
             arrays.append(f"const unsigned char {symbol}[] = {{\n{cpp_bytes(cubin)}\n}};\n")
             types = ",".join(signature.values())
-            constants = ",".join(f"{k}={int(v)}" for k, v in constexprs.items())
+            constants = ",".join(f"{k}={int(v)}" for k, v in constexprs.items()
+                                 if not isinstance(v, str))
             entries.append(f'      {{"{name}", "{meta.name}", {capability}, "{arch}", {symbol}, '
                            f'sizeof({symbol}), {meta.num_warps}, {meta.shared}, "{types}", '
                            f'"{constants}"}},')
