@@ -2,6 +2,7 @@
 
 #include "xlme/common/error.h"
 
+#include <spdlog/spdlog.h>
 #include <torch/cuda.h>
 #ifdef XLME_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -88,8 +89,20 @@ LaunchInfo launch_info_from_env() {
                    "SLURM launch: neither MASTER_ADDR nor SLURM_JOB_NODELIST is set");
         info.master_addr = first_slurm_host(env("SLURM_JOB_NODELIST"));
       }
-      if (env("MASTER_PORT") != nullptr)
+      if (env("MASTER_PORT") != nullptr) {
         info.master_port = env_int("MASTER_PORT", "SLURM", 1, 65535);
+      } else if (env("SLURM_JOB_ID") != nullptr) {
+        // A port per job (as several launchers derive it), so that two jobs sharing a node do not
+        // meet at a fixed 29500; every rank of the job computes the same one.
+        const int job = env_int("SLURM_JOB_ID", "SLURM", 0, std::numeric_limits<int>::max());
+        info.master_port = 15000 + job % 20000;
+        if (info.rank == 0) {
+          spdlog::info(
+              "SLURM job {}: rendezvous port {} (15000 + job id % 20000; set MASTER_PORT to "
+              "choose another)",
+              job, info.master_port);
+        }
+      }
     }
   }
   return info;

@@ -114,6 +114,27 @@ TEST_F(LaunchEnv, Slurm) {
   EXPECT_EQ(info.master_port, 1234);
 }
 
+// Without MASTER_PORT, a SLURM job's port comes from its id: two jobs on one node get two ports
+// (a fixed 29500 made the second job's ranks hang).
+TEST_F(LaunchEnv, SlurmPortFromTheJobId) {
+  set({{"SLURM_PROCID", "1"},
+       {"SLURM_NTASKS", "2"},
+       {"SLURM_JOB_NODELIST", "gpu[12-13]"},
+       {"SLURM_JOB_ID", "123456"}});
+  EXPECT_EQ(launch_info_from_env().master_port, 15000 + 3456);
+  set({{"SLURM_JOB_ID", "123457"}});
+  EXPECT_EQ(launch_info_from_env().master_port, 15000 + 3457);
+  set({{"SLURM_JOB_ID", "19999"}});
+  EXPECT_EQ(launch_info_from_env().master_port, 34999);
+  set({{"MASTER_PORT", "1234"}});  // the user's choice wins
+  EXPECT_EQ(launch_info_from_env().master_port, 1234);
+  unsetenv("MASTER_PORT");
+  set({{"SLURM_JOB_ID", "12a"}});
+  EXPECT_TRUE(
+      contains_all(error_message([] { launch_info_from_env(); }),
+                   {"SLURM launch: environment variable SLURM_JOB_ID='12a' is not an integer"}));
+}
+
 TEST_F(LaunchEnv, ErrorsNameTheVariable) {
   set({{"RANK", "0"}});
   EXPECT_TRUE(contains_all(error_message([] { launch_info_from_env(); }),

@@ -1,8 +1,8 @@
 // Where this process sits in a multi-process job, read from the launcher's environment:
 // torchrun (`torchrun --no-python`: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, and
 // TORCHELASTIC_USE_AGENT_STORE / TORCHELASTIC_RESTART_COUNT when its agent serves the store) or
-// SLURM (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, first host of SLURM_JOB_NODELIST). Without
-// either, a single process.
+// SLURM (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, first host of SLURM_JOB_NODELIST, and without
+// MASTER_PORT the port 15000 + SLURM_JOB_ID % 20000). Without either, a single process.
 #pragma once
 
 #include <torch/types.h>
