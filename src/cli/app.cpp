@@ -52,7 +52,8 @@ int run_app(int argc, char** argv, const AppSpec& spec,
                "print the resolved config (with comments) and exit");
   cli.add_option("--log-level", opts.log_level, "shortcut for --set run.log_level=LEVEL")
       ->type_name("LEVEL");
-  cli.add_option("--threads", opts.threads, "shortcut for --set run.threads=N (0: all cores)")
+  cli.add_option("--threads", opts.threads,
+                 "shortcut for --set run.threads=N (0: OMP_NUM_THREADS if set, else all cores)")
       ->type_name("N");
   cli.set_version_flag("--version", [] { return runtime::build_description(); });
   cli.footer(
@@ -95,9 +96,9 @@ int run_app(int argc, char** argv, const AppSpec& spec,
     const runtime::ThreadSettings threads = runtime::configure_threads(cfg.run.threads);
     const runtime::AllocatorInfo allocator = runtime::detect_allocator();
     spdlog::info(
-        "threads: {} LibTorch ({} in xlme's own loops), BLAS: {}, OMP_WAIT_POLICY={}, "
+        "threads: {} LibTorch (from {}; {} in xlme's own loops), BLAS: {}, OMP_WAIT_POLICY={}, "
         "allocator: {} ({})",
-        threads.intra_op, threads.own_loops, runtime::blas_name(),
+        threads.intra_op, threads.source, threads.own_loops, runtime::blas_name(),
         threads.omp_wait_policy.empty() ? "(unset: threads may spin)" : threads.omp_wait_policy,
         allocator.name, allocator.note.empty() ? allocator.library : allocator.note);
     if (threads.own_loops < threads.intra_op) {

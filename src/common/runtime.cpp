@@ -44,7 +44,26 @@ int available_cores() {
 
 ThreadSettings configure_threads(int64_t requested) {
   ThreadSettings settings;
-  settings.intra_op = requested > 0 ? static_cast<int>(requested) : available_cores();
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  if (requested > 0) {
+    settings.intra_op = static_cast<int>(requested);
+    settings.source = "run.threads";
+  } else if (omp != nullptr && *omp != '\0') {
+    // The launcher's share of the node's cores (torchrun sets 1 per rank unless told otherwise;
+    // a SLURM script sets $SLURM_CPUS_PER_TASK). OpenMP allows a list per nesting level ("4,2"):
+    // the first is this level's.
+    char* end = nullptr;
+    const long parsed = std::strtol(omp, &end, 10);
+    XLME_CHECK(end != omp && (*end == '\0' || *end == ',') && parsed >= 1 && parsed <= 4096,
+               "OMP_NUM_THREADS='{}' is not a thread count in [1, 4096]; set it to the cores each "
+               "process may use, or set run.threads",
+               omp);
+    settings.intra_op = static_cast<int>(parsed);
+    settings.source = "OMP_NUM_THREADS";
+  } else {
+    settings.intra_op = available_cores();
+    settings.source = "every available core";
+  }
   at::set_num_threads(settings.intra_op);
   settings.own_loops = parallel_loop_threads();
   const char* policy = std::getenv("OMP_WAIT_POLICY");

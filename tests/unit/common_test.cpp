@@ -17,7 +17,9 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 namespace xlme {
 namespace {
@@ -172,7 +174,34 @@ TEST(Logging, UnknownLevelListsTheValidOnes) {
   EXPECT_EQ(logging::parse_level("debug"), spdlog::level::debug);
 }
 
+// Sets (or, with nullptr, unsets) one environment variable for its scope, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
 TEST(Runtime, ThreadsDefaultToAllAvailableCores) {
+  const ScopedEnv no_omp("OMP_NUM_THREADS", nullptr);
   const int cores = runtime::available_cores();
   EXPECT_GE(cores, 1);
   runtime::ThreadSettings s = runtime::configure_threads(0);
@@ -182,6 +211,33 @@ TEST(Runtime, ThreadsDefaultToAllAvailableCores) {
   EXPECT_EQ(s.intra_op, 1);
   EXPECT_EQ(at::get_num_threads(), 1);
   runtime::configure_threads(0);
+}
+
+// run.threads=0 under a launcher that shares the node's cores out (OMP_NUM_THREADS per rank):
+// 8 ranks on a node must not each take every core. run.threads itself wins.
+TEST(Runtime, ThreadsZeroHonoursOmpNumThreads) {
+  {
+    const ScopedEnv omp("OMP_NUM_THREADS", "1");
+    runtime::ThreadSettings s = runtime::configure_threads(0);
+    EXPECT_EQ(s.intra_op, 1);
+    EXPECT_EQ(s.source, "OMP_NUM_THREADS");
+    EXPECT_EQ(at::get_num_threads(), 1);
+    s = runtime::configure_threads(2);
+    EXPECT_EQ(s.intra_op, 2);
+    EXPECT_EQ(s.source, "run.threads");
+  }
+  {
+    const ScopedEnv omp("OMP_NUM_THREADS", "3,1");  // one count per OpenMP nesting level
+    EXPECT_EQ(runtime::configure_threads(0).intra_op, 3);
+  }
+  for (const char* bad : {"0", "all", "2x"}) {
+    const ScopedEnv omp("OMP_NUM_THREADS", bad);
+    EXPECT_TRUE(contains_all(error_message([] { runtime::configure_threads(0); }),
+                             {"OMP_NUM_THREADS='" + std::string(bad) + "' is not a thread count"}))
+        << bad;
+  }
+  const ScopedEnv no_omp("OMP_NUM_THREADS", nullptr);
+  EXPECT_EQ(runtime::configure_threads(0).source, "every available core");
 }
 
 // at::parallel_for in xlme's own code (dropout masks, the position bias, attention's batched

@@ -18,9 +18,12 @@ struct ThreadSettings {
   int intra_op = 1;             // LibTorch (OpenMP) threads
   int own_loops = 1;            // threads xlme's own parallel loops run on (parallel_loop_threads)
   std::string omp_wait_policy;  // OMP_WAIT_POLICY as this process started with it
+  std::string source;           // what decided intra_op: run.threads, OMP_NUM_THREADS or the cores
 };
 
-// Sets LibTorch's intra-op threads to `requested` (0: all available cores).
+// Sets LibTorch's intra-op threads to `requested`; with 0, to OMP_NUM_THREADS when it is set (the
+// launcher's share of the node for this rank), else to all available cores. Throws naming a
+// malformed OMP_NUM_THREADS.
 ThreadSettings configure_threads(int64_t requested);
 
 // How many threads an at::parallel_for in xlme's own code runs on, with LibTorch's current

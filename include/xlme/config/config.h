@@ -31,7 +31,8 @@ struct RunConfig {
         "run folder for logs, metrics and checkpoints (relative paths: to the working directory)");
     v.field("seed", seed, IntRange{0, 2147483647}, "seed of every random number generator");
     v.field("threads", threads, IntRange{0, 4096},
-            "CPU threads for LibTorch and BLAS; 0 = all cores available to the process");
+            "CPU threads for LibTorch and BLAS; 0 = OMP_NUM_THREADS when set (the launcher's "
+            "share per rank), else all cores available to the process");
     v.field("log_level", log_level, Choices{"trace", "debug", "info", "warn", "error", "off"},
             "console and log-file level");
     v.field("device", device, Choices{"auto", "cpu", "cuda"},
