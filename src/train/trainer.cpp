@@ -170,6 +170,16 @@ Trainer::Trainer(const config::Config& config, model::ElectraModel model, data::
   // Enough micro-batches per task for train.tokens_per_task tokens over all ranks.
   const int64_t per_round = comm_->world_size() * config.train.micro_batch_tokens;
   micro_batches_ = (config.train.tokens_per_task + per_round - 1) / per_round;
+  if (micro_batches_ * per_round != config.train.tokens_per_task && comm_->rank() == 0) {
+    spdlog::warn(
+        "tokens per step: {} per task ({} micro-batch(es) of train.micro_batch_tokens = {} on "
+        "each of {} rank(s)), not train.tokens_per_task = {}: the global batch is rounded up to "
+        "whole micro-batches on every rank ({:+.1f}%)",
+        micro_batches_ * per_round, micro_batches_, config.train.micro_batch_tokens,
+        comm_->world_size(), config.train.tokens_per_task,
+        100.0 * static_cast<double>(micro_batches_ * per_round - config.train.tokens_per_task) /
+            static_cast<double>(config.train.tokens_per_task));
+  }
   bf16_ = uses_bf16(config.train.precision, device_);
   enable_tf32(device_);
   // run.seed made the model; dropout and sampling draw from this rank's own streams.

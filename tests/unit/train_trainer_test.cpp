@@ -11,6 +11,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
+#include <spdlog/sinks/ostream_sink.h>
 
 #include <atomic>
 
@@ -327,6 +328,33 @@ TEST(Trainer, Bf16WeightsAreCastOncePerStepNotPerMicroBatch) {
   }
   EXPECT_GT(casts[0], 10) << "autocast cast no weight: is the step under bf16 autocast?";
   EXPECT_EQ(casts[1], casts[0]) << "weights cast again in every micro-batch";
+}
+
+// train.tokens_per_task that is not a whole number of micro-batches over the ranks is rounded up,
+// and the start-up log says so with both numbers and the world size (issue 35: Base on 24 GPUs
+// trained +12.5% tokens per step without a word); an even split says nothing.
+TEST(Trainer, RoundedGlobalBatchIsLoggedAtStart) {
+  auto start_log = [](int64_t tokens_per_task) {
+    auto c = tiny_config(4, 1, 0.0);  // micro_batch_tokens = 64
+    c.train.tokens_per_task = tokens_per_task;
+    auto source = make_source(c, 4);
+    std::ostringstream log;
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+    spdlog::default_logger()->sinks().push_back(sink);
+    Trainer trainer(c, make_model(c, 1), source, single_process());
+    spdlog::default_logger()->sinks().pop_back();
+    return std::make_pair(trainer.micro_batches_per_task(), log.str());
+  };
+  const auto [rounded, warning] = start_log(160);
+  EXPECT_EQ(rounded, 3);
+  EXPECT_TRUE(contains_all(
+      warning,
+      {"tokens per step: 192 per task", "3 micro-batch(es) of train.micro_batch_tokens = 64",
+       "on each of 1 rank(s)", "train.tokens_per_task = 160", "+20.0%"}))
+      << warning;
+  const auto [even, quiet] = start_log(128);
+  EXPECT_EQ(even, 2);
+  EXPECT_EQ(quiet.find("tokens per step"), std::string::npos) << quiet;
 }
 
 }  // namespace
