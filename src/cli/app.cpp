@@ -85,6 +85,15 @@ int run_app(int argc, char** argv, const AppSpec& spec,
     const int rank = dist::launch_info_from_env().rank;
     logging::Options log_options{cfg.run.log_level, rank, ""};
     if (spec.run_logs) {
+      // The run writes logs/, checkpoints/, metrics.jsonl... into run.out_dir, never into '/'.
+      std::error_code ec;
+      const auto out_dir =
+          std::filesystem::weakly_canonical(std::filesystem::absolute(cfg.run.out_dir), ec);
+      XLME_CHECK(out_dir != out_dir.root_path(),
+                 "run.out_dir '{}' is the root of the file system: the run would write its logs/, "
+                 "checkpoints/ and metrics.jsonl there; choose a folder for the run (e.g. "
+                 "runs/NAME)",
+                 cfg.run.out_dir);
       log_options.dir = (std::filesystem::path(cfg.run.out_dir) / "logs").string();
     }
     const std::string log_file = logging::init(log_options);

@@ -251,6 +251,21 @@ TEST(Faults, AnotherRunsCheckpointCopiedInIsNamed) {
       << r.err;
 }
 
+// Issue 36 (weak): run.out_dir pointing at '/' wrote checkpoints/, logs/ and metrics.jsonl there.
+TEST(Faults, RunFolderAtTheFileSystemRootIsRefused) {
+  for (const std::string root : {"/", "/tmp/../", "//"}) {
+    SCOPED_TRACE(root);
+    // Shards that do not exist: were the check gone, the run would stop before its first save.
+    const auto r = run_tool("xlme-pretrain",
+                            tiny_pretrain_args(root, 1, {"--set", "data.shards=/nonexistent"}));
+    EXPECT_EQ(r.code, kExitError);
+    EXPECT_TRUE(contains_all(r.err, {"run.out_dir '" + root + "' is the root of the file system",
+                                     "choose a folder for the run"}))
+        << r.err;
+  }
+  EXPECT_FALSE(fs::exists("/logs/rank0.log"));
+}
+
 // Item 3: the lock goes with the process; the next run proceeds.
 TEST(Faults, TheRunFolderLockEndsWithTheRun) {
   TempDir dir;
