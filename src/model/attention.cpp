@@ -3,9 +3,10 @@
 #include <ATen/ATen.h>
 #include "xlme/common/error.h"
 #include "xlme/common/shape_text.h"
-#include "xlme/ops/dropout.h"
 #include "xlme/model/linear.h"
 #include "xlme/model/relative_position.h"
+#include "xlme/ops/attention.h"
+#include "xlme/ops/dropout.h"
 
 #include <torch/torch.h>
 
@@ -171,6 +172,11 @@ torch::Tensor add_position_bias(torch::Tensor scores, const torch::Tensor& facto
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& padding, const PositionBias& bias, double dropout,
                         bool training, AttentionKernel kernel) {
+  if (ops::fused_attention_applies(q, k, v)) {
+    const auto factor =
+        bias.table.defined() && bias.gate_u.defined() ? gate_factor(q, bias) : torch::Tensor();
+    return ops::fused_attention(q, k, v, padding, bias.table, factor, dropout, training);
+  }
   if (kernel == AttentionKernel::kSdpa) {
     return sdpa_attention(q, k, v, padding, bias, dropout, training);
   }

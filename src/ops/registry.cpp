@@ -28,10 +28,11 @@ struct Row {
   bool auto_cuda;
 };
 
-constexpr std::array<Row, 3> kOps{{
+constexpr std::array<Row, 4> kOps{{
     {"dropout", "cpu kernel", nullptr, true, false},
     {"masked_lm", nullptr, "triton", false, false},           // unverified on a GPU yet
     {"residual_layernorm", nullptr, "triton", false, false},  // unverified on a GPU yet
+    {"attention", nullptr, "triton", false, false},           // unverified on a GPU yet
 }};
 
 std::vector<Choice> parse(const std::string& spec) {

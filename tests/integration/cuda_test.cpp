@@ -13,6 +13,7 @@
 #include "xlme/model/attention.h"
 #include "xlme/model/electra.h"
 #include "xlme/model/relative_position.h"
+#include "xlme/ops/attention.h"
 #include "xlme/ops/masked_lm.h"
 #include "xlme/ops/registry.h"
 #include "xlme/ops/residual_layernorm.h"
@@ -662,6 +663,67 @@ TEST(CudaTrainer, TheMicroBatchLoopNeverWaitsForTheDevice) {
   }
   ::unsetenv("XLME_CUDA_SYNC_DEBUG");
   EXPECT_EQ(error, "") << "a host wait inside the micro-batch loop";
+}
+
+TEST(CudaOps, FusedAttentionEqualsTheFloat64MathPath) {
+  XLME_REQUIRE_CUDA();
+  const fused::OpsRestored restore;
+  ops::set_ops("attention=fused");
+  const torch::Device cuda(torch::kCUDA, 0);
+  // Self-attention with the gated bias, the plain bias, and cross-attention (Tq != Tk, no bias);
+  // lengths that are not multiples of the 64-wide tiles; the second sequence padded.
+  for (const auto& [tq, tk, bias, gated] : std::vector<std::tuple<int64_t, int64_t, bool, bool>>{
+           {130, 130, true, true}, {65, 65, true, false}, {17, 90, false, false}}) {
+    torch::manual_seed(31);
+    const int64_t batch = 2, heads = 4, d = 64;
+    const auto make = [&](int64_t t) { return torch::randn({batch, heads, t, d}); };
+    const auto q0 = make(tq), k0 = make(tk), v0 = make(tk);
+    auto padding = torch::zeros({batch, tk}, torch::kBool);
+    padding[1].narrow(0, tk - 7, 7).fill_(true);
+    model::PositionBias bias0;
+    if (bias) bias0.table = torch::randn({heads, tq, tk}) * 0.5;
+    if (gated) {
+      bias0.gate_u = torch::randn({heads, d}) * 0.1;
+      bias0.gate_v = torch::randn({heads, d}) * 0.1;
+      bias0.gate_w = torch::rand({heads}) + 0.5;
+    }
+    const auto dout = torch::randn({batch, heads, tq, d});
+    // The same leaves on `device` in `dtype`; output and every leaf's gradient, in float64.
+    const auto run = [&](const torch::Device& device, torch::ScalarType dtype) {
+      std::vector<torch::Tensor> leaves;
+      const auto leaf = [&](const torch::Tensor& t, torch::ScalarType type) {
+        if (!t.defined()) return t;
+        leaves.push_back(t.to(device, type).requires_grad_());
+        return leaves.back();
+      };
+      const auto q = leaf(q0, dtype), k = leaf(k0, dtype), v = leaf(v0, dtype);
+      model::PositionBias b;
+      const auto wide = dtype == torch::kDouble ? torch::kDouble : torch::kFloat;
+      b.table = leaf(bias0.table, wide);
+      b.gate_u = leaf(bias0.gate_u, wide);
+      b.gate_v = leaf(bias0.gate_v, wide);
+      b.gate_w = leaf(bias0.gate_w, wide);
+      torch::Tensor out;
+      {
+        AutocastScope scope(device, device.is_cuda());  // the gate's product in bf16, as training
+        out = model::attention(q, k, v, padding.to(device), b, 0.0, true,
+                               model::AttentionKernel::kMath);
+      }
+      out.backward(dout.to(device, out.scalar_type()));
+      std::vector<torch::Tensor> result{out.detach().to(torch::kCPU, torch::kDouble)};
+      for (const auto& l : leaves) result.push_back(l.grad().to(torch::kCPU, torch::kDouble));
+      return result;
+    };
+    const auto want = run(torch::kCPU, torch::kDouble);  // the math path in float64
+    const auto got = run(cuda, torch::kBFloat16);        // bf16 inputs: the fused kernel
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double scale = std::max(1.0, want[i].abs().max().item<double>());
+      EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 3e-2 * scale)
+          << "output/gradient " << i << " Tq " << tq << " Tk " << tk << " bias " << bias
+          << " gated " << gated;
+    }
+  }
 }
 
 }  // namespace

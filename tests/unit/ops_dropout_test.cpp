@@ -131,17 +131,19 @@ TEST(OpsRegistry, AFusedFormRunsOnlyWhereOneExists) {
   EXPECT_EQ(implementation(Op::kMaskedLm, cuda), Impl::kReference);
   EXPECT_EQ(implementation(Op::kResidualLayerNorm, cuda), Impl::kReference);
   EXPECT_EQ(describe(cpu),
-            "dropout=fused (cpu kernel), masked_lm=reference, residual_layernorm=reference");
+            "dropout=fused (cpu kernel), masked_lm=reference, residual_layernorm=reference, "
+            "attention=reference");
   set_ops("masked_lm=fused");
   EXPECT_EQ(describe(cuda),
-            "dropout=reference, masked_lm=fused (triton), residual_layernorm=reference");
+            "dropout=reference, masked_lm=fused (triton), residual_layernorm=reference, "
+            "attention=reference");
 }
 
 TEST(OpsRegistry, AnUnknownNameOrValueListsTheValidOnes) {
   const OpsRestored restore;
   EXPECT_EQ(error_message([] { set_ops("dropout=reference,sampler=fused"); }),
             "XLME_OPS: unknown op 'sampler' in 'dropout=reference,sampler=fused'; the ops are "
-            "dropout, masked_lm, residual_layernorm");
+            "dropout, masked_lm, residual_layernorm, attention");
   EXPECT_EQ(error_message([] { set_ops("masked_lm=fast"); }),
             "XLME_OPS: 'fast' in 'masked_lm=fast' is not auto, reference or fused");
 }

@@ -23,6 +23,7 @@ enum class Op {
   kDropout,            // ops/dropout.h: CPU: the counter-based mask; CUDA: none (torch::dropout)
   kMaskedLm,           // ops/masked_lm.h: CUDA: Triton loss + sampling; CPU: none (the reference)
   kResidualLayerNorm,  // ops/residual_layernorm.h: CUDA: Triton; CPU: none (the reference)
+  kAttention,          // ops/attention.h: CUDA: Triton flash-style with the gated bias
 };
 
 enum class Impl { kReference, kFused };

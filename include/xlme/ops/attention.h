@@ -1,0 +1,29 @@
+// Attention with XLM-E's gated relative position bias as one fused op on CUDA
+// (src/ops/triton/attention.py; docs/ops.md#the-attention-kernel): no [B, H, T, T] tensor, the
+// bias built from a per-distance table and the gate factor inside the kernel, key padding from
+// each sequence's length, dropout from Philox counters of LibTorch's CUDA generator.
+//
+// The reference is model/attention.h's math and SDPA paths; model::attention() asks
+// fused_attention_applies() first. XLME_OPS attention=fused turns it on; `auto` keeps the
+// reference until a GPU run has verified the kernel.
+#pragma once
+
+#include <torch/types.h>
+
+namespace xlme::ops {
+
+// Whether the fused kernel runs for these inputs: chosen in the registry, a CUDA device with a
+// compiled image, bf16 q, k and v of head size 64 or 32 whose last dimension is contiguous.
+bool fused_attention_applies(const torch::Tensor& q, const torch::Tensor& k,
+                             const torch::Tensor& v);
+
+// q: [B, H, Tq, d], k and v: [B, H, Tk, d]; padding: [B, Tk] bool, true at padded keys, which
+// must be trailing (xlme's batches are right-padded: data/batch_writer.cpp), or undefined;
+// table: [H, Tq, Tk] Toeplitz bias (undefined: none), factor: [B, H, Tq, 1] (undefined: no gate).
+// Differentiable with respect to q, k, v, table and factor. Returns [B, H, Tq, d] in q's dtype.
+torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const torch::Tensor& padding,
+                              const torch::Tensor& table, const torch::Tensor& factor,
+                              double dropout, bool training);
+
+}  // namespace xlme::ops

@@ -1,0 +1,192 @@
+#include "xlme/ops/attention.h"
+
+#include "xlme/common/error.h"
+#include "xlme/ops/registry.h"
+#include "xlme/ops/triton.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#ifdef XLME_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+namespace xlme::ops {
+
+#ifdef XLME_WITH_CUDA
+
+namespace {
+
+namespace tk = xlme::ops::triton;
+
+std::string variant(const char* kind, int64_t head_dim, bool bias, bool gated, bool dropout) {
+  const char* mode = !bias ? "nobias" : gated ? "gated" : "bias";
+  return fmt::format("attention_{}_bf16_d{}_{}{}", kind, head_dim, mode, dropout ? "_dropout" : "");
+}
+
+// [H, Tq, Tk] Toeplitz table -> [H, Tq + Tk - 1]: the bias at distance delta = i - j, at index
+// delta + Tk - 1 (its first row read backwards, then its first column below the corner).
+torch::Tensor per_distance(const torch::Tensor& table) {
+  const auto first_row = table.select(1, 0).flip(-1);  // delta = -(Tk - 1) .. 0
+  const auto first_column = table.select(2, 0).narrow(1, 1, table.size(1) - 1);  // 1 .. Tq - 1
+  return torch::cat({first_row, first_column}, 1).to(torch::kFloat32).contiguous();
+}
+
+struct Launch {
+  std::vector<tk::Arg> strides;
+  int64_t heads, tq, tk, head_dim;
+};
+
+struct FusedAttention : torch::autograd::Function<FusedAttention> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
+                               const torch::Tensor& k, const torch::Tensor& v,
+                               const torch::Tensor& factor, const torch::Tensor& distance,
+                               const torch::Tensor& lengths, double p) {
+    const bool bias = distance.numel() > 0, gated = factor.numel() > 0, dropout = p > 0;
+    uint64_t seed = 0, offset = 0;
+    if (dropout) std::tie(seed, offset) = tk::philox_inputs(q.device());
+    const int64_t batch = q.size(0), heads = q.size(1), tq = q.size(2), tkeys = k.size(2),
+                  d = q.size(3);
+    auto out = torch::empty({batch, heads, tq, d}, q.options());
+    auto lse = torch::empty({batch, heads, tq}, q.options().dtype(torch::kFloat32));
+    const auto name = variant("forward", d, bias, gated, dropout);
+    const auto block = block_of(name, q.device());
+    auto args = pointers({q, k, v, out, lse, factor, distance, lengths});
+    append_scalars(args, q, k, v, heads, tq, tkeys, d, p, seed, offset);
+    tk::launch(
+        name, q.device(),
+        {static_cast<uint32_t>((tq + block - 1) / block), static_cast<uint32_t>(batch * heads), 1},
+        std::move(args));
+    ctx->save_for_backward({q, k, v, out, lse, factor, distance, lengths});
+    ctx->saved_data["p"] = p;
+    ctx->saved_data["seed"] = static_cast<int64_t>(seed);
+    ctx->saved_data["offset"] = static_cast<int64_t>(offset);
+    return out;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const auto &q = s[0], &k = s[1], &v = s[2], &out = s[3], &lse = s[4], &factor = s[5],
+               &distance = s[6], &lengths = s[7];
+    const double p = ctx->saved_data["p"].toDouble();
+    const auto seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
+    const auto offset = static_cast<uint64_t>(ctx->saved_data["offset"].toInt());
+    const bool bias = distance.numel() > 0, gated = factor.numel() > 0, dropout = p > 0;
+    const int64_t batch = q.size(0), heads = q.size(1), tq = q.size(2), tkeys = k.size(2),
+                  d = q.size(3);
+    const auto dout = grads[0].to(q.scalar_type()).contiguous();
+    const auto delta = (dout.to(torch::kFloat32) * out.to(torch::kFloat32)).sum(-1).contiguous();
+    auto dq = torch::empty({batch, heads, tq, d}, q.options());
+    auto dk = torch::empty({batch, heads, tkeys, d}, k.options());
+    auto dv = torch::empty({batch, heads, tkeys, d}, v.options());
+    const auto f32 = q.options().dtype(torch::kFloat32);
+    auto df = gated ? torch::zeros({batch, heads, tq}, f32) : torch::empty({0}, f32);
+    auto dt = bias ? torch::zeros({heads, tq + tkeys - 1}, f32) : torch::empty({0}, f32);
+    const auto dkdv_name = variant("backward_dkdv", d, bias, gated, dropout);
+    const auto block = block_of(dkdv_name, q.device());
+    auto dkdv = pointers({q, k, v, dout, lse, delta, factor, distance, lengths, dk, dv});
+    append_scalars(dkdv, q, k, v, heads, tq, tkeys, d, p, seed, offset);
+    tk::launch(dkdv_name, q.device(),
+               {static_cast<uint32_t>((tkeys + block - 1) / block),
+                static_cast<uint32_t>(batch * heads), 1},
+               std::move(dkdv));
+    auto dq_args = pointers({q, k, v, dout, lse, delta, factor, distance, lengths, dq, df, dt});
+    append_scalars(dq_args, q, k, v, heads, tq, tkeys, d, p, seed, offset);
+    tk::launch(
+        variant("backward_dq", d, bias, gated, dropout), q.device(),
+        {static_cast<uint32_t>((tq + block - 1) / block), static_cast<uint32_t>(batch * heads), 1},
+        std::move(dq_args));
+    return {dq,
+            dk,
+            dv,
+            gated ? df : torch::Tensor(),
+            bias ? dt : torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor()};
+  }
+
+  static int64_t block_of(const std::string& name, const torch::Device& device) {
+    const auto* properties = at::cuda::getDeviceProperties(device.index());
+    const auto* image = tk::find_image(name, properties->major, properties->minor);
+    XLME_CHECK(image != nullptr, "no Triton kernel {} for {}", name, properties->name);
+    return tk::constant(*image, "BM");
+  }
+
+  // An empty tensor stands for an absent input: the kernel never reads it (its constexpr is off),
+  // but the launch passes a valid float pointer.
+  static std::vector<tk::Arg> pointers(const std::vector<torch::Tensor>& tensors) {
+    std::vector<tk::Arg> args;
+    for (const auto& t : tensors) args.push_back(tk::Arg::pointer(t));
+    return args;
+  }
+
+  static void append_scalars(std::vector<tk::Arg>& args, const torch::Tensor& q,
+                             const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
+                             int64_t tq, int64_t tkeys, int64_t d, double p, uint64_t seed,
+                             uint64_t offset) {
+    for (const auto* t : {&q, &k, &v}) {
+      for (int dim = 0; dim < 3; ++dim) args.push_back(tk::Arg::i64(t->stride(dim)));
+    }
+    args.push_back(tk::Arg::i32(heads));
+    args.push_back(tk::Arg::i32(tq));
+    args.push_back(tk::Arg::i32(tkeys));
+    args.push_back(tk::Arg::f32(1.0 / std::sqrt(static_cast<double>(d))));
+    args.push_back(tk::Arg::u64(seed));
+    args.push_back(tk::Arg::u32(offset & 0xFFFFFFFFULL));
+    args.push_back(tk::Arg::u32(offset >> 32));
+    args.push_back(tk::Arg::u32(
+        static_cast<uint64_t>(std::min(std::llround(std::ldexp(p, 32)), 0xFFFFFFFFLL))));
+    args.push_back(tk::Arg::f32(p > 0 ? 1.0 / (1.0 - p) : 1.0));
+  }
+};
+
+}  // namespace
+
+bool fused_attention_applies(const torch::Tensor& q, const torch::Tensor& k,
+                             const torch::Tensor& v) {
+  if (implementation(Op::kAttention, q.device()) != Impl::kFused) return false;
+  const int64_t d = q.size(-1);
+  const bool shapes = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && (d == 64 || d == 32) &&
+                      q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1 && q.numel() > 0;
+  const bool dtypes = q.scalar_type() == torch::kBFloat16 && k.scalar_type() == torch::kBFloat16 &&
+                      v.scalar_type() == torch::kBFloat16;
+  return shapes && dtypes && tk::available(variant("forward", d, true, true, false), q.device());
+}
+
+torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const torch::Tensor& padding,
+                              const torch::Tensor& table, const torch::Tensor& factor,
+                              double dropout, bool training) {
+  const auto f32 = q.options().dtype(torch::kFloat32);
+  const int64_t batch = q.size(0), tkeys = k.size(2);
+  const auto lengths = padding.defined()
+                           ? padding.logical_not().sum(1).to(torch::kInt32)
+                           : torch::full({batch}, tkeys, q.options().dtype(torch::kInt32));
+  const auto distance = table.defined() ? per_distance(table) : torch::empty({0}, f32);
+  const auto f = table.defined() && factor.defined()
+                     ? factor.squeeze(-1).to(torch::kFloat32).contiguous()
+                     : torch::empty({0}, f32);
+  return FusedAttention::apply(q, k, v, f, distance, lengths, training ? dropout : 0.0);
+}
+
+#else  // a LibTorch without CUDA: the reference always
+
+bool fused_attention_applies(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
+  return false;
+}
+
+torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor&, const torch::Tensor&,
+                              const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                              double, bool) {
+  XLME_FAIL("the fused attention cannot run on {}: this xlme was built without CUDA",
+            q.device().str());
+}
+
+#endif
+
+}  // namespace xlme::ops
