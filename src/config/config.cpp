@@ -85,7 +85,8 @@ void apply_file(const std::string& path, Config& config, Origins& origins,
 void apply_override(const std::string& text, Config& config, Origins& origins) {
   const auto eq = text.find('=');
   XLME_CHECK(eq != std::string::npos && eq > 0,
-             "--set '{}': expected dotted.key=value, e.g. --set train.lr=1e-4", text);
+             "--set '{}': expected dotted.key=value, e.g. --set train.lr=1e-4",
+             detail::clipped(text));
   const std::string dotted = text.substr(0, eq);
   const std::string value = text.substr(eq + 1);
   YAML::Node leaf;
@@ -93,7 +94,7 @@ void apply_override(const std::string& text, Config& config, Origins& origins) {
     try {
       leaf = YAML::Load(value);
     } catch (const YAML::ParserException& e) {
-      XLME_FAIL("--set {}: malformed YAML value '{}': {}", text, value, e.msg);
+      XLME_FAIL("--set {}: malformed YAML value: {}", detail::clipped(text), e.msg);
     }
   } else {
     leaf = YAML::Node(value);
@@ -112,7 +113,7 @@ void apply_override(const std::string& text, Config& config, Origins& origins) {
     parent[*it] = node;
     node = parent;
   }
-  const Source source{"--set " + text, false};
+  const Source source{"--set " + detail::clipped(text), false};
   detail::YamlReader reader(node, "", source, origins);
   config.visit(reader);
   reader.finish();

@@ -51,6 +51,15 @@ std::string Choices::describe() const {
 }
 
 namespace detail {
+
+std::string clipped(const std::string& text) {
+  constexpr size_t kShown = 80;
+  if (text.size() <= kShown) return text;
+  size_t end = kShown;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xc0) == 0x80) --end;
+  return fmt::format("{}... ({} bytes)", text.substr(0, end), text.size());
+}
+
 namespace {
 
 const char* kind_of(const YAML::Node& node) {
@@ -66,9 +75,9 @@ const char* kind_of(const YAML::Node& node) {
   }
 }
 
-// What the node holds, for "got ..." in messages: its text when it is a scalar.
+// What the node holds, for "got ..." in messages: its text when it is a scalar (clipped).
 std::string shown(const YAML::Node& node) {
-  if (node.IsScalar()) return fmt::format("'{}'", node.Scalar());
+  if (node.IsScalar()) return fmt::format("'{}'", clipped(node.Scalar()));
   return kind_of(node);
 }
 
@@ -172,8 +181,13 @@ YamlReader::YamlReader(YAML::Node map, std::string prefix, const Source& source,
       origins_(origins),
       known_(std::move(reserved)) {
   if (!map_.IsMap() && !map_.IsNull()) {
+    // A whole file that is not YAML (an include: of a .env) is not echoed: it may hold secrets.
     fail(map_, prefix_.empty() ? "(top level)" : prefix_,
-         fmt::format("expected a map of keys, got {}", shown(map_)));
+         prefix_.empty() && map_.IsScalar()
+             ? fmt::format("expected a map of keys, got plain text of {} bytes (not shown); is "
+                           "it a YAML config file?",
+                           map_.Scalar().size())
+             : fmt::format("expected a map of keys, got {}", shown(map_)));
   }
 }
 

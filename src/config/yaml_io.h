@@ -105,6 +105,10 @@ class YamlWriter {
 std::string format_scalar(const std::string& value);
 std::string format_scalar(double value);
 
+// `text` as a message shows a value: its first 80 bytes, then "... (N bytes)" when longer, so that
+// a huge or deeply nested value is not echoed whole.
+std::string clipped(const std::string& text);
+
 // The edit distance used to suggest a key for a misspelt one.
 std::size_t edit_distance(const std::string& a, const std::string& b);
 

@@ -445,5 +445,33 @@ TEST_F(ConfigErrors, OversizedYamlIsRefusedUnread) {
       {"big.yaml holds 16777217 bytes of YAML, over the limit of 16 MiB"}));
 }
 
+// Issue 36 (weak): an include: of a non-YAML file (a .env) echoed its content, secrets included,
+// into the error; the error names the file and its size, never its text.
+TEST(ConfigInclude, ANonYamlFileIsNamedWithoutEchoingIt) {
+  TempDir dir;
+  write_file(dir / ".env", "SECRET_TOKEN=abc123\nDB_PASS=hunter2\n");
+  write_file(dir / "c.yaml", "include: .env\n");
+  const std::string message = error_message([&] { load_config(dir / "c.yaml", {}); });
+  EXPECT_TRUE(contains_all(message, {dir / ".env",
+                                     "expected a map of keys, got plain text of 35 "
+                                     "bytes (not shown); is it a YAML config file?"}))
+      << message;
+  EXPECT_EQ(message.find("SECRET"), std::string::npos) << message;
+  EXPECT_EQ(message.find("hunter2"), std::string::npos) << message;
+}
+
+// Issue 36 (weak): a 60k-deep --set value echoed 120 kB into the error; values in messages are
+// clipped to 80 bytes and their size.
+TEST(ConfigOverride, HugeValuesAreClippedInErrors) {
+  const std::string deep = std::string(60000, '[') + std::string(60000, ']');
+  const std::string message = error_message([&] { load_config("", {"train.lr=" + deep}); });
+  EXPECT_LT(message.size(), 1000u) << message.substr(0, 2000);
+  EXPECT_TRUE(contains_all(message, {"--set train.lr=[[[", "... (120009 bytes)"})) << message;
+  const std::string long_text = std::string(5000, 'x');
+  const std::string scalar = error_message([&] { load_config("", {"run.device=" + long_text}); });
+  EXPECT_LT(scalar.size(), 1000u) << scalar.substr(0, 2000);
+  EXPECT_TRUE(contains_all(scalar, {"run.device", "... (5000 bytes)"})) << scalar;
+}
+
 }  // namespace
 }  // namespace xlme::config
