@@ -62,6 +62,20 @@ def _no_constant(name):
     raise ValueError(f"{name} is not JSON")
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs):
+    """An object's pairs as a dict; a key listed twice is refused (readers keep different copies)."""
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
 def parse_json(raw, what):
     """JSON from untrusted bytes; `what` names them in errors (not UTF-8, not JSON, too deep)."""
     try:
@@ -70,7 +84,11 @@ def parse_json(raw, what):
         raise ExportError(f"{what} is not UTF-8 text (byte {e.start} is {raw[e.start]:#04x})") \
             from None
     try:
-        value = json.loads(text, parse_constant=_no_constant)
+        value = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise ExportError(f"{what} lists the key {json.dumps(str(e.args[0])[:80])} twice; readers "
+                          "differ on which copy they keep: the file is damaged or was made to "
+                          "break readers") from None
     except RecursionError:
         value = None  # deeper than Python's recursion limit: reported below
         depth = sys.getrecursionlimit()

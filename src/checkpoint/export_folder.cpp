@@ -220,7 +220,8 @@ std::string to_json(const ExportedConfig& e) {
 }
 
 ExportedConfig parse_exported_config(const std::string& text, const std::string& path) {
-  const auto root = parse_json<nlohmann::json>(text, fmt::format("export config '{}'", path));
+  const auto root = parse_json<nlohmann::json>(text, fmt::format("export config '{}'", path),
+                                               /*unique_keys=*/true);
   const ExportedConfigReader r(root, path);
   const auto format = r.text("format");
   XLME_CHECK(format == kExportFormat, "'{}' has format '{}', not '{}': it is not an xlme export",

@@ -186,7 +186,8 @@ SafetensorsContent parse_safetensors_from(const SafetensorsReader& read, uint64_
   std::string text(header_size, '\0');
   read(8, header_size, text.data());
   const auto header =
-      parse_json<nlohmann::json>(text, fmt::format("safetensors file '{}': the header", file));
+      parse_json<nlohmann::json>(text, fmt::format("safetensors file '{}': the header", file),
+                                 /*unique_keys=*/true);
   XLME_CHECK(header.is_object(), "safetensors file '{}': the header is not a JSON object", file);
 
   SafetensorsContent content;

@@ -5,13 +5,20 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <set>
 #include <utility>
+#include <vector>
 
 namespace xlme {
 namespace {
 
 // Thrown by the parser callback at a list or object nested deeper than kMaxJsonDepth.
 struct JsonTooDeep {};
+
+// Thrown by the parser callback at a key its object already has (parse_json's unique_keys).
+struct JsonDuplicateKey {
+  std::string key;
+};
 
 // The longest parser message quoted: nlohmann's "last read" part repeats the offending token,
 // which can be the whole (huge) input.
@@ -99,16 +106,29 @@ std::string json_quote(const std::string& text) {
 }
 
 template <class Json>
-Json parse_json(const std::string& text, const std::string& what) {
+Json parse_json(const std::string& text, const std::string& what, bool unique_keys) {
+  // The keys seen in each object being read, innermost last (only with unique_keys).
+  std::vector<std::set<std::string>> keys;
   try {
     // At the start of a list or object, `depth` counts the ones around it: 0 for the outermost.
     using Event = typename Json::parse_event_t;
-    return Json::parse(text, [](int depth, Event event, Json&) {
+    return Json::parse(text, [&](int depth, Event event, Json& parsed) {
       if ((event == Event::array_start || event == Event::object_start) && depth >= kMaxJsonDepth) {
         throw JsonTooDeep{};
       }
+      if (!unique_keys) return true;
+      if (event == Event::object_start) keys.emplace_back();
+      if (event == Event::object_end) keys.pop_back();
+      if (event == Event::key && !keys.back().insert(parsed.template get<std::string>()).second) {
+        throw JsonDuplicateKey{parsed.template get<std::string>()};
+      }
       return true;
     });
+  } catch (const JsonDuplicateKey& duplicate) {
+    XLME_FAIL(
+        "{} lists the key {} twice; readers differ on which copy they keep: the file is damaged "
+        "or was made to break readers",
+        what, json_quote(utf8_prefix(duplicate.key, kJsonExcerpt)));
   } catch (const JsonTooDeep&) {
     XLME_FAIL(
         "{} is nested too deeply: more than {} levels of lists and objects (xlme's own "
@@ -152,8 +172,8 @@ std::string describe_json(const Json& value) {
   }
 }
 
-template nlohmann::json parse_json(const std::string&, const std::string&);
-template nlohmann::ordered_json parse_json(const std::string&, const std::string&);
+template nlohmann::json parse_json(const std::string&, const std::string&, bool);
+template nlohmann::ordered_json parse_json(const std::string&, const std::string&, bool);
 template std::string json_excerpt(const nlohmann::json&);
 template std::string json_excerpt(const nlohmann::ordered_json&);
 template std::string describe_json(const nlohmann::json&);

@@ -398,6 +398,22 @@ TEST_F(HostileExport, ForceRemovesAnExportButNotWhatItsLinksPointTo) {
   EXPECT_TRUE(sentinel.untouched());
 }
 
+// Issue 36 (weak): a safetensors header that lists a tensor name twice was accepted (each reader
+// kept one copy, maybe not the same); it is refused naming the file and the name (the reference
+// loader's case is in TheReferenceLoaderChecksHeadersLikeTheCppReader).
+TEST_F(HostileExport, DuplicateTensorNamesAreRefusedNamingFileAndName) {
+  TempDir dir;
+  const auto folder = export_copy(dir / "e");
+  const std::string ids = R"("input_ids":{"dtype":"I64","shape":[1,2],"data_offsets":[0,16]})";
+  write_raw_safetensors(folder + "/model.safetensors", "{" + ids + "," + ids + "}",
+                        std::string(16, '\0'));
+  EXPECT_TRUE(fails_cleanly(export_from(folder), 1,
+                            {"safetensors file '" + folder +
+                                 "/model.safetensors': the header lists the key \"input_ids\" "
+                                 "twice",
+                             "made to break readers"}));
+}
+
 TEST_F(HostileExport, TheReferenceLoaderChecksHeadersLikeTheCppReader) {
   const auto [code, out] = shell(std::string(kHostileReferencePython) + " -c 'import torch'");
   ASSERT_EQ(code, 0)
@@ -447,6 +463,8 @@ TEST_F(HostileExport, TheReferenceLoaderChecksHeadersLikeTheCppReader) {
       {"left over", "{" + ids + "}", two_ids + "xxxx",
        "its tensors cover 16 bytes of data but the file holds 20"},
       {"no input_ids", "{}", "", "has no tensor 'input_ids'"},
+      {"duplicate name", "{" + ids + "," + ids + "}", two_ids,
+       "the header lists the key \"input_ids\" twice"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);

@@ -19,9 +19,11 @@ constexpr int kMaxJsonDepth = 64;
 
 // Parses untrusted JSON. `what` names the text in errors ("export config 'm/config.json'"): an
 // xlme::Error says it "is not valid JSON" (with the parser's position) or "is nested too deeply".
+// With `unique_keys` (xlme's own formats: safetensors headers, export configs) an object that
+// lists a key twice is refused naming the key: readers differ on which copy they keep.
 // Json is nlohmann::json or nlohmann::ordered_json.
 template <class Json>
-Json parse_json(const std::string& text, const std::string& what);
+Json parse_json(const std::string& text, const std::string& what, bool unique_keys = false);
 
 // An untrusted value for an error message, however large or deep: its kind and the start of its
 // JSON text, e.g. `a string "F99"`, `a list [1, 2, 3]`, `an object {"a": [[[[... (2 keys)`.
