@@ -8,9 +8,12 @@
 //   xlme-bench-ops [--device auto|cpu|cuda] [--shape base|small] [--steps 10] [--ops a,b]
 //
 // Shapes: base = XLM-E Base on a 32 x 512 micro-batch (masked_lm: 2,458 masked rows x 250,002 ids;
-// residual_layernorm: 16,384 rows x 768); small = cpu_small's (614 x 16,000; 4,096 x 256).
+// residual_layernorm: 16,384 rows x 768; attention: 32 x 12 heads x 512 x 64); small = cpu_small's
+// (614 x 16,000; 4,096 x 256; 16 x 4 x 128 x 64).
 #include "timing.h"
+#include "xlme/common/precision.h"
 #include "xlme/common/runtime.h"
+#include "xlme/model/attention.h"
 #include "xlme/ops/dropout.h"
 #include "xlme/ops/masked_lm.h"
 #include "xlme/ops/registry.h"
@@ -83,6 +86,7 @@ struct Case {
   xlme::ops::Op id;
   double bytes;  // an ideal one-pass forward + backward: what it must read and write
   std::function<void()> run;
+  double flops = 0;  // when set: printed as TFLOP/s against the matmul ceiling instead
 };
 
 void report(const torch::Device& device, const Ceilings& ceilings, const Case& c, int steps) {
@@ -98,10 +102,17 @@ void report(const torch::Device& device, const Ceilings& ceilings, const Case& c
   }
   ops::set_ops("");
   for (const auto& [impl, ms] : rows) {
+    const std::string speedup =
+        impl == "fused" ? fmt::format("{:.2f}x", rows.front().second / ms) : "";
+    if (c.flops > 0) {
+      const double tfs = c.flops / (ms * 1e9);
+      fmt::print("{:<20} {:<10} {:>10.3f} {:>7.1f} TF {:>7.1f}%m {:>9}\n", c.op, impl, ms, tfs,
+                 100.0 * tfs / ceilings.matmul_tfs, speedup);
+      continue;
+    }
     const double gbs = c.bytes / (ms * 1e6);
     fmt::print("{:<20} {:<10} {:>10.3f} {:>10.1f} {:>8.1f}% {:>9}\n", c.op, impl, ms, gbs,
-               100.0 * gbs / ceilings.copy_gbs,
-               impl == "fused" ? fmt::format("{:.2f}x", rows.front().second / ms) : "");
+               100.0 * gbs / ceilings.copy_gbs, speedup);
   }
 }
 
@@ -157,9 +168,38 @@ int main(int argc, char** argv) {
       {"dropout", xlme::ops::Op::kDropout, tokens * width * 4.0 * elem,
        [&] { xlme::ops::dropout(y, 0.1, true).backward(dout.to(half)); }},
   };
+  // attention with the gated bias and dropout, as a training step runs it (bf16 autocast on CUDA),
+  // against model.attention's path there (SDPA on CUDA, math on the CPU): 4 B H T^2 d FLOPs
+  // forward, 2.5x that backward; printed against the bf16 matmul ceiling ("%m").
+  const int64_t ab = base ? 32 : 16, ah = base ? 12 : 4, at = base ? 512 : 128, ad = 64;
+  const auto attn_opts = opts.dtype(half);
+  const auto aq = torch::randn({ab, ah, at, ad}, attn_opts).requires_grad_();
+  const auto ak = torch::randn({ab, ah, at, ad}, attn_opts).requires_grad_();
+  const auto av = torch::randn({ab, ah, at, ad}, attn_opts).requires_grad_();
+  auto apad = torch::zeros({ab, at}, opts.dtype(torch::kBool));
+  apad.narrow(1, at - at / 8, at / 8).narrow(0, 0, ab / 2).fill_(true);
+  xlme::model::PositionBias abias;
+  abias.table = torch::randn({ah, at, at}, opts).mul_(0.1).requires_grad_();
+  abias.gate_u = torch::randn({ah, ad}, opts).mul_(0.02).requires_grad_();
+  abias.gate_v = torch::randn({ah, ad}, opts).mul_(0.02).requires_grad_();
+  abias.gate_w = torch::ones({ah}, opts).requires_grad_();
+  const auto adout = torch::randn({ab, ah, at, ad}, attn_opts);
+  const auto akernel = xlme::model::resolve_attention_kernel("auto", device);
+  Case attention_case{"attention", xlme::ops::Op::kAttention, 0.0,
+                      [&] {
+                        torch::Tensor out;
+                        {
+                          xlme::AutocastScope scope(device, cuda);
+                          out = xlme::model::attention(aq, ak, av, apad, abias, 0.1, true, akernel);
+                        }
+                        out.backward(adout);
+                      },
+                      3.5 * 4.0 * ab * ah * at * at * ad};
+  cases.push_back(attention_case);
   for (const auto& c : cases) {
     if (!only.empty() && ("," + only + ",").find("," + c.op + ",") == std::string::npos) continue;
     report(device, ceilings, c, steps);
+    for (const auto* t : {&aq, &ak, &av}) t->mutable_grad() = torch::Tensor();
     logits.mutable_grad() = torch::Tensor();
     x.mutable_grad() = torch::Tensor();
     y.mutable_grad() = torch::Tensor();
