@@ -152,31 +152,41 @@ void require_plain_file_or_missing(const std::string& path, const std::string& w
              what, path, file_type_name(info.st_mode));
 }
 
-FileLock::FileLock(const std::string& path, const std::string& what, const std::string& clash)
-    : path_(path) {
-  // O_NOFOLLOW: a lock file that is a symbolic link is refused, never truncated through the link.
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-  if (fd_ < 0 && errno == ELOOP) require_plain_file_or_missing(path, "the lock file of " + what);
-  XLME_CHECK(fd_ >= 0, "cannot open the lock file '{}' of {}: {}", path, what,
-             std::strerror(errno));
-  struct stat info {};
-  if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode)) {
+FileLock::FileLock(const std::string& path, const std::string& what, const std::string& clash,
+                   bool remove_when_done)
+    : path_(path), remove_when_done_(remove_when_done) {
+  for (;;) {
+    // O_NOFOLLOW: a lock file that is a symbolic link is refused, never truncated through it.
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd_ < 0 && errno == ELOOP) require_plain_file_or_missing(path, "the lock file of " + what);
+    XLME_CHECK(fd_ >= 0, "cannot open the lock file '{}' of {}: {}", path, what,
+               std::strerror(errno));
+    struct stat info {};
+    if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode)) {
+      ::close(fd_);
+      fd_ = -1;
+      require_plain_file_or_missing(path, "the lock file of " + what);
+    }
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char holder[512] = {};
+      const ssize_t n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
+      ::close(fd_);
+      fd_ = -1;
+      XLME_CHECK(err != EWOULDBLOCK,
+                 "{} is in use by another process ({}; lock file '{}'): {}; wait for it to end, "
+                 "stop it, or choose another folder",
+                 what, n > 0 ? std::string(holder, static_cast<std::size_t>(n)) : "holder unknown",
+                 path, clash);
+      XLME_FAIL("cannot lock '{}' ({}): {}", path, what, std::strerror(err));
+    }
+    // A holder that removes its lock file when done may have removed the file this process
+    // opened before it locked it: then the lock is on a file no longer at `path`; open it again.
+    struct stat now {};
+    if (::stat(path.c_str(), &now) == 0 && now.st_dev == info.st_dev && now.st_ino == info.st_ino) {
+      break;
+    }
     ::close(fd_);
-    fd_ = -1;
-    require_plain_file_or_missing(path, "the lock file of " + what);
-  }
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    char holder[512] = {};
-    const ssize_t n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
-    ::close(fd_);
-    fd_ = -1;
-    XLME_CHECK(err != EWOULDBLOCK,
-               "{} is in use by another process ({}; lock file '{}'): {}; wait for it to end, "
-               "stop it, or choose another folder",
-               what, n > 0 ? std::string(holder, static_cast<std::size_t>(n)) : "holder unknown",
-               path, clash);
-    XLME_FAIL("cannot lock '{}' ({}): {}", path, what, std::strerror(err));
   }
   const std::string holder = fmt::format("pid {} on host {}", ::getpid(), host_name());
   if (::ftruncate(fd_, 0) != 0 ||
@@ -188,7 +198,9 @@ FileLock::FileLock(const std::string& path, const std::string& what, const std::
 }
 
 FileLock::~FileLock() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ < 0) return;
+  if (remove_when_done_) ::unlink(path_.c_str());  // still locked: see the constructor
+  ::close(fd_);
 }
 
 const char* file_type_name(mode_t mode) {

@@ -366,7 +366,8 @@ ExportSummary export_model(const ExportOptions& options) {
   // finishing and one export silently replacing the other.
   fs::create_directories(out.parent_path(), ec);
   const FileLock lock(out.string() + ".lock", fmt::format("export folder '{}'", options.out_dir),
-                      "two exports to one --out would replace each other");
+                      "two exports to one --out would replace each other",
+                      /*remove_when_done=*/true);
   clean_leftovers(out);
   if (is_non_empty_directory(out)) {
     XLME_CHECK(options.force,

@@ -356,6 +356,7 @@ TEST_F(HostileExport, UnfinishedFoldersOfKilledExportsAreRemovedByTheNext) {
   EXPECT_FALSE(fs::exists(out + ".tmp-999991"));
   EXPECT_EQ(read_file(out + ".tmp-999992/notes.txt"), "mine\n");
   EXPECT_TRUE(fs::is_regular_file(out + "/.xlme-export"));
+  EXPECT_FALSE(fs::exists(out + ".lock"));  // the export's lock goes with it
 }
 
 // Issue 37 point 9: --checkpoint takes a run folder and exports its newest valid checkpoint,

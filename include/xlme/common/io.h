@@ -48,11 +48,14 @@ class FileLock {
  public:
   // Takes the lock on `path` (created if missing) or throws xlme::Error naming `what`, the file,
   // the holder's pid and host and `clash` (what two holders would do), without waiting. A `path`
-  // that is a symbolic link or not a regular file is refused, never followed.
+  // that is a symbolic link or not a regular file is refused, never followed. With
+  // `remove_when_done` the file is removed when the lock is released (while still held, so that
+  // a process waiting on the removed file opens the path again).
   FileLock(const std::string& path, const std::string& what,
            const std::string& clash =
                "two runs in one folder would overwrite each other's "
-               "checkpoints and metrics");
+               "checkpoints and metrics",
+           bool remove_when_done = false);
   ~FileLock();
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;
@@ -61,6 +64,7 @@ class FileLock {
 
  private:
   std::string path_;
+  bool remove_when_done_ = false;
   int fd_ = -1;
 };
 

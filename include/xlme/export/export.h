@@ -31,9 +31,9 @@ struct ExportSummary {
   uint64_t weight_bytes = 0;  // size of model.safetensors
 };
 
-// Writes the export. Holds an exclusive lock on `<out_dir>.lock` for its length (a second export
-// of the same folder fails naming the first's pid), and first cleans the folders a killed export
-// of `out_dir` left beside it.
+// Writes the export. Holds an exclusive lock on `<out_dir>.lock` (removed at the end) for its
+// length, so that a second export of the same folder fails naming the first's pid, and first
+// cleans the folders a killed export of `out_dir` left beside it.
 ExportSummary export_model(const ExportOptions& options);
 
 // Moves the finished export folder `written` to `out_dir`. What is at `out_dir` now is checked
