@@ -24,6 +24,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string_view>
@@ -251,9 +252,17 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
   const double total = probe[0].item<double>();
   XLME_CHECK(total == world, "start-up all-reduce over {} ranks returned {} instead of {}", world,
              total, world);
+  // SLURM without MASTER_PORT: launch_info_from_env() derived the port from the job id.
+  const char* master_port = std::getenv("MASTER_PORT");
+  const bool slurm_port = launch.launcher == "slurm" &&
+                          (master_port == nullptr || *master_port == '\0') &&
+                          std::getenv("SLURM_JOB_ID") != nullptr;
   spdlog::info("distributed: rank {} of {} (local rank {}) on {}, {} via {}, rendezvous {}{}", rank,
                world, launch.local_rank, device.str(), chosen, launch.launcher, where,
-               launch.agent_store ? " (torchrun agent's store)" : "");
+               launch.agent_store ? " (torchrun agent's store)"
+               : slurm_port ? " (port 15000 + SLURM_JOB_ID % 20000; set MASTER_PORT to choose "
+                              "another)"
+                            : "");
   return comm;
 }
 

@@ -2,7 +2,6 @@
 
 #include "xlme/common/error.h"
 
-#include <spdlog/spdlog.h>
 #include <torch/cuda.h>
 #ifdef XLME_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -96,12 +95,6 @@ LaunchInfo launch_info_from_env() {
         // meet at a fixed 29500; every rank of the job computes the same one.
         const int job = env_int("SLURM_JOB_ID", "SLURM", 0, std::numeric_limits<int>::max());
         info.master_port = 15000 + job % 20000;
-        if (info.rank == 0) {
-          spdlog::info(
-              "SLURM job {}: rendezvous port {} (15000 + job id % 20000; set MASTER_PORT to "
-              "choose another)",
-              job, info.master_port);
-        }
       }
     }
   }
