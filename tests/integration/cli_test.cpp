@@ -126,8 +126,8 @@ TEST(Cli, PassiveOpenMpWaitPolicyUnlessTheUserSetsOne) {
   Result r = run("xlme-export", {"--threads", "2"}, "env -u OMP_WAIT_POLICY");
   // "2 in xlme's own loops": the binary's own at::parallel_for runs on both threads (compiled
   // with OpenMP).
-  EXPECT_TRUE(contains_all(
-      r.err, {"threads: 2 LibTorch (2 in xlme's own loops)", "OMP_WAIT_POLICY=PASSIVE"}));
+  EXPECT_TRUE(contains_all(r.err, {"threads: 2 LibTorch (from run.threads; 2 in xlme's own loops)",
+                                   "OMP_WAIT_POLICY=PASSIVE"}));
   r = run("xlme-export", {}, "OMP_WAIT_POLICY=ACTIVE");
   EXPECT_TRUE(contains_all(r.err, {"OMP_WAIT_POLICY=ACTIVE"}));
 }
