@@ -1,6 +1,7 @@
 #include "xlme/model/relative_position.h"
 
 #include "xlme/common/error.h"
+#include "xlme/ops/registry.h"
 
 #include <torch/torch.h>
 
@@ -90,7 +91,9 @@ torch::Tensor toeplitz_bias_one_hot(const torch::Tensor& d, const torch::Tensor&
 }
 
 torch::Tensor toeplitz_bias(const torch::Tensor& d, const torch::Tensor& buckets) {
-  return d.is_cuda() ? toeplitz_bias_one_hot(d, buckets) : gather_buckets(d, buckets);
+  return ops::implementation(ops::Op::kToeplitzBias, d.device()) == ops::Impl::kFused
+             ? toeplitz_bias_one_hot(d, buckets)
+             : gather_buckets(d, buckets);
 }
 
 }  // namespace xlme::model

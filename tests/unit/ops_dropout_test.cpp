@@ -126,24 +126,27 @@ TEST(OpsRegistry, AFusedFormRunsOnlyWhereOneExists) {
   EXPECT_EQ(implementation(Op::kMaskedLm, cpu), Impl::kReference);  // no CPU kernel
   EXPECT_EQ(implementation(Op::kMaskedLm, cuda), Impl::kFused);
   EXPECT_EQ(implementation(Op::kDropout, cuda), Impl::kReference);  // no CUDA kernel
-  // auto: the CUDA kernels stay off until a GPU run has shown them correct.
+  // auto: the CUDA kernels stay off until a GPU run has shown them correct; the one-hot Toeplitz
+  // backward has been.
   set_ops("auto");
   EXPECT_EQ(implementation(Op::kMaskedLm, cuda), Impl::kReference);
+  EXPECT_EQ(implementation(Op::kToeplitzBias, cuda), Impl::kFused);
+  EXPECT_EQ(implementation(Op::kToeplitzBias, cpu), Impl::kReference);
   EXPECT_EQ(implementation(Op::kResidualLayerNorm, cuda), Impl::kReference);
   EXPECT_EQ(describe(cpu),
             "dropout=fused (cpu kernel), masked_lm=reference, residual_layernorm=reference, "
-            "attention=reference");
+            "attention=reference, toeplitz_bias=reference");
   set_ops("masked_lm=fused");
   EXPECT_EQ(describe(cuda),
             "dropout=reference, masked_lm=fused (triton), residual_layernorm=reference, "
-            "attention=reference");
+            "attention=reference, toeplitz_bias=fused (one-hot backward)");
 }
 
 TEST(OpsRegistry, AnUnknownNameOrValueListsTheValidOnes) {
   const OpsRestored restore;
   EXPECT_EQ(error_message([] { set_ops("dropout=reference,sampler=fused"); }),
             "XLME_OPS: unknown op 'sampler' in 'dropout=reference,sampler=fused'; the ops are "
-            "dropout, masked_lm, residual_layernorm, attention");
+            "dropout, masked_lm, residual_layernorm, attention, toeplitz_bias");
   EXPECT_EQ(error_message([] { set_ops("masked_lm=fast"); }),
             "XLME_OPS: 'fast' in 'masked_lm=fast' is not auto, reference or fused");
 }

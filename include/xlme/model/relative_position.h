@@ -44,8 +44,8 @@ class BucketCache {
 };
 
 // d: [H, num_buckets], buckets: [T, T] (BucketCache) -> [H, T, T]: d_{h, b(i - j)}. The per-head
-// Toeplitz table; the attention scales it per (batch, head, query). On CUDA the gradient of d is
-// toeplitz_bias_one_hot's.
+// Toeplitz table; the attention scales it per (batch, head, query). Where XLME_OPS picks the fused
+// form of toeplitz_bias (`auto`: on CUDA) the gradient of d is toeplitz_bias_one_hot's.
 torch::Tensor toeplitz_bias(const torch::Tensor& d, const torch::Tensor& buckets);
 
 // The same table, whose backward sums the [H, T * T] gradient into the buckets as one product

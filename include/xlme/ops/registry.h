@@ -24,6 +24,8 @@ enum class Op {
   kMaskedLm,           // ops/masked_lm.h: CUDA: Triton loss + sampling; CPU: none (the reference)
   kResidualLayerNorm,  // ops/residual_layernorm.h: CUDA: Triton; CPU: none (the reference)
   kAttention,          // ops/attention.h: CUDA: Triton flash-style with the gated bias
+  kToeplitzBias,       // model/relative_position.h: CUDA: the table's backward as a one-hot
+                       // product (the reference's index_select backward adds atomically)
 };
 
 enum class Impl { kReference, kFused };
