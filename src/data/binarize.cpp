@@ -9,6 +9,7 @@
 
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -232,11 +233,19 @@ void stream_file(const std::string& path, const std::function<void(const void*, 
   XLME_CHECK(!failed, "cannot read '{}': read error; check the disk", path);
 }
 
+// What says that a source changed: its path, size, modification time and status-change time.
+// The last one because an edit that keeps the size and puts the old mtime back (`touch -d`,
+// `cp -p`, rsync -t) was taken as "up to date"; the kernel sets ctime on every write and no
+// user call can set it back.
 uint64_t source_signature(const std::vector<std::string>& paths) {
   std::string key;
   for (const auto& path : paths) {
-    const auto mtime = fs::last_write_time(path).time_since_epoch().count();
-    key += fmt::format("{}|{}|{};", fs::absolute(path).string(), fs::file_size(path), mtime);
+    struct stat info {};
+    XLME_CHECK(::stat(path.c_str(), &info) == 0, "cannot read '{}': {}", path,
+               std::strerror(errno));
+    key += fmt::format("{}|{}|{}.{}|{}.{};", fs::absolute(path).string(), info.st_size,
+                       info.st_mtim.tv_sec, info.st_mtim.tv_nsec, info.st_ctim.tv_sec,
+                       info.st_ctim.tv_nsec);
   }
   return hash64(key);
 }

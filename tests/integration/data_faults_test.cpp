@@ -210,6 +210,23 @@ TEST_F(DataFaults, UnfinishedShardIsNamedNotSkipped) {
       << r.err;
 }
 
+// Issue 36 (weak): an edit that keeps the file's size, with its old mtime put back (touch -d,
+// cp -p), was "up to date" and the shard kept the old text.
+TEST_F(DataFaults, SameSizeEditWithTheOldMtimeIsBinarizedAgain) {
+  const std::string file = dir_ / "raw/mono/xx.txt";
+  const auto mtime = std::filesystem::last_write_time(file);
+  std::string text = read_file(file);
+  text[0] = text[0] == 'a' ? 'b' : 'a';
+  write_file(file, text);
+  std::filesystem::last_write_time(file, mtime);
+  const std::string before = shard_files();
+  const auto r = binarize({});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(shard_files(), before);
+  EXPECT_EQ(r.err.find("xx           up to date"), std::string::npos) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"en-xx        up to date"})) << r.err;  // the pair: unchanged
+}
+
 // Flips bytes of the shards the training reader opens (xlme-data bench reads batches exactly as
 // xlme-pretrain does) and damages the index's header and offsets (xlme-data inspect).
 TEST_F(DataFaults, DamagedShardsAreNamedWithTheOffset) {

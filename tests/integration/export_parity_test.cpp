@@ -170,9 +170,11 @@ TEST_F(ExportParity, TheBinaryRefusesToOverwriteAndNamesBadInput) {
   r = run_tool("xlme-export",
                {"--checkpoint", checkpoint.path, "--out", dir / "export", "--force"});
   EXPECT_EQ(r.code, 0) << r.err;
+  // A run folder stands for its newest valid checkpoint (issue 37 point 9).
   r = run_tool("xlme-export", {"--checkpoint", dir / "run", "--out", dir / "other"});
-  EXPECT_EQ(r.code, 1);
-  EXPECT_TRUE(contains_all(r.err, {"is a run folder; pass one of its checkpoints"}));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"run folder " + (dir / "run") +
+                                   ": exporting its newest valid checkpoint " + checkpoint.path}));
   r = run_tool("xlme-export", {"--out", dir / "other"});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains_all(r.err, {"no checkpoint to export: pass --checkpoint DIR"}));
