@@ -544,7 +544,8 @@ struct ExportConfig {
 
   template <class V>
   void visit(V& v) {
-    v.field("checkpoint", checkpoint, "checkpoint folder to export");
+    v.field("checkpoint", checkpoint,
+            "checkpoint folder to export, or a run folder (its newest valid checkpoint)");
     v.field("out_dir", out_dir, "export folder (model.safetensors, config.json, tokenizer)");
     v.field("with_generator", with_generator, "also export the generator and its head");
     v.field("dtype", dtype, Choices{"fp32", "bf16"}, "dtype of the exported weights");
