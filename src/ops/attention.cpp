@@ -11,10 +11,6 @@
 #include <cmath>
 #include <string>
 
-#ifdef XLME_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#endif
-
 namespace xlme::ops {
 
 #ifdef XLME_WITH_CUDA
@@ -111,10 +107,7 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
   }
 
   static int64_t block_of(const std::string& name, const torch::Device& device) {
-    const auto* properties = at::cuda::getDeviceProperties(device.index());
-    const auto* image = tk::find_image(name, properties->major, properties->minor);
-    XLME_CHECK(image != nullptr, "no Triton kernel {} for {}", name, properties->name);
-    return tk::constant(*image, "BM");
+    return tk::constant(tk::image_for(name, device), "BM");
   }
 
   // An empty tensor stands for an absent input: the kernel never reads it (its constexpr is off),
@@ -139,8 +132,7 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
     args.push_back(tk::Arg::u64(seed));
     args.push_back(tk::Arg::u32(offset & 0xFFFFFFFFULL));
     args.push_back(tk::Arg::u32(offset >> 32));
-    args.push_back(tk::Arg::u32(
-        static_cast<uint64_t>(std::min(std::llround(std::ldexp(p, 32)), 0xFFFFFFFFLL))));
+    args.push_back(tk::Arg::u32(tk::dropout_threshold(p)));
     args.push_back(tk::Arg::f32(p > 0 ? 1.0 / (1.0 - p) : 1.0));
   }
 };

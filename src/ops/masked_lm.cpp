@@ -9,13 +9,8 @@
 
 #include <algorithm>
 #include <limits>
-#include <mutex>
 #include <string>
 #include <tuple>
-
-#ifdef XLME_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#endif
 
 namespace xlme::ops {
 
@@ -159,9 +154,7 @@ struct FusedMaskedLmLoss : torch::autograd::Function<FusedMaskedLmLoss> {
     auto grad = torch::empty_like(logits);
     const int64_t rows = logits.size(0), vocab = logits.size(1);
     const std::string variant = "masked_lm_backward_" + dtype_suffix(logits);
-    const auto* properties = at::cuda::getDeviceProperties(logits.device().index());
-    const int64_t block =
-        tk::constant(*tk::find_image(variant, properties->major, properties->minor), "BLOCK");
+    const int64_t block = tk::constant(tk::image_for(variant, logits.device()), "BLOCK");
     tk::launch(variant, logits.device(),
                {static_cast<uint32_t>(rows), static_cast<uint32_t>((vocab + block - 1) / block), 1},
                {tk::Arg::pointer(logits), tk::Arg::i64(logits.stride(0)), tk::Arg::pointer(targets),

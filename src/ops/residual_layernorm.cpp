@@ -11,10 +11,6 @@
 #include <cmath>
 #include <string>
 
-#ifdef XLME_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#endif
-
 namespace xlme::ops {
 
 namespace reference {
@@ -46,17 +42,6 @@ std::string variant_for(const char* pass, const torch::Tensor& x, const torch::T
                      dropout ? "_dropout" : "");
 }
 
-const tk::KernelImage& image_of(const std::string& variant, const torch::Device& device) {
-  const auto* properties = at::cuda::getDeviceProperties(device.index());
-  const auto* image = tk::find_image(variant, properties->major, properties->minor);
-  XLME_CHECK(image != nullptr, "no Triton kernel {} for {}", variant, properties->name);
-  return *image;
-}
-
-uint32_t threshold_of(double p) {
-  return static_cast<uint32_t>(std::min(std::llround(std::ldexp(p, 32)), 0xFFFFFFFFLL));
-}
-
 struct FusedResidualLayerNorm : torch::autograd::Function<FusedResidualLayerNorm> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& y, const torch::Tensor& weight,
@@ -66,7 +51,7 @@ struct FusedResidualLayerNorm : torch::autograd::Function<FusedResidualLayerNorm
     uint64_t seed = 0, offset = 0;
     if (dropout) std::tie(seed, offset) = tk::philox_inputs(x.device());
     const auto variant = variant_for("forward", x, y, dropout);
-    const int64_t per_program = tk::constant(image_of(variant, x.device()), "ROWS");
+    const int64_t per_program = tk::constant(tk::image_for(variant, x.device()), "ROWS");
     auto out = torch::empty_like(x);
     const auto f32 = x.options().dtype(torch::kFloat32);
     auto mean = torch::empty({rows}, f32), rstd = torch::empty({rows}, f32);
@@ -76,7 +61,7 @@ struct FusedResidualLayerNorm : torch::autograd::Function<FusedResidualLayerNorm
          tk::Arg::pointer(out), tk::Arg::pointer(mean), tk::Arg::pointer(rstd), tk::Arg::i32(rows),
          tk::Arg::i32(width), tk::Arg::f32(eps), tk::Arg::u64(seed),
          tk::Arg::u32(offset & 0xFFFFFFFFULL), tk::Arg::u32(offset >> 32),
-         tk::Arg::u32(threshold_of(p)), tk::Arg::f32(dropout ? 1.0 / (1.0 - p) : 1.0)});
+         tk::Arg::u32(tk::dropout_threshold(p)), tk::Arg::f32(dropout ? 1.0 / (1.0 - p) : 1.0)});
     ctx->save_for_backward({x, y, weight, mean, rstd});
     ctx->saved_data["p"] = p;
     ctx->saved_data["seed"] = static_cast<int64_t>(seed);
@@ -95,7 +80,7 @@ struct FusedResidualLayerNorm : torch::autograd::Function<FusedResidualLayerNorm
     const auto dout = grads[0].to(x.scalar_type()).contiguous();
     const int64_t width = x.size(-1), rows = x.numel() / width;
     const auto variant = variant_for("backward", x, y, dropout);
-    const int64_t step = tk::constant(image_of(variant, x.device()), "ROWS");
+    const int64_t step = tk::constant(tk::image_for(variant, x.device()), "ROWS");
     // At most 256 programs, each over a run of rows: as many [H] partial sums of dw and db.
     const int64_t per_program = ((rows + 255) / 256 + step - 1) / step * step;
     const int64_t programs = (rows + per_program - 1) / per_program;
@@ -108,7 +93,7 @@ struct FusedResidualLayerNorm : torch::autograd::Function<FusedResidualLayerNorm
          tk::Arg::pointer(rstd), tk::Arg::pointer(dout), tk::Arg::pointer(dx), tk::Arg::pointer(dy),
          tk::Arg::pointer(dw), tk::Arg::pointer(db), tk::Arg::i32(rows), tk::Arg::i32(width),
          tk::Arg::i32(per_program), tk::Arg::u64(seed), tk::Arg::u32(offset & 0xFFFFFFFFULL),
-         tk::Arg::u32(offset >> 32), tk::Arg::u32(threshold_of(p)),
+         tk::Arg::u32(offset >> 32), tk::Arg::u32(tk::dropout_threshold(p)),
          tk::Arg::f32(dropout ? 1.0 / (1.0 - p) : 1.0)});
     return {dx, dy, dw.sum(0), db.sum(0), torch::Tensor(), torch::Tensor()};
   }

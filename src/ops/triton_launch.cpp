@@ -46,6 +46,11 @@ long long constant(const KernelImage& image, const std::string& name) {
             image.constants);
 }
 
+uint32_t dropout_threshold(double p) {
+  XLME_CHECK(p >= 0.0 && p < 1.0, "dropout probability must be in [0, 1), got {}", p);
+  return static_cast<uint32_t>(std::min(std::llround(std::ldexp(p, 32)), 0xFFFFFFFFLL));
+}
+
 Arg::Arg(std::string type, const void* value, size_t size) : type_(std::move(type)) {
   std::memcpy(bytes_.data(), value, size);
 }
@@ -168,12 +173,7 @@ Loaded load(const std::string& variant, const torch::Device& device) {
   const auto key = std::make_pair(variant, static_cast<int>(device.index()));
   const auto found = loaded.find(key);
   if (found != loaded.end()) return found->second;
-  const auto* properties = at::cuda::getDeviceProperties(device.index());
-  const KernelImage* image = find_image(variant, properties->major, properties->minor);
-  XLME_CHECK(image != nullptr,
-             "no compiled Triton kernel {} for {} (compute capability {}.{}); xlme compiles them "
-             "for sm_90a and sm_80: set XLME_OPS=reference to run without them",
-             variant, properties->name, properties->major, properties->minor);
+  const KernelImage* image = &image_for(variant, device);
   CUcontext context = nullptr;
   check_driver(driver().ctx_get_current(&context), "cuCtxGetCurrent", *image);
   if (context == nullptr) C10_CUDA_CHECK(cudaFree(nullptr));  // makes the primary context current
@@ -202,6 +202,16 @@ std::pair<uint64_t, uint64_t> philox_inputs(const torch::Device& device) {
              "a fused op reads LibTorch's CUDA generator on the host: it cannot run inside a CUDA "
              "graph capture yet (XLME_OPS=reference)");
   return {state.seed_.val, state.offset_.val};
+}
+
+const KernelImage& image_for(const std::string& variant, const torch::Device& device) {
+  const auto* properties = at::cuda::getDeviceProperties(device.index());
+  const KernelImage* image = find_image(variant, properties->major, properties->minor);
+  XLME_CHECK(image != nullptr,
+             "no compiled Triton kernel {} for {} (compute capability {}.{}); xlme compiles them "
+             "for sm_90a and sm_80: set XLME_OPS=reference to run without them",
+             variant, properties->name, properties->major, properties->minor);
+  return *image;
 }
 
 bool available(const std::string& variant, const torch::Device& device) {
@@ -239,6 +249,10 @@ void launch(const std::string& variant, const torch::Device& device, std::array<
 
 std::pair<uint64_t, uint64_t> philox_inputs(const torch::Device& device) {
   XLME_FAIL("no CUDA generator for {}: this xlme was built without CUDA", device.str());
+}
+
+const KernelImage& image_for(const std::string& variant, const torch::Device& device) {
+  XLME_FAIL("no Triton kernel {} on {}: this xlme was built without CUDA", variant, device.str());
 }
 
 bool available(const std::string&, const torch::Device&) {

@@ -46,6 +46,14 @@ class Arg {
 // variant and the first argument that differs.
 void check_args(const KernelImage& image, const std::vector<Arg>& args);
 
+// The image of `variant` for `device`'s GPU; throws, naming the GPU and its capability, when
+// none was compiled for it.
+const KernelImage& image_for(const std::string& variant, const torch::Device& device);
+
+// A dropout probability p in [0, 1) as the kernels compare their 32-bit Philox words with it:
+// round(p * 2^32), kept when the word is at least that.
+uint32_t dropout_threshold(double p);
+
 // Whether `variant` can launch on `device` (a CUDA device with an image for its capability).
 bool available(const std::string& variant, const torch::Device& device);
 
