@@ -332,6 +332,8 @@ struct TrainConfig {
   double clip_norm = 2.0;
   int64_t tokens_per_task = 1048576;
   int64_t micro_batch_tokens = 16384;
+  std::string batch_rounding = "error";
+  int64_t zero = 0;
   std::string precision = "auto";
   int64_t log_every = 100;
   int64_t validate_every = 5000;
@@ -361,6 +363,14 @@ struct TrainConfig {
             "global tokens per optimizer step for each task (ranks x micro-batches x tokens)");
     v.field("micro_batch_tokens", micro_batch_tokens, IntRange{1, kNoLimit},
             "tokens per micro-batch on one rank, padding included");
+    v.field("batch_rounding", batch_rounding, Choices{"error", "up", "down"},
+            "when tokens_per_task is not a whole number of micro-batches over the ranks: error = "
+            "refuse, naming the nearest world sizes that divide it; up / down = round the global "
+            "batch to whole micro-batches on every rank (said at start)");
+    v.field("zero", zero, IntRange{0, 1},
+            "ZeRO stage: 0 = every rank keeps the whole AdamW state; 1 = each rank keeps and "
+            "steps 1/world of it (gradients reduce-scattered, weights all-gathered); checkpoints "
+            "resume on any number of ranks either way");
     v.field("precision", precision, Choices{"auto", "fp32", "bf16"},
             "auto = bf16 autocast on CUDA, fp32 on CPU");
     v.field("log_every", log_every, IntRange{1, kNoLimit}, "steps between log lines");
@@ -395,6 +405,7 @@ struct DistConfig {
   std::string backend = "auto";
   int64_t timeout_s = 1800;
   int64_t bucket_mb = 25;
+  bool overlap = true;
 
   template <class V>
   void visit(V& v) {
@@ -403,6 +414,9 @@ struct DistConfig {
     v.field("timeout_s", timeout_s, IntRange{1, 604800}, "collective timeout in seconds");
     v.field("bucket_mb", bucket_mb, IntRange{1, 65536},
             "size of the flat gradient buckets all-reduced together");
+    v.field("overlap", overlap,
+            "start each bucket's all-reduce during the last micro-batch's backward, as soon as "
+            "its gradients are final (results bit-identical to off)");
   }
 };
 
