@@ -1,50 +1,18 @@
 """xlme's Triton kernels on the CPU, through Triton's interpreter (TRITON_INTERPRET=1), from the
 same source the build compiles for the GPU (src/ops/triton/*.py), against float64 references at
-awkward sizes. Run by CTest (tests/CMakeLists.txt):
+awkward sizes: the masked-LM loss and sampler, and residual + dropout + LayerNorm. Run by CTest
+(tests/CMakeLists.txt; the attention kernel's tests are tests/python/test_attention_kernel.py):
 
-    TRITON_INTERPRET=1 .venv/bin/python -m unittest -v tests/python/test_kernels.py
+    .venv/bin/python -m unittest -v tests/python/test_kernels.py
 """
 
-import os
-import sys
 import unittest
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+import kernel_interpreter  # noqa: F401  (TRITON_INTERPRET=1 and the kernels' folder, before triton)
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src",
-                                "ops", "triton"))
-import attention  # noqa: E402
-import masked_lm  # noqa: E402
-import residual_layernorm as rln  # noqa: E402
-
-np.seterr(all="ignore")  # masked lanes compute exp(-inf - -inf) and log(0) before tl.where
-
-
-def _patch_interpreter_bf16_dot():
-    """Triton 3.6's interpreter stores bf16 as uint16 and its tl.dot multiplies those integers
-    (a bf16 x bf16 product of randn values comes out near 1e10). The compiled kernels are not
-    affected. The operands are widened to fp32 here, exactly, as the tensor cores read them."""
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    original = interpreter.InterpreterBuilder.create_dot
-
-    def widen(handle):
-        if handle.dtype.scalar != tl.bfloat16:
-            return handle
-        data = (handle.data.astype(np.uint32) << 16).view(np.float32)
-        return interpreter.TensorHandle(data, tl.float32)
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-
-    interpreter.InterpreterBuilder.create_dot = create_dot
-
-
-_patch_interpreter_bf16_dot()
+import masked_lm
+import residual_layernorm as rln
 
 
 def reference(logits64, targets):
@@ -199,78 +167,6 @@ class ResidualLayerNorm(unittest.TestCase):
         pairs = (keep[:, :-1] * keep[:, 1:]).mean().item()
         self.assertAlmostEqual(pairs, 0.81, delta=0.006)
         self.assertEqual(rln.keep_mask(4, 10, 0.0).min().item(), 1.0)
-
-
-def attention_reference(q, k, v, lengths, table, f, keep, p):
-    """Softmax attention with the gated relative bias per distance, key padding and dropout."""
-    tq, tk, d = q.shape[2], k.shape[2], q.shape[3]
-    s = q @ k.transpose(-1, -2) / d**0.5
-    if table is not None:
-        i, j = torch.arange(tq)[:, None], torch.arange(tk)[None, :]
-        bias = table[:, i - j + tk - 1]  # [H, Tq, Tk]
-        s = s + (f[..., None] * bias if f is not None else bias)
-    padded = torch.arange(tk)[None, :] >= lengths.long()[:, None]  # [B, Tk]
-    probs = torch.softmax(s.masked_fill(padded[:, None, None, :], float("-inf")), -1)
-    if keep is not None:
-        probs = probs * keep / (1 - p)
-    return probs @ v
-
-
-class GatedBiasAttention(unittest.TestCase):
-    # (B, H, Tq, Tk, head size, bias, gate, dropout, block): T = 1, lengths that are not
-    # multiples of the block, padding in the second sequence, cross-attention (Tq != Tk) without
-    # bias, the plain bias, and Base's head size at the compiled 64 x 64 tiles.
-    CASES = [(2, 2, 17, 17, 32, True, True, 0.0, 16), (2, 2, 33, 33, 64, True, True, 0.1, 16),
-             (1, 2, 1, 1, 32, True, True, 0.0, 16), (2, 2, 17, 33, 32, False, False, 0.1, 16),
-             (2, 1, 130, 130, 64, True, False, 0.0, 64), (2, 1, 65, 65, 64, True, True, 0.0, 64)]
-
-    def run_case(self, case, dtype, tol):
-        b, h, tq, tk, d, bias, gated, p, block = case
-        torch.manual_seed(7)
-        q, k, v = (torch.randn(b, h, t, d).to(dtype) for t in (tq, tk, tk))
-        lengths = torch.tensor([tk, max(1, tk - 5)][:b], dtype=torch.int32)
-        table = torch.randn(h, tq + tk - 1) if bias else None
-        f = torch.rand(b, h, tq) + 0.5 if gated else None
-        o, lse = attention.forward(q, k, v, lengths, table, f, p=p, seed=3, offset=8, bm=block,
-                                   bn=block)
-        keep = attention.keep_mask(b, h, tq, tk, p, seed=3, offset=8) if p > 0 else None
-        leaves = [None if t is None else t.double().requires_grad_() for t in (q, k, v, table, f)]
-        ref = attention_reference(*leaves[:3], lengths, leaves[3], leaves[4],
-                                  None if keep is None else keep.double(), p)
-        where = f"{case} {dtype}"
-        torch.testing.assert_close(o.double(), ref, rtol=0, atol=tol, msg=where)
-        self.assertEqual(o.dtype, dtype)
-        do = torch.randn(b, h, tq, d).to(dtype)
-        ref.backward(do.double())
-        grads = attention.backward(q, k, v, o, lse, do, lengths, table, f, p=p, seed=3, offset=8,
-                                   bm=block, bn=block)
-        for name, got, leaf in zip(("dq", "dk", "dv", "df", "dtable"), grads,
-                                   leaves[:3] + [leaves[4], leaves[3]]):
-            self.assertEqual(got is None, leaf is None, name)
-            if got is None:
-                continue
-            scale = max(1.0, leaf.grad.abs().max().item())
-            torch.testing.assert_close(got.double(), leaf.grad, rtol=0, atol=tol * scale,
-                                       msg=f"{name} {where}")
-
-    def test_fp32_every_variant(self):
-        for case in self.CASES:
-            self.run_case(case, torch.float32, 2e-5)
-
-    def test_bf16_inputs_with_fp32_accumulation(self):
-        for case in (self.CASES[0], self.CASES[4]):
-            self.run_case(case, torch.bfloat16, 3e-2)
-
-    def test_dropout_mask_rate_and_seed(self):
-        keep = attention.keep_mask(2, 3, 40, 50, 0.1, seed=5, offset=16)
-        self.assertAlmostEqual(keep.mean().item(), 0.9, delta=0.006)  # 12,000 draws: sd 0.0027
-        self.assertTrue(torch.equal(keep, attention.keep_mask(2, 3, 40, 50, 0.1, seed=5,
-                                                              offset=16)))
-        self.assertFalse(torch.equal(keep, attention.keep_mask(2, 3, 40, 50, 0.1, seed=5,
-                                                               offset=20)))
-        # Heads and rows draw their own words: no two heads' masks are equal.
-        self.assertFalse(torch.equal(keep[0, 0], keep[0, 1]))
-        self.assertFalse(torch.equal(keep[0, 0, 0], keep[0, 0, 1]))
 
 
 if __name__ == "__main__":

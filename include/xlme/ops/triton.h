@@ -7,7 +7,7 @@
 // the CUDA driver's module and launch calls, which it resolves from the CUDA runtime that LibTorch
 // loads (cudaGetDriverEntryPointByVersion): no link to libcuda. It launches on the device's current
 // stream. The same kernel sources run on the CPU through Triton's interpreter in the tests
-// (tests/python/test_kernels.py), against float64 references.
+// (tests/python/test_*kernel*.py), against float64 references.
 #pragma once
 
 #include "xlme/ops/triton_images.h"

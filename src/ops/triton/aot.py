@@ -29,78 +29,10 @@ import residual_layernorm  # noqa: E402
 ARCHS = [(90, "sm_90a"), (80, "sm_80")]
 
 
-def masked_lm_variants():
-    for dtype in ("bf16", "fp32"):
-        forward = {
-            "logits_ptr": f"*{dtype}", "row_stride": "i64", "targets_ptr": "*i64", "n_rows": "i32",
-            "vocab": "i32", "inv_temperature": "fp32", "seed": "u64", "offset_lo": "u32",
-            "offset_hi": "u32", **{f"ex{i}": "i32" for i in range(8)}, "loss_ptr": "*fp32",
-            "lse_ptr": "*fp32", "argmax_ptr": "*i64", "sample_ptr": "*i64"}
-        for sample in (True, False):
-            yield (f"masked_lm_forward_{dtype}{'_sample' if sample else ''}",
-                   masked_lm.masked_lm_forward, forward,
-                   {"ROWS": 1, "QUARTER": masked_lm.FORWARD_QUARTER, "SAMPLE": sample}, 4)
-        backward = {
-            "logits_ptr": f"*{dtype}", "row_stride": "i64", "targets_ptr": "*i64",
-            "lse_ptr": "*fp32", "grad_loss_ptr": "*fp32", "grad_ptr": f"*{dtype}",
-            "grad_stride": "i64", "n_rows": "i32", "vocab": "i32"}
-        yield (f"masked_lm_backward_{dtype}", masked_lm.masked_lm_backward, backward,
-               {"ROWS": 1, "BLOCK": masked_lm.BACKWARD_BLOCK}, 4)
-
-
-def residual_layernorm_variants():
-    # (x = out, y): autocast's fp32 residual stream with bf16 sub-layer outputs, and fp32.
-    for x, y in (("fp32", "bf16"), ("fp32", "fp32")):
-        scalars = {"seed": "u64", "offset_lo": "u32", "offset_hi": "u32", "threshold": "u32",
-                   "scale": "fp32"}
-        forward = {"x_ptr": f"*{x}", "y_ptr": f"*{y}", "w_ptr": "*fp32", "b_ptr": "*fp32",
-                   "out_ptr": f"*{x}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "n_rows": "i32",
-                   "width": "i32", "eps": "fp32", **scalars}
-        backward = {"x_ptr": f"*{x}", "y_ptr": f"*{y}", "w_ptr": "*fp32", "mean_ptr": "*fp32",
-                    "rstd_ptr": "*fp32", "dout_ptr": f"*{x}", "dx_ptr": f"*{x}", "dy_ptr": f"*{y}",
-                    "dw_part_ptr": "*fp32", "db_part_ptr": "*fp32", "n_rows": "i32",
-                    "width": "i32", "rows_per_program": "i32", **scalars}
-        # Widths up to 1,024 (every paper size but XL's) and up to 4,096.
-        for block, rows, warps in ((1024, 2, 4), (4096, 1, 8)):
-            for dropout in (True, False):
-                tag = f"{x}_{y}_{block}{'_dropout' if dropout else ''}"
-                constants = {"ROWS": rows, "BLOCK": block, "DROPOUT": dropout}
-                yield (f"residual_layernorm_forward_{tag}",
-                       residual_layernorm.residual_layernorm_forward, forward, constants, warps)
-                yield (f"residual_layernorm_backward_{tag}",
-                       residual_layernorm.residual_layernorm_backward, backward, constants, warps)
-
-
-def attention_variants():
-    # bf16 q, k, v (autocast); head sizes 64 (every paper size) and 32 (the demo model); the
-    # gated relative bias, the plain relative bias, no bias (cross-attention); dropout or not.
-    scalars = {"sqb": "i64", "sqh": "i64", "sqt": "i64", "skb": "i64", "skh": "i64", "skt": "i64",
-               "svb": "i64", "svh": "i64", "svt": "i64", "heads": "i32", "tq": "i32", "tk": "i32",
-               "scale": "fp32", "seed": "u64", "offset_lo": "u32", "offset_hi": "u32",
-               "threshold": "u32", "drop_scale": "fp32"}
-    inputs = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16"}
-    forward = {**inputs, "o_ptr": "*bf16", "lse_ptr": "*fp32", "f_ptr": "*fp32",
-               "table_ptr": "*fp32", "len_ptr": "*i32", **scalars}
-    saved = {**inputs, "do_ptr": "*bf16", "lse_ptr": "*fp32", "delta_ptr": "*fp32",
-             "f_ptr": "*fp32", "table_ptr": "*fp32", "len_ptr": "*i32"}
-    dkdv = {**saved, "dk_ptr": "*bf16", "dv_ptr": "*bf16", **scalars}
-    dq = {**saved, "dq_ptr": "*bf16", "df_ptr": "*fp32", "dtable_ptr": "*fp32", **scalars}
-    for d in (64, 32):
-        for mode, bias, gated in (("gated", True, True), ("bias", True, False),
-                                  ("nobias", False, False)):
-            for dropout in (True, False):
-                tag = f"bf16_d{d}_{mode}{'_dropout' if dropout else ''}"
-                constants = {"D": d, "BM": attention.BLOCK, "BN": attention.BLOCK, "BIAS": bias,
-                             "GATED": gated, "DROPOUT": dropout, "PRECISION": "tf32"}
-                for kind, fn, signature in (("forward", attention.attention_forward, forward),
-                                            ("backward_dkdv", attention.attention_backward_dkdv,
-                                             dkdv),
-                                            ("backward_dq", attention.attention_backward_dq, dq)):
-                    yield f"attention_{kind}_{tag}", fn, signature, constants, 4
-
-
-VARIANTS = (list(masked_lm_variants()) + list(residual_layernorm_variants()) +
-            list(attention_variants()))
+# Each kernel module lists its own variants: aot_variants() yields (name, function, signature,
+# constexprs, num_warps) for every compiled form.
+MODULES = (masked_lm, residual_layernorm, attention)
+VARIANTS = [variant for module in MODULES for variant in module.aot_variants()]
 
 
 def entry_params(ptx, name):

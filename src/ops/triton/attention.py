@@ -15,7 +15,7 @@ the keys), with the bias' gradients reduced on the fly: df_i = sum_j dS_ij t[h, 
 per query, and dt[h, i - j + Tk - 1] += dS_ij f_i by atomic adds into an fp32 [H, Tq + Tk - 1].
 
 Same source on the GPU (ahead-of-time compiled) and on the CPU through Triton's interpreter
-(tests/python/test_kernels.py).
+(tests/python/test_attention_kernel.py).
 """
 
 import triton
@@ -272,3 +272,32 @@ def keep_mask(b, heads, tq, tk, p, seed=0, offset=0, bn=16):
     attention_keep_mask[(tq, b * heads)](out, heads, tq, tk, seed, offset & 0xFFFFFFFF,
                                          offset >> 32, threshold, BN=bn)
     return out
+
+
+def aot_variants():
+    """The forms src/ops/triton/aot.py compiles ahead of time."""
+    # bf16 q, k, v (autocast); head sizes 64 (every paper size) and 32 (the demo model); the
+    # gated relative bias, the plain relative bias, no bias (cross-attention); dropout or not.
+    scalars = {"sqb": "i64", "sqh": "i64", "sqt": "i64", "skb": "i64", "skh": "i64", "skt": "i64",
+               "svb": "i64", "svh": "i64", "svt": "i64", "heads": "i32", "tq": "i32", "tk": "i32",
+               "scale": "fp32", "seed": "u64", "offset_lo": "u32", "offset_hi": "u32",
+               "threshold": "u32", "drop_scale": "fp32"}
+    inputs = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16"}
+    forward = {**inputs, "o_ptr": "*bf16", "lse_ptr": "*fp32", "f_ptr": "*fp32",
+               "table_ptr": "*fp32", "len_ptr": "*i32", **scalars}
+    saved = {**inputs, "do_ptr": "*bf16", "lse_ptr": "*fp32", "delta_ptr": "*fp32",
+             "f_ptr": "*fp32", "table_ptr": "*fp32", "len_ptr": "*i32"}
+    dkdv = {**saved, "dk_ptr": "*bf16", "dv_ptr": "*bf16", **scalars}
+    dq = {**saved, "dq_ptr": "*bf16", "df_ptr": "*fp32", "dtable_ptr": "*fp32", **scalars}
+    for d in (64, 32):
+        for mode, bias, gated in (("gated", True, True), ("bias", True, False),
+                                  ("nobias", False, False)):
+            for dropout in (True, False):
+                tag = f"bf16_d{d}_{mode}{'_dropout' if dropout else ''}"
+                constants = {"D": d, "BM": BLOCK, "BN": BLOCK, "BIAS": bias,
+                             "GATED": gated, "DROPOUT": dropout, "PRECISION": "tf32"}
+                for kind, fn, signature in (("forward", attention_forward, forward),
+                                            ("backward_dkdv", attention_backward_dkdv,
+                                             dkdv),
+                                            ("backward_dq", attention_backward_dq, dq)):
+                    yield f"attention_{kind}_{tag}", fn, signature, constants, 4

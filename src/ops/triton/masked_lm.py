@@ -155,3 +155,23 @@ def backward(logits, targets, lse, grad_loss, rows=1, block=BACKWARD_BLOCK):
         logits, logits.stride(0), targets, lse, grad_loss, grad, grad.stride(0), n, vocab,
         ROWS=rows, BLOCK=block)
     return grad
+
+
+def aot_variants():
+    """The forms src/ops/triton/aot.py compiles ahead of time."""
+    for dtype in ("bf16", "fp32"):
+        forward = {
+            "logits_ptr": f"*{dtype}", "row_stride": "i64", "targets_ptr": "*i64", "n_rows": "i32",
+            "vocab": "i32", "inv_temperature": "fp32", "seed": "u64", "offset_lo": "u32",
+            "offset_hi": "u32", **{f"ex{i}": "i32" for i in range(8)}, "loss_ptr": "*fp32",
+            "lse_ptr": "*fp32", "argmax_ptr": "*i64", "sample_ptr": "*i64"}
+        for sample in (True, False):
+            yield (f"masked_lm_forward_{dtype}{'_sample' if sample else ''}",
+                   masked_lm_forward, forward,
+                   {"ROWS": 1, "QUARTER": FORWARD_QUARTER, "SAMPLE": sample}, 4)
+        backward = {
+            "logits_ptr": f"*{dtype}", "row_stride": "i64", "targets_ptr": "*i64",
+            "lse_ptr": "*fp32", "grad_loss_ptr": "*fp32", "grad_ptr": f"*{dtype}",
+            "grad_stride": "i64", "n_rows": "i32", "vocab": "i32"}
+        yield (f"masked_lm_backward_{dtype}", masked_lm_backward, backward,
+               {"ROWS": 1, "BLOCK": BACKWARD_BLOCK}, 4)

@@ -160,3 +160,27 @@ def keep_mask(n, width, p, seed=0, offset=0):
     dropout_keep_mask[(n, )](out, n, width, seed, offset & 0xFFFFFFFF, offset >> 32,
                              threshold_of(p), BLOCK=triton.next_power_of_2(width))
     return out
+
+
+def aot_variants():
+    """The forms src/ops/triton/aot.py compiles ahead of time."""
+    # (x = out, y): autocast's fp32 residual stream with bf16 sub-layer outputs, and fp32.
+    for x, y in (("fp32", "bf16"), ("fp32", "fp32")):
+        scalars = {"seed": "u64", "offset_lo": "u32", "offset_hi": "u32", "threshold": "u32",
+                   "scale": "fp32"}
+        forward = {"x_ptr": f"*{x}", "y_ptr": f"*{y}", "w_ptr": "*fp32", "b_ptr": "*fp32",
+                   "out_ptr": f"*{x}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "n_rows": "i32",
+                   "width": "i32", "eps": "fp32", **scalars}
+        backward = {"x_ptr": f"*{x}", "y_ptr": f"*{y}", "w_ptr": "*fp32", "mean_ptr": "*fp32",
+                    "rstd_ptr": "*fp32", "dout_ptr": f"*{x}", "dx_ptr": f"*{x}", "dy_ptr": f"*{y}",
+                    "dw_part_ptr": "*fp32", "db_part_ptr": "*fp32", "n_rows": "i32",
+                    "width": "i32", "rows_per_program": "i32", **scalars}
+        # Widths up to 1,024 (every paper size but XL's) and up to 4,096.
+        for block, rows, warps in ((1024, 2, 4), (4096, 1, 8)):
+            for dropout in (True, False):
+                tag = f"{x}_{y}_{block}{'_dropout' if dropout else ''}"
+                constants = {"ROWS": rows, "BLOCK": block, "DROPOUT": dropout}
+                yield (f"residual_layernorm_forward_{tag}",
+                       residual_layernorm_forward, forward, constants, warps)
+                yield (f"residual_layernorm_backward_{tag}",
+                       residual_layernorm_backward, backward, constants, warps)
