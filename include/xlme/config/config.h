@@ -404,6 +404,8 @@ struct TrainConfig {
 struct DistConfig {
   std::string backend = "auto";
   int64_t timeout_s = 1800;
+  int64_t startup_timeout_s = 300;
+  int64_t heartbeat_s = 30;
   int64_t bucket_mb = 25;
   bool overlap = true;
 
@@ -412,6 +414,13 @@ struct DistConfig {
     v.field("backend", backend, Choices{"auto", "nccl", "gloo"},
             "auto = nccl on CUDA, gloo on CPU");
     v.field("timeout_s", timeout_s, IntRange{1, 604800}, "collective timeout in seconds");
+    v.field("startup_timeout_s", startup_timeout_s, IntRange{1, 604800},
+            "seconds every rank has to join the rendezvous at start (rank 0 names the ranks that "
+            "did not), apart from the collectives' dist.timeout_s");
+    v.field("heartbeat_s", heartbeat_s, IntRange{0, 86400},
+            "a rank not heard from for this many seconds (dead, frozen or unreachable) stops the "
+            "job on every rank, naming it and its host; each rank beats 5 times per period "
+            "through the rendezvous store; 0 = no heartbeat (only dist.timeout_s)");
     v.field("bucket_mb", bucket_mb, IntRange{1, 65536},
             "size of the flat gradient buckets all-reduced together");
     v.field("overlap", overlap,
