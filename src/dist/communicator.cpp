@@ -104,6 +104,13 @@ double PendingSum::get() {
   return value;
 }
 
+void PendingWork::wait() {
+  XLME_CHECK(wait_, "PendingWork::wait: nothing pending (an internal error: please report it)");
+  auto wait = std::move(wait_);
+  wait_ = nullptr;
+  wait();
+}
+
 Communicator::Communicator(LaunchInfo launch, torch::Device device, std::string backend)
     : launch_(std::move(launch)), device_(device), backend_(std::move(backend)) {}
 
@@ -372,6 +379,96 @@ std::vector<double> Communicator::reduce_scalars(const std::vector<double>& valu
   }
   const auto host = one[0].cpu();
   return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+}
+
+namespace {
+
+// A wait that names the collective and the rank when the work failed.
+std::function<void()> waiting_for(c10::intrusive_ptr<c10d::Work> work, int rank,
+                                  const char* collective) {
+  return [work = std::move(work), rank, collective] {
+    try {
+      work->wait();
+    } catch (const std::exception& e) {
+      XLME_FAIL(
+          "rank {}: {} failed ({}); another rank probably died or exceeded dist.timeout_s, see "
+          "its log",
+          rank, collective, e.what());
+    }
+  };
+}
+
+}  // namespace
+
+PendingWork Communicator::start_all_reduce_sum(torch::Tensor tensor) {
+  check_devices({tensor}, "all-reduce");
+  if (!group_) return PendingWork([] {});
+  std::vector<torch::Tensor> one{std::move(tensor)};
+  try {
+    return PendingWork(waiting_for(group_->pg->allreduce(one), rank(), "all-reduce"));
+  } catch (const std::exception& e) {
+    XLME_FAIL("rank {}: cannot start an all-reduce ({}); see the other ranks' logs", rank(),
+              e.what());
+  }
+}
+
+PendingWork Communicator::start_reduce_scatter_sum(torch::Tensor input, torch::Tensor output) {
+  check_devices({input, output}, "reduce-scatter");
+  XLME_CHECK(input.numel() == output.numel() * world_size(),
+             "reduce-scatter: {} input elements for {} ranks x {} (an internal error: please "
+             "report it)",
+             input.numel(), world_size(), output.numel());
+  if (!group_) {
+    output.copy_(input);
+    return PendingWork([] {});
+  }
+  try {
+    return PendingWork(
+        waiting_for(group_->pg->_reduce_scatter_base(output, input), rank(), "reduce-scatter"));
+  } catch (const std::exception& e) {
+    XLME_FAIL("rank {}: cannot start a reduce-scatter ({}); see the other ranks' logs", rank(),
+              e.what());
+  }
+}
+
+void Communicator::all_gather(torch::Tensor input, torch::Tensor output) {
+  check_devices({input, output}, "all-gather");
+  XLME_CHECK(output.numel() == input.numel() * world_size(),
+             "all-gather: {} output elements for {} ranks x {} (an internal error: please "
+             "report it)",
+             output.numel(), world_size(), input.numel());
+  if (!group_) {
+    output.copy_(input);
+    return;
+  }
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = group_->pg->_allgather_base(output, input);
+  } catch (const std::exception& e) {
+    XLME_FAIL("rank {}: cannot start an all-gather ({}); see the other ranks' logs", rank(),
+              e.what());
+  }
+  waiting_for(work, rank(), "all-gather")();
+}
+
+std::vector<std::string> Communicator::all_gather_strings(const std::string& value) {
+  if (!group_) return {value};
+  const std::string prefix = fmt::format("xlme/strings/{}/", string_exchanges_++);
+  std::vector<std::string> values;
+  try {
+    group_->store->set(prefix + std::to_string(rank()),
+                       std::vector<uint8_t>(value.begin(), value.end()));
+    for (int r = 0; r < world_size(); ++r) {
+      const std::vector<uint8_t> bytes = group_->store->get(prefix + std::to_string(r));
+      values.emplace_back(bytes.begin(), bytes.end());
+    }
+  } catch (const std::exception& e) {
+    XLME_FAIL(
+        "rank {}: cannot exchange values through the rendezvous store ({}); see the other "
+        "ranks' logs",
+        rank(), e.what());
+  }
+  return values;
 }
 
 void Communicator::barrier() {

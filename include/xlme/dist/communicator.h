@@ -31,6 +31,21 @@ class PendingSum {
   std::function<double()> read_;
 };
 
+// A collective started and not yet waited for (Communicator::start_all_reduce_sum,
+// start_reduce_scatter_sum).
+class PendingWork {
+ public:
+  PendingWork() = default;
+  explicit PendingWork(std::function<void()> wait) : wait_(std::move(wait)) {}
+  bool pending() const { return static_cast<bool>(wait_); }
+  // Waits for the collective (on a GPU: orders the current stream after it); afterwards pending()
+  // is false. Throws xlme::Error when the collective failed.
+  void wait();
+
+ private:
+  std::function<void()> wait_;
+};
+
 class Communicator {
  public:
   // Connects to the rendezvous (a TCPStore served by rank 0 at master_addr:master_port), checks
@@ -62,6 +77,18 @@ class Communicator {
   // Host values reduced over ranks, through a float64 tensor the communicator creates on its own
   // device (exact for integers below 2^53). One synchronization.
   std::vector<double> reduce_scalars(const std::vector<double>& values, ScalarOp op);
+  // Starts the in-place sum of `tensor` over the ranks and returns at once: the trainer sends each
+  // gradient bucket while the backward pass computes the next ones. One process: nothing to wait.
+  PendingWork start_all_reduce_sum(torch::Tensor tensor);
+  // Starts a reduce-scatter: `input` [world * n] summed over the ranks, rank r's slice
+  // [r * n, (r + 1) * n) of the sum written into `output` [n].
+  PendingWork start_reduce_scatter_sum(torch::Tensor input, torch::Tensor output);
+  // Every rank's `input` [n] into `output` [world * n], rank r's at [r * n, (r + 1) * n).
+  void all_gather(torch::Tensor input, torch::Tensor output);
+  // Every rank's `value`, in rank order, exchanged through the rendezvous store (start-up checks
+  // that must name what differs between ranks; small strings). Every rank calls it in the same
+  // order.
+  std::vector<std::string> all_gather_strings(const std::string& value);
 
  private:
   struct Group;  // the store and process group, hidden to keep c10d out of this header
@@ -72,6 +99,7 @@ class Communicator {
   torch::Device device_;
   std::string backend_;
   std::unique_ptr<Group> group_;  // null with one process
+  int64_t string_exchanges_ = 0;  // all_gather_strings calls so far: each has its own keys
 };
 
 // Every rank gets rank `root`'s values of `params` (parameters and buffers), in place.
