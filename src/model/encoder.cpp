@@ -3,6 +3,7 @@
 #include "xlme/common/error.h"
 #include "xlme/model/linear.h"
 #include "xlme/ops/dropout.h"
+#include "xlme/ops/feed_forward.h"
 #include "xlme/ops/residual_layernorm.h"
 
 #include <torch/torch.h>
@@ -86,6 +87,9 @@ FeedForwardImpl::FeedForwardImpl(int64_t hidden_size, int64_t ffn_size, double i
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
+  if (ops::fused_feed_forward_applies(x, intermediate, output)) {
+    return ops::fused_feed_forward(x, intermediate, output);
+  }
   return linear(output, torch::gelu(linear(intermediate, x)));
 }
 

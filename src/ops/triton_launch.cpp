@@ -51,7 +51,8 @@ uint32_t dropout_threshold(double p) {
   return static_cast<uint32_t>(std::min(std::llround(std::ldexp(p, 32)), 0xFFFFFFFFLL));
 }
 
-Arg::Arg(std::string type, const void* value, size_t size) : type_(std::move(type)) {
+Arg::Arg(std::string type, const void* value, size_t size, bool multiple_of_16)
+    : type_(std::move(type)), multiple_of_16_(multiple_of_16) {
   std::memcpy(bytes_.data(), value, size);
 }
 
@@ -64,32 +65,32 @@ Arg Arg::pointer(const torch::Tensor& tensor) {
   XLME_CHECK(name != names.end(), "a Triton kernel takes no {} tensor",
              c10::toString(tensor.scalar_type()));
   const void* data = tensor.data_ptr();
-  return Arg("*" + name->second, &data, sizeof(data));
+  return Arg("*" + name->second, &data, sizeof(data), reinterpret_cast<uintptr_t>(data) % 16 == 0);
 }
 
 Arg Arg::i32(int64_t value) {
   XLME_CHECK(value >= INT32_MIN && value <= INT32_MAX,
              "{} does not fit a Triton kernel's i32 argument", value);
   const auto v = static_cast<int32_t>(value);
-  return Arg("i32", &v, sizeof(v));
+  return Arg("i32", &v, sizeof(v), value % 16 == 0);
 }
 
 Arg Arg::u32(uint64_t value) {
   XLME_CHECK(value <= UINT32_MAX, "{} does not fit a Triton kernel's u32 argument", value);
   const auto v = static_cast<uint32_t>(value);
-  return Arg("u32", &v, sizeof(v));
+  return Arg("u32", &v, sizeof(v), value % 16 == 0);
 }
 
 Arg Arg::i64(int64_t value) {
-  return Arg("i64", &value, sizeof(value));
+  return Arg("i64", &value, sizeof(value), value % 16 == 0);
 }
 Arg Arg::u64(uint64_t value) {
-  return Arg("u64", &value, sizeof(value));
+  return Arg("u64", &value, sizeof(value), value % 16 == 0);
 }
 
 Arg Arg::f32(double value) {
   const auto v = static_cast<float>(value);
-  return Arg("fp32", &v, sizeof(v));
+  return Arg("fp32", &v, sizeof(v), false);
 }
 
 void check_args(const KernelImage& image, const std::vector<Arg>& args) {
@@ -105,9 +106,16 @@ void check_args(const KernelImage& image, const std::vector<Arg>& args) {
              "Triton kernel {} takes {} arguments ({}), the launch passes {}", image.variant,
              types.size(), image.signature, args.size());
   for (size_t i = 0; i < args.size(); ++i) {
-    XLME_CHECK(args[i].type() == types[i],
+    const size_t hint = types[i].find(":16");
+    const std::string type = types[i].substr(0, hint);
+    XLME_CHECK(args[i].type() == type,
                "Triton kernel {}: argument {} is {} in its signature ({}), the launch passes {}",
-               image.variant, i, types[i], image.signature, args[i].type());
+               image.variant, i, type, image.signature, args[i].type());
+    XLME_CHECK(hint == std::string::npos || args[i].multiple_of_16(),
+               "Triton kernel {}: argument {} ({}) must be {} (the kernel was compiled assuming "
+               "it), the launch passes one that is not",
+               image.variant, i, types[i],
+               type[0] == '*' ? "a 16-byte aligned address" : "a multiple of 16");
   }
 }
 

@@ -8,12 +8,14 @@
 //   xlme-bench-ops [--device auto|cpu|cuda] [--shape base|small] [--steps 10] [--ops a,b]
 //
 // Shapes: base = XLM-E Base on a 32 x 512 micro-batch (masked_lm: 2,458 masked rows x 250,002 ids;
-// residual_layernorm: 16,384 rows x 768; attention: 32 x 12 heads x 512 x 64); small = cpu_small's
-// (614 x 16,000; 4,096 x 256; 16 x 4 x 128 x 64).
+// residual_layernorm: 16,384 rows x 768; feed_forward: 16,384 x 768 -> 3,072 -> 768; attention:
+// 32 x 12 heads x 512 x 64); small = cpu_small's (614 x 16,000; 4,096 x 256; 4,096 x 256 -> 1,024
+// -> 256; 16 x 4 x 128 x 64).
 #include "timing.h"
 #include "xlme/common/precision.h"
 #include "xlme/common/runtime.h"
 #include "xlme/model/attention.h"
+#include "xlme/model/encoder.h"
 #include "xlme/ops/dropout.h"
 #include "xlme/ops/masked_lm.h"
 #include "xlme/ops/registry.h"
@@ -168,6 +170,22 @@ int main(int argc, char** argv) {
       {"dropout", xlme::ops::Op::kDropout, tokens * width * 4.0 * elem,
        [&] { xlme::ops::dropout(y, 0.1, true).backward(dout.to(half)); }},
   };
+  // feed_forward: Base's (or cpu_small's) block, hidden -> 4 x hidden -> hidden, as a training step
+  // runs it (bf16 autocast on CUDA): 4 M K F FLOPs forward, twice that backward, against the
+  // matmul ceiling.
+  xlme::model::FeedForward block(width, 4 * width, 0.02);
+  block->to(device);
+  const auto fx = torch::randn({tokens, width}, opts).requires_grad_();
+  cases.push_back({"feed_forward", xlme::ops::Op::kFeedForward, 0.0,
+                   [&] {
+                     torch::Tensor out;
+                     {
+                       xlme::AutocastScope scope(device, cuda);
+                       out = block->forward(fx);
+                     }
+                     out.backward(dout.to(out.scalar_type()));
+                   },
+                   12.0 * tokens * width * 4 * width});
   // attention with the gated bias and dropout, as a training step runs it (bf16 autocast on CUDA),
   // against model.attention's path there (SDPA on CUDA, math on the CPU): 4 B H T^2 d FLOPs
   // forward, 2.5x that backward; printed against the bf16 matmul ceiling ("%m").
@@ -203,6 +221,8 @@ int main(int argc, char** argv) {
     logits.mutable_grad() = torch::Tensor();
     x.mutable_grad() = torch::Tensor();
     y.mutable_grad() = torch::Tensor();
+    fx.mutable_grad() = torch::Tensor();
+    block->zero_grad();
   }
   return 0;
 }

@@ -1,6 +1,6 @@
 """Sets up Triton's interpreter for the kernel tests (tests/python/test_*kernel*.py): import it
 before triton. It sets TRITON_INTERPRET=1, puts src/ops/triton on the path, and mends Triton
-3.6's interpreter where it differs from the compiled kernels."""
+3.6's interpreter where it differs from the compiled kernels (bf16 products, bf16 rounding)."""
 
 import os
 import sys
@@ -37,3 +37,40 @@ def _patch_interpreter_bf16_dot():
 
 
 _patch_interpreter_bf16_dot()
+
+
+def _patch_interpreter_bf16_rounding():
+    """Triton 3.6's interpreter narrows fp32 to bf16 by cutting the low 16 bits (round toward
+    zero) where the GPU's `.to(tl.bfloat16)` rounds to the nearest even (cvt.rn.bf16.f32), so a
+    kernel's bf16 results came out up to one bf16 step below the compiled kernel's. Narrowing is
+    done here as the GPU does it; NaN stays NaN."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    def narrow(data):
+        bits = np.ascontiguousarray(data, dtype=np.float32).view(np.uint32)
+        rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
+        rounded = np.where(np.isnan(data), (bits >> 16) | 0x40, rounded)
+        return rounded.astype(np.uint16)
+
+    def handles(src, dst_type):
+        return src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16
+
+    cast_impl = interpreter.InterpreterBuilder.cast_impl
+    fp_to_fp = interpreter.InterpreterBuilder.create_fp_to_fp
+
+    def patched_cast(self, src, dst_type):
+        if handles(src, dst_type):
+            return interpreter.TensorHandle(narrow(src.data), tl.bfloat16)
+        return cast_impl(self, src, dst_type)
+
+    def patched_fp_to_fp(self, src, dst_type, rounding_mode):
+        if handles(src, dst_type) and rounding_mode != interpreter._ir.ROUNDING_MODE.RTZ:
+            return interpreter.TensorHandle(narrow(src.data), tl.bfloat16)
+        return fp_to_fp(self, src, dst_type, rounding_mode)
+
+    interpreter.InterpreterBuilder.cast_impl = patched_cast
+    interpreter.InterpreterBuilder.create_fp_to_fp = patched_fp_to_fp
+
+
+_patch_interpreter_bf16_rounding()

@@ -80,7 +80,8 @@ TEST(TritonImages, EveryVariantHasACubinForSm90aAndSm80) {
   for (const auto& image : triton::kernel_images()) variants.insert(image.variant);
   for (const char* v :
        {"masked_lm_forward_bf16_sample", "masked_lm_forward_bf16", "masked_lm_backward_bf16",
-        "masked_lm_forward_fp32_sample", "masked_lm_forward_fp32", "masked_lm_backward_fp32"}) {
+        "masked_lm_forward_fp32_sample", "masked_lm_forward_fp32", "masked_lm_backward_fp32",
+        "gemm_bias_gelu_bf16", "gemm_dgelu_bgrad_bf16"}) {
     EXPECT_TRUE(variants.count(v)) << v;
   }
   for (const auto& variant : variants) {
@@ -153,6 +154,36 @@ TEST(TritonImages, LaunchArgumentsAreCheckedAgainstTheSignature) {
   std::memcpy(&half, f.address(), sizeof(half));
   EXPECT_EQ(half, 0.5f);
   EXPECT_FALSE(triton::available("masked_lm_forward_bf16", torch::Device(torch::kCPU)));
+}
+
+TEST(TritonImages, TheSixteenHintsAreCheckedAtLaunch) {
+  // The feed-forward products were compiled assuming 16-byte aligned pointers and N, K multiples
+  // of 16: a launch that breaks it would read wrong addresses, so it is refused, named.
+  const auto* image = triton::find_image("gemm_bias_gelu_bf16", 9, 0);
+  ASSERT_NE(image, nullptr);
+  EXPECT_STREQ(image->signature, "*bf16:16,*bf16:16,*fp32:16,*bf16:16,*bf16:16,i32,i32:16,i32:16");
+  const auto x = torch::zeros({5, 32}, torch::kBFloat16);
+  const auto w = torch::zeros({48, 32}, torch::kBFloat16);
+  const auto b = torch::zeros({48});
+  const auto h = torch::zeros({5, 48}, torch::kBFloat16);
+  using triton::Arg;
+  std::vector<Arg> args{Arg::pointer(x), Arg::pointer(w), Arg::pointer(b), Arg::pointer(h),
+                        Arg::pointer(h), Arg::i32(5),     Arg::i32(48),    Arg::i32(32)};
+  EXPECT_NO_THROW(triton::check_args(*image, args));    // M = 5 carries no hint
+  args[0] = Arg::pointer(x.view(-1).narrow(0, 1, 32));  // 2 bytes past an aligned address
+  EXPECT_EQ(error_message([&] { triton::check_args(*image, args); }),
+            "Triton kernel gemm_bias_gelu_bf16: argument 0 (*bf16:16) must be a 16-byte aligned "
+            "address (the kernel was compiled assuming it), the launch passes one that is not");
+  args[0] = Arg::pointer(x);
+  args[7] = Arg::i32(24);
+  EXPECT_EQ(error_message([&] { triton::check_args(*image, args); }),
+            "Triton kernel gemm_bias_gelu_bf16: argument 7 (i32:16) must be a multiple of 16 (the "
+            "kernel was compiled assuming it), the launch passes one that is not");
+  args[7] = Arg::i64(32);
+  EXPECT_EQ(error_message([&] { triton::check_args(*image, args); }),
+            "Triton kernel gemm_bias_gelu_bf16: argument 7 is i32 in its signature "
+            "(*bf16:16,*bf16:16,*fp32:16,*bf16:16,*bf16:16,i32,i32:16,i32:16), the launch passes "
+            "i64");
 }
 
 }  // namespace

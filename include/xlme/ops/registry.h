@@ -26,6 +26,7 @@ enum class Op {
   kAttention,          // ops/attention.h: CUDA: Triton flash-style with the gated bias
   kToeplitzBias,       // model/relative_position.h: CUDA: the table's backward as a one-hot
                        // product (the reference's index_select backward adds atomically)
+  kFeedForward,        // ops/feed_forward.h: CUDA: Triton products with GELU epilogues
 };
 
 enum class Impl { kReference, kFused };

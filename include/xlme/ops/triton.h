@@ -23,7 +23,9 @@
 namespace xlme::ops::triton {
 
 // One launch argument, typed as a kernel signature names it: "*<dtype>" (a tensor's data),
-// i32, u32, i64, u64, fp32.
+// i32, u32, i64, u64, fp32. A signature type may end in ":16" (e.g. "*bf16:16", "i32:16"): the
+// kernel was compiled assuming a pointer 16-byte aligned or an integer that is a multiple of 16
+// (vectorized loads), and the launch checks it.
 class Arg {
  public:
   static Arg pointer(const torch::Tensor& tensor);
@@ -35,15 +37,18 @@ class Arg {
 
   const std::string& type() const { return type_; }  // as in a signature: "*bf16", "i32", ...
   void* address() { return bytes_.data(); }          // what cuLaunchKernel's parameter array holds
+  // An address that is a multiple of 16 bytes, or an integer that is a multiple of 16.
+  bool multiple_of_16() const { return multiple_of_16_; }
 
  private:
-  Arg(std::string type, const void* value, size_t size);
+  Arg(std::string type, const void* value, size_t size, bool multiple_of_16);
   std::string type_;
   std::array<unsigned char, 8> bytes_{};
+  bool multiple_of_16_ = false;
 };
 
-// Throws unless `args` match the image's signature in number and types; the message names the
-// variant and the first argument that differs.
+// Throws unless `args` match the image's signature in number and types (and the ":16" promises);
+// the message names the variant and the first argument that differs.
 void check_args(const KernelImage& image, const std::vector<Arg>& args);
 
 // The image of `variant` for `device`'s GPU; throws, naming the GPU and its capability, when

@@ -23,6 +23,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 import attention  # noqa: E402
+import gemm_gelu  # noqa: E402
 import masked_lm  # noqa: E402
 import residual_layernorm  # noqa: E402
 
@@ -30,8 +31,11 @@ ARCHS = [(90, "sm_90a"), (80, "sm_80")]
 
 
 # Each kernel module lists its own variants: aot_variants() yields (name, function, signature,
-# constexprs, num_warps) for every compiled form.
-MODULES = (masked_lm, residual_layernorm, attention)
+# constexprs, num_warps[, options]) for every compiled form. A signature type ending in ":16"
+# ("*bf16:16", "i32:16") tells the compiler the pointer is 16-byte aligned or the integer a
+# multiple of 16 (so that loads are vectorized); the launcher checks it at every launch.
+# `options` are more of triton.compile's options (e.g. num_stages).
+MODULES = (masked_lm, residual_layernorm, attention, gemm_gelu)
 VARIANTS = [variant for module in MODULES for variant in module.aot_variants()]
 
 
@@ -43,13 +47,19 @@ def entry_params(ptx, name):
     return [line for line in match.group(1).split(",") if ".param" in line]
 
 
-def compile_variant(name, fn, signature, constexprs, num_warps, capability):
-    full = dict(signature)
+def compile_variant(name, fn, signature, constexprs, num_warps, options, capability):
+    full = {key: kind.split(":")[0] for key, kind in signature.items()}
     for key in constexprs:
         full[key] = "constexpr"
-    source = triton.compiler.ASTSource(fn=fn, signature=full, constexprs=constexprs)
+    attrs = {}
+    for key, kind in signature.items():
+        if kind.endswith(":16"):
+            attrs[(fn.arg_names.index(key),)] = [["tt.divisibility", 16]]
+        elif ":" in kind:
+            raise SystemExit(f"aot.py: {name}: argument {key} is {kind}; the only hint is :16")
+    source = triton.compiler.ASTSource(fn=fn, signature=full, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                            options={"num_warps": num_warps})
+                            options={"num_warps": num_warps, **options})
     meta = kernel.metadata
     params = entry_params(kernel.asm["ptx"], meta.name)
     if len(params) != len(signature) + 2:
@@ -74,9 +84,11 @@ def main():
     parser.add_argument("--out", required=True, help="the C++ source to write")
     args = parser.parse_args()
     arrays, entries = [], []
-    for index, (name, fn, signature, constexprs, num_warps) in enumerate(VARIANTS):
+    for index, (name, fn, signature, constexprs, num_warps, *more) in enumerate(VARIANTS):
+        options = more[0] if more else {}
         for capability, arch in ARCHS:
-            kernel = compile_variant(name, fn, signature, constexprs, num_warps, capability)
+            kernel = compile_variant(name, fn, signature, constexprs, num_warps, options,
+                                     capability)
             meta = kernel.metadata
             cubin = kernel.asm["cubin"]
             symbol = f"k{index}_sm{capability}"
