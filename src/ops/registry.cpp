@@ -28,7 +28,7 @@ struct Row {
   bool auto_cuda;
 };
 
-constexpr std::array<Row, 6> kOps{{
+constexpr std::array<Row, 7> kOps{{
     {"dropout", "cpu kernel", nullptr, true, false},
     {"masked_lm", nullptr, "triton", false, false},           // unverified on a GPU yet
     {"residual_layernorm", nullptr, "triton", false, false},  // unverified on a GPU yet
@@ -36,6 +36,8 @@ constexpr std::array<Row, 6> kOps{{
     // On an H200 (2026-11-26) the reference's atomic adds took 13% of the Base step.
     {"toeplitz_bias", nullptr, "one-hot backward", false, true},
     {"feed_forward", nullptr, "triton", false, false},  // unverified on a GPU yet
+    // ~20x faster than LibTorch 1.13's scalar bf16 loop on a CPU without AVX512 (performance.md).
+    {"linear", "bf16 emulation", nullptr, true, false},
 }};
 
 std::vector<Choice> parse(const std::string& spec) {

@@ -27,6 +27,8 @@ enum class Op {
   kToeplitzBias,       // model/relative_position.h: CUDA: the table's backward as a one-hot
                        // product (the reference's index_select backward adds atomically)
   kFeedForward,        // ops/feed_forward.h: CUDA: Triton products with GELU epilogues
+  kLinear,             // ops/linear.h: CPU: bf16 products emulated in float32 (CPUs without
+                       // AVX512, under bf16 autocast); CUDA: none (cuBLAS)
 };
 
 enum class Impl { kReference, kFused };

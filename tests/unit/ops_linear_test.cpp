@@ -1,7 +1,9 @@
 // The model's products under bf16 CPU autocast on CPUs without fast bf16 products: float32
 // products of bf16-rounded operands, rounded to bf16, equal (values and gradients) what LibTorch's
 // own bf16 products give, within bf16's rounding.
-#include "xlme/model/linear.h"
+#include "xlme/ops/linear.h"
+
+#include "xlme/ops/registry.h"
 
 #include "xlme/common/precision.h"
 
@@ -9,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-namespace xlme::model {
+namespace xlme::ops {
 namespace {
 
 // Relative distance of a from b, in float64.
@@ -68,6 +70,11 @@ TEST(Bf16Products, EmulatedOnlyUnderBf16AutocastOnCpusWithoutFastBf16) {
   EXPECT_FALSE(emulate_bf16_products(x));
   AutocastScope autocast(torch::kCPU, /*enabled=*/true);
   EXPECT_EQ(emulate_bf16_products(x), !cpu_has_fast_bf16_products());
+  // The registry chooses: XLME_OPS linear=reference runs LibTorch's own bf16 products.
+  set_ops("linear=reference");
+  EXPECT_FALSE(emulate_bf16_products(x));
+  set_ops("");
+  EXPECT_EQ(emulate_bf16_products(x), !cpu_has_fast_bf16_products());
   // Whichever path runs, the layer's output is bf16 under autocast.
   EXPECT_EQ(linear(x, torch::randn({3, 4}), torch::randn({3})).scalar_type(), torch::kBFloat16);
   EXPECT_EQ(batched_matmul(torch::randn({2, 3, 4}), torch::randn({2, 4, 5})).scalar_type(),
@@ -75,4 +82,4 @@ TEST(Bf16Products, EmulatedOnlyUnderBf16AutocastOnCpusWithoutFastBf16) {
 }
 
 }  // namespace
-}  // namespace xlme::model
+}  // namespace xlme::ops

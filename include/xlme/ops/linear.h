@@ -1,0 +1,45 @@
+// The model's matrix products as one op (docs/ops.md): linear layers and attention's batched
+// products. The reference is LibTorch's own product under the current autocast state, through
+// ATen's linear (LibTorch's C++ torch::nn::Linear multiplies an input of more than 2 dimensions
+// and then adds the bias in a second pass; ATen's linear, which PyTorch calls, folds the bias into
+// the product for contiguous 3-D inputs).
+//
+// The fused CPU form, "bf16 emulation": LibTorch hands bf16 products to oneDNN only on CPUs with
+// AVX512 (BW, VL, DQ); elsewhere LibTorch 1.13 ran a scalar loop, ~20x slower than its float32
+// product (measured on a 2-core AMD EPYC with AVX2; LibTorch 2.11's fallback has not been
+// measured on such a CPU). There, under bf16 CPU autocast, the products run in float32 on operands
+// rounded to bf16 and the result is rounded to bf16: what a bf16 product with float32 accumulation
+// computes (the products of bf16 values are exact in float32), up to the order of the sums.
+// Gradients take the same path. No CUDA form: CUDA's bf16 products are cuBLAS's.
+#pragma once
+
+#include <torch/types.h>
+
+namespace xlme::ops {
+
+// Whether this CPU runs LibTorch's bf16 products fast (AVX512 BW, VL and DQ).
+bool cpu_has_fast_bf16_products();
+
+// Whether products of `x` run emulated as above: the registry's linear op is fused on x's device
+// (the CPU form), bf16 autocast is on there, and this CPU has no fast bf16 products.
+bool emulate_bf16_products(const torch::Tensor& x);
+
+// x w^T + b (b may be undefined), as torch::linear under the current autocast state, or emulated
+// where emulate_bf16_products(x).
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
+                     const torch::Tensor& bias);
+
+// alpha a [..., M, K] x b [..., K, N] -> [..., M, N]: torch::matmul(a * alpha, b) under the
+// current autocast state, or emulated where emulate_bf16_products(a).
+torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, double alpha = 1.0);
+
+// The emulated products themselves, whatever the CPU (tests): float32 products of the
+// bf16-rounded operands outside autocast, rounded to bf16.
+torch::Tensor bf16_emulated_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                                   const torch::Tensor& bias);
+torch::Tensor bf16_emulated_matmul(const torch::Tensor& a, const torch::Tensor& b);
+
+// t rounded to bf16 and held in float32 (differentiable).
+torch::Tensor bf16_rounded(const torch::Tensor& t);
+
+}  // namespace xlme::ops
