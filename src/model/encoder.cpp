@@ -3,6 +3,7 @@
 #include "xlme/common/error.h"
 #include "xlme/model/linear.h"
 #include "xlme/ops/dropout.h"
+#include "xlme/ops/embedding.h"
 #include "xlme/ops/feed_forward.h"
 #include "xlme/ops/residual_layernorm.h"
 
@@ -107,6 +108,7 @@ EncoderLayerImpl::EncoderLayerImpl(const EncoderOptions& options, const EncoderL
     a.own_table = !options.shared_table;
     a.gated = options.gated;
     a.num_buckets = options.num_buckets;
+    a.max_distance = options.max_distance;
     a.init_std = options.init_std;
     a.kernel = options.attention;
     attention = register_module("attention", SelfAttention(a));
@@ -217,12 +219,13 @@ EncoderLayerImpl& EncoderImpl::layer(int64_t index) {
 }
 
 torch::Tensor EncoderImpl::embed(const torch::Tensor& input_ids, const torch::Tensor& positions) {
-  namespace F = torch::nn::functional;
+  // ops::embedding_lookup: the tables' gradients are the rows read, added into their gradient
+  // buffers.
   auto lookup = [](const torch::Tensor& shared, const torch::Tensor& delta,
                    const torch::Tensor& ids) {
-    if (!delta.defined()) return F::embedding(ids, shared);
+    if (!delta.defined()) return ops::embedding_lookup(shared, ids);
     // gdes (DeBERTa-v3): E_D = sg(E_G) + E_delta, gathered row by row.
-    return F::embedding(ids, shared.detach()) + F::embedding(ids, delta);
+    return ops::embedding_lookup(shared.detach(), ids) + ops::embedding_lookup(delta, ids);
   };
   auto x = lookup(embeddings_->token->weight, token_delta, input_ids);  // [B, T, E]
   if (options_.absolute_positions) {

@@ -1,0 +1,25 @@
+// A table lookup whose gradient is the rows it read (issue 32, point 5; docs/ops.md#embedding).
+//
+// The shared token table ([vocab, E], 768 MB in fp32 at Base's 250,002 x 768) is read three times
+// per micro-batch: the generator's and the discriminator's lookups and the generator's tied output
+// projection. LibTorch's dense embedding backward gives each lookup's gradient as a [vocab, E]
+// tensor, zeros but for the rows read, which autograd then adds to the table's gradient: per
+// micro-batch two 768 MB tensors written and added, for a few thousand rows. Where the table's
+// .grad is already a dense buffer (the trainer's gradient buckets attach it before the first
+// backward), this lookup's backward gives those rows alone, as a coalesced sparse tensor (rows
+// sorted and summed in a fixed order: the same bits every run), which autograd adds into the
+// buffer in place. Elsewhere (no .grad yet, fine-tuning, evaluation) it is torch::embedding.
+#pragma once
+
+#include <torch/types.h>
+
+namespace xlme::ops {
+
+// table [rows, E] indexed by ids [...] -> [..., E], differentiable with respect to table.
+torch::Tensor embedding_lookup(const torch::Tensor& table, const torch::Tensor& ids);
+
+// Whether embedding_lookup() gives `table` its rows alone as gradient: autograd is recording, the
+// table takes a gradient, and its .grad is a dense tensor already.
+bool embedding_gradient_is_rows(const torch::Tensor& table);
+
+}  // namespace xlme::ops

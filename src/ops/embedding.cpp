@@ -1,0 +1,40 @@
+#include "xlme/ops/embedding.h"
+
+#include <torch/torch.h>
+
+namespace xlme::ops {
+
+namespace {
+
+struct RowsLookup : torch::autograd::Function<RowsLookup> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& table,
+                               const torch::Tensor& ids) {
+    ctx->save_for_backward({ids});
+    ctx->saved_data["rows"] = table.size(0);
+    return torch::embedding(table, ids);
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto ids = ctx->get_saved_variables()[0].reshape({1, -1});
+    const int64_t width = grads[0].size(-1);
+    const auto rows = grads[0].reshape({-1, width});
+    const auto sparse =
+        torch::sparse_coo_tensor(ids, rows, {ctx->saved_data["rows"].toInt(), width}).coalesce();
+    return {sparse, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool embedding_gradient_is_rows(const torch::Tensor& table) {
+  return torch::GradMode::is_enabled() && table.requires_grad() && table.grad().defined() &&
+         table.grad().layout() == torch::kStrided;
+}
+
+torch::Tensor embedding_lookup(const torch::Tensor& table, const torch::Tensor& ids) {
+  if (embedding_gradient_is_rows(table)) return RowsLookup::apply(table, ids);
+  return torch::embedding(table, ids);
+}
+
+}  // namespace xlme::ops
