@@ -35,6 +35,7 @@ import os
 import reprlib
 import struct
 import sys
+import zlib
 
 import numpy as np
 import torch
@@ -365,21 +366,23 @@ class Encoder:
 
 def _check_config(config, path):
     """The keys Encoder reads, with their types and the limits of xlme's model config."""
-    def get(section, key, kinds, valid, expected):
+    def get(section, key, kinds, valid, expected, prefix=""):
         value = section.get(key) if isinstance(section, dict) else None
         if not isinstance(value, kinds) or isinstance(value, bool) != (kinds is bool) \
                 or not valid(value):
-            raise ExportError(f"export config '{path}': '{key}' must be {expected}, got "
+            raise ExportError(f"export config '{path}': '{prefix}{key}' must be {expected}, got "
                               f"{brief(value)}")
         return value
 
     flag = (bool, lambda v: True, "true or false")
     rp = config.get("relative_position")
     for key in ("enabled", "gated", "shared_across_layers"):
-        get(rp, key, *flag)
-    get(rp, "num_buckets", int, lambda v: 4 <= v <= 1024 and v % 2 == 0,
-        "an even integer in [4, 1024]")
-    get(rp, "max_distance", int, lambda v: 2 <= v <= 1048576, "an integer in [2, 1048576]")
+        get(rp, key, *flag, prefix="relative_position.")
+    buckets = get(rp, "num_buckets", int, lambda v: 4 <= v <= 1024 and v % 2 == 0,
+                  "an even integer in [4, 1024]", prefix="relative_position.")
+    get(rp, "max_distance", int, lambda v: buckets // 4 < v <= 1048576,
+        f"an integer in [2, 1048576] above num_buckets / 4 ({buckets // 4})",
+        prefix="relative_position.")
     get(config, "absolute_positions", *flag)
     if "share_layers" in config:
         get(config, "share_layers", str, lambda v: v in ("none", "all", "attention", "ffn"),
@@ -393,13 +396,98 @@ def _check_config(config, path):
     get(config, "layer_norm_eps", (int, float), lambda v: 0 < v <= 1, "a number in (0, 1]")
     for key in ("dropout", "attention_dropout"):
         get(config, key, (int, float), lambda v: 0 <= v < 1, "a number in [0, 1)")
-    for shape in (config, config.get("generator")):
-        get(shape, "layers", int, lambda v: 1 <= v <= 1024, "an integer in [1, 1024]")
-        hidden = get(shape, "hidden_size", int, lambda v: 1 <= v <= 65536,
-                     "an integer in [1, 65536]")
-        get(shape, "heads", int, lambda v: 1 <= v <= 1024 and hidden % v == 0,
-            f"an integer in [1, 1024] dividing hidden_size ({hidden})")
-    get(config.get("special_ids"), "pad", int, lambda v: v >= 0, "an integer >= 0")
+    vocab = get(config, "vocab_size", int, lambda v: 1 <= v <= 2147483647,
+                "an integer in [1, 2147483647]")
+    get(config, "max_positions", int, lambda v: 1 <= v <= 1048576, "an integer in [1, 1048576]")
+    for shape, prefix in ((config, ""), (config.get("generator"), "generator.")):
+        get(shape, "layers", int, lambda v: 1 <= v <= 1024, "an integer in [1, 1024]", prefix)
+        size = get(shape, "hidden_size", int, lambda v: 1 <= v <= 65536,
+                   "an integer in [1, 65536]", prefix)
+        get(shape, "heads", int, lambda v: 1 <= v <= 1024 and size % v == 0,
+            f"an integer in [1, 1024] dividing {prefix}hidden_size ({size})", prefix)
+        get(shape, "ffn_size", int, lambda v: 1 <= v <= 1048576, "an integer in [1, 1048576]",
+            prefix)
+    hidden = config["hidden_size"]
+    get(config, "embedding_size", int, lambda v: 1 <= v <= hidden,
+        f"an integer in [1, hidden_size ({hidden})]")
+    for key in ("bos", "pad", "eos", "unk", "mask"):
+        get(config.get("special_ids"), key, int, lambda v: 0 <= v < vocab,
+            f"an id of the vocabulary, in [0, vocab_size ({vocab}))", "special_ids.")
+
+
+def expected_shapes(config, name="discriminator"):
+    """{tensor: [(config key, size), ...]}: the shape config.json gives each weight that Encoder
+    reads for the encoder `name` (whether the weights hold it or not)."""
+    prefix = "" if name == "discriminator" else "generator."
+    shape = config if name == "discriminator" else config["generator"]
+    vocab, emb = ("vocab_size", config["vocab_size"]), ("embedding_size", config["embedding_size"])
+    hidden = (prefix + "hidden_size", shape["hidden_size"])
+    heads = (prefix + "heads", shape["heads"])
+    head_size = (f"{prefix}hidden_size / {prefix}heads", shape["hidden_size"] // shape["heads"])
+    ffn = (prefix + "ffn_size", shape["ffn_size"])
+    buckets = ("relative_position.num_buckets", config["relative_position"]["num_buckets"])
+    positions = ("max_positions", config["max_positions"])
+    out = {"embeddings.token.weight": [vocab, emb], "embeddings.position.weight": [positions, emb],
+           f"{name}.token_delta": [vocab, emb], f"{name}.position_delta": [positions, emb],
+           f"{name}.embedding_norm.weight": [emb], f"{name}.embedding_norm.bias": [emb],
+           f"{name}.embedding_projection.weight": [hidden, emb],
+           f"{name}.embedding_projection.bias": [hidden],
+           f"{name}.relative_bias": [heads, buckets],
+           f"{name}.final_norm.weight": [hidden], f"{name}.final_norm.bias": [hidden]}
+    for i in range(shape["layers"]):
+        layer = f"{name}.layers.{i}"
+        for part in ("query", "key", "value", "output"):
+            out[f"{layer}.attention.{part}.weight"] = [hidden, hidden]
+            out[f"{layer}.attention.{part}.bias"] = [hidden]
+        out[f"{layer}.attention.relative_bias"] = [heads, buckets]
+        out[f"{layer}.attention.gate_u"] = [heads, head_size]
+        out[f"{layer}.attention.gate_v"] = [heads, head_size]
+        out[f"{layer}.attention.gate_w"] = [heads]
+        for norm in ("attention_norm", "ffn_norm"):
+            out[f"{layer}.{norm}.weight"] = [hidden]
+            out[f"{layer}.{norm}.bias"] = [hidden]
+        out[f"{layer}.ffn.intermediate.weight"] = [ffn, hidden]
+        out[f"{layer}.ffn.intermediate.bias"] = [ffn]
+        out[f"{layer}.ffn.output.weight"] = [hidden, ffn]
+        out[f"{layer}.ffn.output.bias"] = [hidden]
+    return out
+
+
+def _check_shapes(config, weights, name, config_path, weights_path):
+    """Every weight Encoder reads has the shape config.json gives it (a tensor it lacks is named
+    when the forward pass asks for it)."""
+    for tensor, dims in expected_shapes(config, name).items():
+        if tensor in weights and list(weights[tensor].shape) != [size for _, size in dims]:
+            said = ", ".join(f"{size} ({key})" for key, size in dims)
+            raise ExportError(f"safetensors file '{weights_path}': tensor '{tensor}' has shape "
+                              f"{list(weights[tensor].shape)}, but export config '{config_path}' "
+                              f"gives it [{said}]; the weights and the config do not belong "
+                              "together")
+
+
+def _check_tokenizer(folder, config, config_path):
+    """spm.model is the SentencePiece model the export was made with: config.json's spm_model
+    records its size and CRC32 (exports older than the record are not checked)."""
+    record = config.get("spm_model")
+    if record is None:
+        return
+    if not (isinstance(record, dict) and record.get("file") == "spm.model"
+            and _is_size(record.get("bytes")) and isinstance(record.get("crc32"), str)
+            and len(record["crc32"]) == 8
+            and all(c in "0123456789abcdef" for c in record["crc32"])):
+        raise ExportError(f"export config '{config_path}': 'spm_model' must be an object with "
+                          "file 'spm.model', bytes and crc32 (8 lowercase hex digits), got "
+                          f"{brief(record)}")
+    path = os.path.join(folder, "spm.model")
+    with open(path, "rb") as f:
+        data = f.read()
+    found = (len(data), f"{zlib.crc32(data):08x}")
+    if found != (record["bytes"], record["crc32"]):
+        raise ExportError(f"'{path}' ({found[0]} bytes, CRC32 {found[1]}) is not the SentencePiece "
+                          f"model this export was made with: export config '{config_path}' "
+                          f"records {record['bytes']} bytes, CRC32 {record['crc32']}; its ids "
+                          "would mean other pieces. Put the export's own spm.model back, or "
+                          "export the checkpoint again")
 
 
 def load_model(folder, encoder="discriminator"):
@@ -416,8 +504,10 @@ def load_model(folder, encoder="discriminator"):
     if encoder == "generator" and generator.get("exported") is not True:
         raise ExportError(f"{folder}: the generator was not exported "
                           "(xlme-export --with-generator)")
+    _check_tokenizer(folder, config, path)
     weights_path = os.path.join(folder, "model.safetensors")
     weights, _ = read_safetensors(weights_path)
+    _check_shapes(config, weights, encoder, path, weights_path)
     model = Encoder(config, weights, encoder)
     model.config = config
     model.weights_path = weights_path
@@ -428,7 +518,12 @@ def load_model(folder, encoder="discriminator"):
 
 def inputs_from_ids(rows, pad):
     """["0 17 2", "0 5 6 7 2"] -> ids [B, T] padded with <pad>, padding mask."""
-    seqs = [[int(token) for token in row.split()] for row in rows]
+    try:
+        seqs = [[int(token) for token in row.split()] for row in rows]
+    except ValueError as e:
+        raise ExportError(f"--ids takes token ids separated by spaces ({e})") from None
+    if not all(seqs):
+        raise ExportError("--ids: every sequence needs at least one token id")
     length = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), length), pad, dtype=torch.int64)
     padding = torch.ones((len(seqs), length), dtype=torch.bool)
@@ -436,6 +531,28 @@ def inputs_from_ids(rows, pad):
         ids[i, :len(s)] = torch.tensor(s)
         padding[i, :len(s)] = False
     return ids, padding
+
+
+def check_inputs(config, ids, positions, where):
+    """Token ids inside config.json's vocabulary and positions inside its max_positions (where an
+    embedding row is looked up); `where` names the input (a file or --ids) in the error."""
+    vocab, most = config["vocab_size"], config["max_positions"]
+    if ids.dim() != 2:
+        raise ExportError(f"{where}: input_ids must be [batch, length], got shape {list(ids.shape)}")
+    bad = (ids < 0) | (ids >= vocab)
+    if bool(bad.any()):
+        row, col = (int(i) for i in bad.nonzero()[0])
+        raise ExportError(f"{where}: token id {int(ids[row, col])} (sequence {row}, position "
+                          f"{col}) is outside the vocabulary of {vocab} ids (vocab_size in "
+                          "config.json)")
+    if config["absolute_positions"]:
+        if positions is None and ids.shape[1] > most:
+            raise ExportError(f"{where}: sequences of {ids.shape[1]} tokens are longer than the "
+                              f"model's max_positions ({most}, config.json)")
+        if positions is not None and (positions.shape != ids.shape or
+                                      bool(((positions < 0) | (positions >= most)).any())):
+            raise ExportError(f"{where}: positions must have input_ids' shape {list(ids.shape)} "
+                              f"and lie in [0, max_positions ({most}, config.json))")
 
 
 def run(args):
@@ -452,6 +569,7 @@ def run(args):
         positions = None
     else:
         raise ExportError("give --ids or --inputs")
+    check_inputs(model.config, ids, positions, args.inputs or "--ids")
     try:
         states = model.hidden_states(ids, positions, padding)
     except KeyError as e:  # Encoder reads the weights by name as it goes

@@ -12,6 +12,7 @@ xlme-finetune frames them). Needs the `sentencepiece` Python module.
 """
 import os
 import shutil
+import zlib
 
 import sentencepiece
 from transformers import PreTrainedTokenizer
@@ -25,10 +26,18 @@ class XlmeTokenizer(PreTrainedTokenizer):
 
     def __init__(self, vocab_file, vocab_layout="xlmr", bos_token="<s>", pad_token="<pad>",
                  eos_token="</s>", unk_token="<unk>", mask_token="<mask>", cls_token="<s>",
-                 sep_token="</s>", **kwargs):
+                 sep_token="</s>", spm_model_crc32=None, **kwargs):
         if vocab_layout not in ("xlmr", "own"):
             raise ValueError(f"XlmeTokenizer: vocab_layout is '{vocab_layout}', not xlmr or own "
                              "(tokenizer_config.json)")
+        if spm_model_crc32:  # xlme-export records the CRC32 of the spm.model it wrote
+            with open(vocab_file, "rb") as f:
+                found = f"{zlib.crc32(f.read()):08x}"
+            if found != spm_model_crc32:
+                raise ValueError(f"{vocab_file} (CRC32 {found}) is not the SentencePiece model "
+                                 f"this export was made with (tokenizer_config.json records CRC32 "
+                                 f"{spm_model_crc32}); its ids would mean other pieces. Put the "
+                                 "export's own spm.model back, or export the checkpoint again")
         self.vocab_file = vocab_file
         self.vocab_layout = vocab_layout
         self.sp_model = sentencepiece.SentencePieceProcessor(model_file=vocab_file)
@@ -45,7 +54,8 @@ class XlmeTokenizer(PreTrainedTokenizer):
         self.special_ids = {str(bos_token): 0, str(pad_token): 1, str(eos_token): 2,
                             str(unk_token): 3, str(mask_token): pieces + self.offset}
         self.special_tokens = {i: token for token, i in self.special_ids.items()}
-        super().__init__(vocab_layout=vocab_layout, bos_token=bos_token, pad_token=pad_token,
+        super().__init__(vocab_layout=vocab_layout, spm_model_crc32=spm_model_crc32,
+                         bos_token=bos_token, pad_token=pad_token,
                          eos_token=eos_token, unk_token=unk_token, mask_token=mask_token,
                          cls_token=cls_token, sep_token=sep_token,
                          special_tokens_pattern="cls_double_sep", **kwargs)

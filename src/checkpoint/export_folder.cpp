@@ -1,5 +1,6 @@
 #include "xlme/checkpoint/export_folder.h"
 
+#include "xlme/common/checksum.h"
 #include "xlme/common/error.h"
 #include "xlme/common/json.h"
 #include "xlme/data/tokenizer.h"
@@ -9,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <utility>
 
 namespace xlme::checkpoint {
@@ -216,6 +218,10 @@ std::string to_json(const ExportedConfig& e) {
   j["rtd_head"] = e.rtd_head;
   j["generator"]["exported"] = e.generator;
   j["training"] = {{"step", e.step}, {"tokens_seen", e.tokens_seen}};
+  if (!e.tokenizer_crc32.empty()) {
+    j["spm_model"] = {
+        {"file", kExportTokenizerFile}, {"bytes", e.tokenizer_bytes}, {"crc32", e.tokenizer_crc32}};
+  }
   return j.dump(2) + "\n";
 }
 
@@ -249,10 +255,43 @@ ExportedConfig parse_exported_config(const std::string& text, const std::string&
   e.generator = r.flag("generator.exported");
   e.step = r.integer("training.step");
   e.tokens_seen = r.integer("training.tokens_seen");
+  if (r.has("spm_model")) {
+    const std::string name = r.text("spm_model.file");
+    XLME_CHECK(name == kExportTokenizerFile,
+               "export config '{}': 'spm_model.file' is '{}'; an export's tokenizer is {}", path,
+               name, kExportTokenizerFile);
+    e.tokenizer_bytes = r.integer("spm_model.bytes");
+    e.tokenizer_crc32 = r.text("spm_model.crc32");
+    const bool hex = e.tokenizer_crc32.size() == 8 &&
+                     e.tokenizer_crc32.find_first_not_of("0123456789abcdef") == std::string::npos;
+    XLME_CHECK(e.tokenizer_bytes >= 0 && hex,
+               "export config '{}': 'spm_model' must record bytes >= 0 and a crc32 of 8 "
+               "lowercase hex digits, got {} and '{}'",
+               path, e.tokenizer_bytes, e.tokenizer_crc32);
+  }
   // The same limits as a YAML config's model section (ModelConfig::visit and its constraints).
   config::validate_model(m, fmt::format("export config '{}'", path));
   check_exported_config(e, path);
   return e;
+}
+
+void record_tokenizer(ExportedConfig& exported, const std::string& tokenizer) {
+  exported.tokenizer_bytes = static_cast<int64_t>(std::filesystem::file_size(tokenizer));
+  exported.tokenizer_crc32 = fmt::format("{:08x}", file_crc32(tokenizer));
+}
+
+void check_tokenizer(const ExportedConfig& exported, const std::string& tokenizer,
+                     const std::string& config_path) {
+  if (exported.tokenizer_crc32.empty()) return;
+  ExportedConfig found;
+  record_tokenizer(found, tokenizer);
+  XLME_CHECK(found.tokenizer_bytes == exported.tokenizer_bytes &&
+                 found.tokenizer_crc32 == exported.tokenizer_crc32,
+             "'{}' ({} bytes, CRC32 {}) is not the SentencePiece model this export was made with: "
+             "export config '{}' records {} bytes, CRC32 {}; its ids would mean other pieces. Put "
+             "the export's own {} back, or export the checkpoint again",
+             tokenizer, found.tokenizer_bytes, found.tokenizer_crc32, config_path,
+             exported.tokenizer_bytes, exported.tokenizer_crc32, kExportTokenizerFile);
 }
 
 }  // namespace xlme::checkpoint

@@ -182,6 +182,7 @@ std::map<std::string, torch::Tensor> read_export(const std::string& path,
   XLME_CHECK(fs::is_regular_file(p.tokenizer_path),
              "export '{}' has no {}: the folder is incomplete; export the checkpoint again", path,
              kExportTokenizerFile);
+  check_tokenizer(exported, p.tokenizer_path, config_file);
   return read_safetensors((fs::path(path) / kExportWeightsFile).string()).tensors;
 }
 

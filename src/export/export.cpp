@@ -434,9 +434,11 @@ ExportSummary export_model(const ExportOptions& options) {
   try {
     checkpoint::write_safetensors((tmp / checkpoint::kExportWeightsFile).string(), content);
     summary.weight_bytes = fs::file_size(tmp / checkpoint::kExportWeightsFile);
+    const std::string tokenizer = (tmp / checkpoint::kExportTokenizerFile).string();
+    copy_file_synced(p.tokenizer_path, tokenizer);
+    checkpoint::record_tokenizer(exported, tokenizer);
     write_file_atomic((tmp / checkpoint::kExportConfigFile).string(),
                       checkpoint::to_json(exported));
-    copy_file_synced(p.tokenizer_path, (tmp / checkpoint::kExportTokenizerFile).string());
     write_transformers_files(tmp.string(), exported);
     write_file_atomic((tmp / checkpoint::kExportReadmeFile).string(),
                       model_card(p, exported, summary, metrics.string()));

@@ -30,7 +30,8 @@ void write_transformers_files(const std::string& folder,
       {"tokenizer_class", "XlmeTokenizer"},
       {"auto_map", {{"AutoTokenizer", {"tokenization_xlme.XlmeTokenizer", nullptr}}}},
       {"vocab_layout", exported.vocab_layout},
-      {"model_max_length", exported.model.max_positions}};
+      {"model_max_length", exported.model.max_positions},
+      {"spm_model_crc32", exported.tokenizer_crc32}};
   write_file_atomic((dir / "tokenizer_config.json").string(), tokenizer.dump(2) + "\n");
   for (const auto& file : transformers_files()) {
     write_file_atomic((dir / file.name).string(), file.text);
