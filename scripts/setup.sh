@@ -47,14 +47,16 @@ done
 # (and checkpoint CRC32s); gettext: msgfmt for the .mo tests; nlohmann-json3-dev: reading JSON
 # (XTREME's SQuAD files, safetensors headers, export config.json); sentencepiece: spm_encode/
 # spm_train, the references of the tokenizer tests and benchmark. python3-venv: Debian's python3
-# makes virtual environments only with it.
+# makes virtual environments only with it. iproute2 (ip netns, veth) and util-linux (unshare): the
+# two-host test in network namespaces (tests/integration/dist_netns_test.cpp); procps (ps):
+# scripts/xlme-torchrun.
 packages=(
   build-essential cmake ninja-build pkg-config
   libgloo-dev libtcmalloc-minimal4
   libsentencepiece-dev sentencepiece
   zlib1g-dev liblzma-dev gettext
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev nlohmann-json3-dev
-  python3-venv
+  python3-venv iproute2 util-linux procps
 )
 
 if [ "$print_packages" -eq 1 ]; then

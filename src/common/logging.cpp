@@ -47,7 +47,9 @@ std::string init(const Options& options) {
   }
   auto logger = std::make_shared<spdlog::logger>("xlme", sinks.begin(), sinks.end());
   logger->set_level(level);
-  logger->flush_on(spdlog::level::warn);
+  // Every line reaches the file as it is logged, so that a rank killed by a signal (SIGKILL, a
+  // watchdog's exit) leaves its log ending with its last complete line, not with a cut buffer.
+  logger->flush_on(spdlog::level::trace);
   spdlog::set_default_logger(logger);
   return file;
 }

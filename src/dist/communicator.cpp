@@ -1,6 +1,7 @@
 #include "xlme/dist/communicator.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/exit_codes.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -14,6 +15,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <dlfcn.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <torch/cuda.h>
@@ -23,10 +25,16 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <optional>
+#include <set>
+#include <sstream>
 #include <string_view>
 #include <thread>
 
@@ -38,15 +46,309 @@ using Clock = std::chrono::steady_clock;
 std::string alive_key(int rank) {
   return fmt::format("xlme/alive/{}", rank);
 }
+// Rank 0 sets it once every rank is there; its value is every rank's "host:pid", one per line.
 constexpr const char* kAllAliveKey = "xlme/alive/all";
+std::string beat_key(int rank) {
+  return fmt::format("xlme/beat/{}", rank);
+}
+std::string left_key(int rank) {
+  return fmt::format("xlme/left/{}", rank);
+}
+// The first rank that finds the job lost writes why; every rank's heartbeat reads it.
+constexpr const char* kVerdictKey = "xlme/verdict";
 // How often rank 0 names the ranks it is still waiting for at the rendezvous.
 constexpr auto kMissingReportEvery = std::chrono::seconds(30);
+// How often the rendezvous looks at the stop signal and the deadline.
+constexpr auto kRendezvousPoll = std::chrono::milliseconds(50);
+// A client's attempts to reach the store last this long each, so that a stop signal is seen.
+constexpr auto kConnectAttempt = std::chrono::seconds(1);
 
-std::string this_host() {
+std::string host_name() {
   char name[256] = {};
   ::gethostname(name, sizeof(name) - 1);
-  return fmt::format("{}:{}", name, ::getpid());
+  return name;
 }
+
+std::string this_host() {
+  return fmt::format("{}:{}", host_name(), ::getpid());
+}
+
+std::string first_line(const std::string& text) {
+  return text.substr(0, text.find('\n'));
+}
+
+std::string message_of(const std::exception& e) {
+  const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+  return first_line(torch_error ? torch_error->what_without_backtrace() : e.what());
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double in_seconds(std::chrono::milliseconds duration) {
+  return std::chrono::duration<double>(duration).count();
+}
+
+// The numeric addresses `host` resolves to here (empty when it does not resolve).
+std::vector<std::string> resolve(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  std::vector<std::string> addresses;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return addresses;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* raw =
+        a->ai_family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr)
+            : static_cast<const void*>(
+                  &reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    if (::inet_ntop(a->ai_family, raw, text, sizeof(text)) != nullptr) addresses.push_back(text);
+  }
+  ::freeaddrinfo(found);
+  return addresses;
+}
+
+bool is_loopback(const std::string& address) {
+  return address.rfind("127.", 0) == 0 || address == "::1" || address.rfind("::ffff:127.", 0) == 0;
+}
+
+// ", which resolves to 127.0.1.1 here, a loopback address ..." when `host` does; else "".
+std::string loopback_note(const std::string& host, const char* what) {
+  const auto addresses = resolve(host);
+  if (addresses.empty() || !is_loopback(addresses.front())) return "";
+  return fmt::format(
+      "; {} '{}' resolves to {} on this host ({}), a loopback address that other hosts cannot "
+      "reach: set it to the address of rank 0's host on the job's network, or map the name to "
+      "that address in /etc/hosts",
+      what, host, addresses.front(), host_name());
+}
+
+// A job on several hosts with Gloo: c10d's Gloo device takes the address this host's name
+// resolves to (loopback when it resolves to none) unless GLOO_SOCKET_IFNAME names an interface,
+// and announces it to the other ranks. Debian maps the host's own name to 127.0.1.1, which the
+// other hosts cannot reach: one side failed at once and the other waited 5 x dist.timeout_s.
+void check_gloo_address(int rank, const std::vector<std::string>& hosts) {
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname != nullptr && *ifname != '\0') return;
+  std::set<std::string> distinct;
+  for (const auto& host : hosts) distinct.insert(host.substr(0, host.rfind(':')));
+  if (distinct.size() < 2) return;
+  const std::string name = host_name();
+  const auto addresses = resolve(name);
+  if (!addresses.empty() && !is_loopback(addresses.front())) return;
+  XLME_FAIL(
+      "rank {} on host {}: this host's name resolves to {}, a loopback address, but the job "
+      "spans {} hosts ({}): Gloo would announce an address the other hosts cannot reach. Set "
+      "GLOO_SOCKET_IFNAME to the interface of the job's network (e.g. eth0, as listed by "
+      "'ip addr') on every rank, or map {} to its network address in /etc/hosts (Debian maps it "
+      "to 127.0.1.1)",
+      rank, name, addresses.empty() ? std::string("nothing") : addresses.front(), distinct.size(),
+      fmt::join(distinct, ", "), name);
+}
+
+// A rank's own heartbeat and its watch over the others, on two threads and a store connection of
+// their own, so that neither the training nor a hung store call stops them. Every period/5 the
+// beat thread adds 1 to this rank's counter in the store and reads the counters it watches (rank
+// 0 watches every rank; the others watch rank 0, whose process also serves the store unless
+// torchrun's agent does) and the verdict key. The judge thread never touches the store: it stops
+// the process when a watched counter has not moved for a period (a dead, frozen or unreachable
+// rank), when the store has not answered for a period, or when another rank wrote a verdict,
+// after writing its own for the others. Ranks that left normally are not watched.
+class Heartbeat {
+ public:
+  Heartbeat(c10::intrusive_ptr<c10d::Store> store, int rank, std::vector<std::string> hosts,
+            std::string store_where, bool rank0_serves, std::chrono::milliseconds period)
+      : state_(std::make_shared<State>()) {
+    State& s = *state_;
+    s.store = std::move(store);
+    s.rank = rank;
+    s.hosts = std::move(hosts);
+    s.store_where = std::move(store_where);
+    s.rank0_serves = rank0_serves;
+    s.period = period;
+    s.beat = std::max<std::chrono::milliseconds>(period / 5, std::chrono::milliseconds(20));
+    const int world = static_cast<int>(s.hosts.size());
+    for (int r = 0; r < world; ++r) {
+      if (r != rank && (rank == 0 || r == 0)) s.watched.push_back(r);
+    }
+    const auto now = Clock::now();
+    s.last_io = now;
+    s.counters.assign(s.watched.size(), -1);
+    s.changed.assign(s.watched.size(), now);
+    s.left.assign(s.watched.size(), false);
+    beat_thread_ = std::thread([state = state_] { beat_loop(*state); });
+    judge_thread_ = std::thread([state = state_] { judge_loop(*state); });
+  }
+
+  // Tells the others that this rank left (normally, or failed with `failure`), waiting at most a
+  // few beats for the store to take it, then stops both threads. A beat thread stuck in a store
+  // call is left behind (it holds its own reference to the state).
+  void leave(const std::string& failure) {
+    State& s = *state_;
+    {
+      std::unique_lock<std::mutex> lock(s.mutex);
+      if (failure.empty()) {
+        s.leaving = true;
+      } else if (s.outgoing.empty()) {
+        s.outgoing = failure;
+      }
+      s.judging = false;
+      s.wake.notify_all();
+      s.wake.wait_for(lock, 3 * s.beat,
+                      [&] { return failure.empty() ? s.left_sent : s.verdict_sent; });
+      s.stopping = true;
+      s.wake.notify_all();
+    }
+    judge_thread_.join();
+    std::unique_lock<std::mutex> lock(s.mutex);
+    if (s.wake.wait_for(lock, 2 * s.beat, [&] { return s.beat_done; })) {
+      lock.unlock();
+      beat_thread_.join();
+    } else {
+      beat_thread_.detach();
+    }
+  }
+
+  ~Heartbeat() {
+    if (judge_thread_.joinable()) leave("");
+  }
+
+ private:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable wake;
+    c10::intrusive_ptr<c10d::Store> store;
+    int rank = 0;
+    std::vector<std::string> hosts;  // every rank's "host:pid"
+    std::string store_where;
+    bool rank0_serves = true;
+    std::chrono::milliseconds period{0}, beat{0};
+    std::vector<int> watched;
+    // Written by the beat thread.
+    Clock::time_point last_io;  // the last round that reached the store
+    std::string io_error;
+    std::vector<int64_t> counters;
+    std::vector<Clock::time_point> changed;
+    std::vector<bool> left;
+    std::string verdict;  // another rank's, read from the store
+    bool left_sent = false, verdict_sent = false, beat_done = false;
+    // Written by the others, sent by the beat thread.
+    std::string outgoing;
+    bool leaving = false, stopping = false, judging = true;
+  };
+
+  static std::string who(const State& s, int rank) {
+    const std::string& host = s.hosts[rank];
+    const auto colon = host.rfind(':');
+    return fmt::format("rank {} (host {}, pid {})", rank, host.substr(0, colon),
+                       host.substr(colon + 1));
+  }
+
+  static void beat_loop(State& s) {
+    std::unique_lock<std::mutex> lock(s.mutex);
+    while (!s.stopping) {
+      const std::string outgoing = s.verdict_sent ? "" : s.outgoing;
+      const bool leaving = s.leaving && !s.left_sent;
+      std::vector<bool> left = s.left;
+      lock.unlock();
+      std::vector<int64_t> counters(s.watched.size(), -1);
+      std::string verdict;
+      std::string error;
+      try {
+        if (!outgoing.empty())
+          s.store->set(kVerdictKey, std::vector<uint8_t>(outgoing.begin(), outgoing.end()));
+        if (leaving) s.store->set(left_key(s.rank), std::vector<uint8_t>{1});
+        s.store->add(beat_key(s.rank), 1);
+        for (std::size_t i = 0; i < s.watched.size(); ++i) {
+          if (left[i]) continue;
+          counters[i] = s.store->add(beat_key(s.watched[i]), 0);
+          left[i] = s.store->check({left_key(s.watched[i])});
+        }
+        if (s.store->check({kVerdictKey})) {
+          const auto value = s.store->get(kVerdictKey);
+          verdict.assign(value.begin(), value.end());
+          // This rank stops too: rank 0 need not keep the store up for it.
+          if (verdict != outgoing) s.store->set(left_key(s.rank), std::vector<uint8_t>{1});
+        }
+      } catch (const std::exception& e) {
+        error = message_of(e);
+      }
+      lock.lock();
+      if (!error.empty()) {
+        s.io_error = error;
+      } else {
+        const auto now = Clock::now();
+        s.last_io = now;
+        s.verdict_sent = s.verdict_sent || !outgoing.empty();
+        s.left_sent = s.left_sent || leaving;
+        for (std::size_t i = 0; i < s.watched.size(); ++i) {
+          s.left[i] = left[i];
+          if (counters[i] != s.counters[i]) s.changed[i] = now;
+          if (counters[i] >= 0) s.counters[i] = counters[i];
+        }
+        if (!verdict.empty() && verdict != s.outgoing) s.verdict = verdict;
+      }
+      s.wake.notify_all();
+      s.wake.wait_for(lock, s.beat, [&] {
+        return s.stopping || (!s.outgoing.empty() && !s.verdict_sent) ||
+               (s.leaving && !s.left_sent);
+      });
+    }
+    s.beat_done = true;
+    s.wake.notify_all();
+  }
+
+  static void judge_loop(State& s) {
+    std::unique_lock<std::mutex> lock(s.mutex);
+    while (s.judging) {
+      s.wake.wait_for(lock, s.beat, [&] { return !s.judging; });
+      if (!s.judging) break;
+      const auto now = Clock::now();
+      std::string message;
+      if (!s.verdict.empty()) {
+        message = fmt::format("rank {}: stopping, as another rank found: {}", s.rank, s.verdict);
+      } else if (now - s.last_io > s.period) {
+        message = fmt::format(
+            "rank {}: the rendezvous store at {} ({}) has not answered for {:.1f} s "
+            "(dist.heartbeat_s = {:g}){}: {} is dead, frozen or unreachable from this host; "
+            "stopping (the last checkpoint is intact: run the same command again once every "
+            "host is back)",
+            s.rank, s.store_where, s.rank0_serves ? "served by " + who(s, 0) : "torchrun's agent",
+            std::chrono::duration<double>(now - s.last_io).count(), in_seconds(s.period),
+            s.io_error.empty() ? "" : " (" + s.io_error + ")",
+            s.rank0_serves ? "rank 0" : "the agent");
+      } else {
+        for (std::size_t i = 0; i < s.watched.size() && message.empty(); ++i) {
+          if (s.left[i] || now - s.changed[i] <= s.period) continue;
+          message = fmt::format(
+              "{} has not been heard from for {:.1f} s (dist.heartbeat_s = {:g}): it died, froze "
+              "or lost the network; every rank stops (the last checkpoint is intact: run the "
+              "same command again once its host is back)",
+              who(s, s.watched[i]), std::chrono::duration<double>(now - s.changed[i]).count(),
+              in_seconds(s.period));
+          // Tell the others first, for at most two beats.
+          s.outgoing = message;
+          s.wake.notify_all();
+          s.wake.wait_for(lock, 2 * s.beat, [&] { return s.verdict_sent; });
+          message = fmt::format("rank {}: {}", s.rank, message);
+        }
+      }
+      if (!message.empty()) {
+        lock.unlock();
+        spdlog::error("{}", message);
+        spdlog::default_logger()->flush();
+        std::_Exit(kExitError);
+      }
+    }
+  }
+
+  std::shared_ptr<State> state_;
+  std::thread beat_thread_;
+  std::thread judge_thread_;
+};
 
 std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
@@ -95,6 +397,10 @@ class StoreListenScope {
 struct Communicator::Group {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> pg;
+  std::unique_ptr<Heartbeat> heartbeat;  // null with dist.heartbeat_s = 0
+  bool serves_store = false;
+  std::chrono::milliseconds heartbeat_period{0};
+  std::chrono::milliseconds leave_wait{0};
 };
 
 double PendingSum::get() {
@@ -114,12 +420,119 @@ void PendingWork::wait() {
 Communicator::Communicator(LaunchInfo launch, torch::Device device, std::string backend)
     : launch_(std::move(launch)), device_(device), backend_(std::move(backend)) {}
 
-Communicator::~Communicator() = default;
+Communicator::~Communicator() {
+  if (!group_ || !group_->heartbeat) return;
+  const int world = launch_.world_size;
+  const bool failed = std::uncaught_exceptions() > 0;
+  group_->heartbeat->leave(
+      failed ? fmt::format("rank {} (host {}) stopped with an error; its log says why",
+                           launch_.rank, host_name())
+             : "");
+  if (!group_->serves_store) return;
+  // The store lives in this process: the others' heartbeats read it until they leave (after a
+  // failure, until they have read why, which takes them a beat or two).
+  const auto deadline =
+      Clock::now() + (failed ? 3 * group_->heartbeat_period / 5 : group_->leave_wait);
+  try {
+    for (int r = 1; r < world && Clock::now() < deadline; ++r) {
+      while (!group_->store->check({left_key(r)}) && Clock::now() < deadline) {
+        std::this_thread::sleep_for(kRendezvousPoll);
+      }
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("rank 0: cannot see whether the other ranks left: {}", message_of(e));
+  }
+}
+
+namespace {
+
+// c10d's store for this rank: served here (rank 0 without torchrun's agent) or reached as a
+// client, retried every kConnectAttempt until `deadline` so that `stop` is seen in between.
+// `timeout`: the store's own timeout for its calls afterwards.
+c10::intrusive_ptr<c10d::Store> open_store(const LaunchInfo& launch, bool serve,
+                                           std::chrono::milliseconds timeout,
+                                           Clock::time_point deadline,
+                                           const std::function<bool()>& stop,
+                                           const std::string& waiting_for) {
+  const std::string where = fmt::format("{}:{}", launch.master_addr, launch.master_port);
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(launch.master_port);
+  options.isServer = serve;
+  options.numWorkers = launch.world_size;
+  options.waitWorkers = false;
+  // c10d's store listens on every interface; rank 0's listens on MASTER_ADDR alone when it is an
+  // address, so that a job on 127.0.0.1 stays on loopback (the store has no authentication).
+  const std::optional<sockaddr_storage> listen_at =
+      serve ? store_listen_address(launch.master_addr) : std::nullopt;
+  std::string last_error;
+  while (true) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    options.timeout = serve ? timeout
+                            : std::max(std::min<std::chrono::milliseconds>(kConnectAttempt, left),
+                                       std::chrono::milliseconds(1));
+    try {
+      const StoreListenScope scope(listen_at ? &*listen_at : nullptr);
+      c10::intrusive_ptr<c10d::Store> store =
+          c10::make_intrusive<c10d::TCPStore>(launch.master_addr, options);
+      store->setTimeout(timeout);
+      // The agent's store outlives the workers it restarts: each attempt keeps its keys apart.
+      if (launch.agent_store) {
+        store = c10::make_intrusive<c10d::PrefixStore>(
+            fmt::format("xlme/attempt_{}", launch.restart_count), store);
+      }
+      return store;
+    } catch (const std::exception& e) {
+      last_error = message_of(e);
+    }
+    XLME_CHECK(!serve || (last_error.find("EADDRINUSE") == std::string::npos &&
+                          last_error.find("ddress already in use") == std::string::npos),
+               "rank 0 of {}: MASTER_PORT {} is already taken on {} (another job, or a process "
+               "left over from an earlier one, listens there); set MASTER_PORT to a free port "
+               "for every rank, or stop that process",
+               launch.world_size, launch.master_port, launch.master_addr);
+    if (serve || Clock::now() >= deadline) break;
+    if (stop && stop()) {
+      throw RendezvousInterrupted(
+          fmt::format("rank {} of {}: stopped by a signal while {}: no step ran, nothing to save",
+                      launch.rank, launch.world_size, waiting_for),
+          __FILE__, __LINE__);
+    }
+  }
+  XLME_FAIL(
+      "rank {} of {}: cannot {} the rendezvous at {} ({}){}; check MASTER_ADDR and MASTER_PORT, "
+      "{}",
+      launch.rank, launch.world_size, serve ? "serve" : "reach", where, last_error,
+      serve ? "" : loopback_note(launch.master_addr, "MASTER_ADDR"),
+      launch.agent_store
+          ? "and that torchrun's agent on the first node (TORCHELASTIC_USE_AGENT_STORE=True) is "
+            "running"
+          : "that the port is free on rank 0's host, and that rank 0 is running");
+}
+
+std::vector<std::string> split_lines(const std::vector<uint8_t>& bytes) {
+  std::vector<std::string> lines;
+  std::istringstream in(std::string(bytes.begin(), bytes.end()));
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+}  // namespace
 
 std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
                                                    const torch::Device& device,
                                                    const std::string& backend,
                                                    std::chrono::milliseconds timeout) {
+  CommOptions options;
+  options.timeout = timeout;
+  options.startup_timeout = timeout;
+  return create(launch, device, backend, options);
+}
+
+std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
+                                                   const torch::Device& device,
+                                                   const std::string& backend,
+                                                   const CommOptions& options) {
   std::string chosen = backend;
   if (chosen == "auto") chosen = device.is_cuda() ? "nccl" : "gloo";
   XLME_CHECK(chosen == "gloo" || chosen == "nccl",
@@ -130,70 +543,52 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
              device.str());
   std::shared_ptr<Communicator> comm(new Communicator(launch, device, chosen));
   if (launch.world_size == 1) return comm;
+  stop_with_parent(launch);
 
   const int rank = launch.rank;
   const int world = launch.world_size;
-  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(timeout).count();
+  const auto timeout = options.timeout;
+  const double startup_seconds = in_seconds(options.startup_timeout);
   const std::string where = fmt::format("{}:{}", launch.master_addr, launch.master_port);
   comm->group_ = std::make_unique<Group>();
   Group& group = *comm->group_;
+  const auto start = Clock::now();
+  const auto deadline = start + options.startup_timeout;
+  auto stopped = [&options] { return options.stop_requested && options.stop_requested(); };
+  auto interrupted = [&](const std::string& while_doing) {
+    return RendezvousInterrupted(
+        fmt::format("rank {} of {}: stopped by a signal while {}: no step ran, nothing to save",
+                    rank, world, while_doing),
+        __FILE__, __LINE__);
+  };
 
   // Rendezvous: rank 0 serves a TCPStore without waiting for the others, so that the presence
   // check below, not the store, decides who is missing and says so. Under torchrun's agent store
   // the agent serves it already and every rank is a client, as in PyTorch's own rendezvous.
   const bool serve = rank == 0 && !launch.agent_store;
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<std::uint16_t>(launch.master_port);
-  options.isServer = serve;
-  options.numWorkers = world;
-  options.waitWorkers = false;
-  options.timeout = timeout;
-  // c10d's store listens on every interface; rank 0's listens on MASTER_ADDR alone when it is an
-  // address, so that a job on 127.0.0.1 stays on loopback (the store has no authentication).
-  const std::optional<sockaddr_storage> listen_at =
-      serve ? store_listen_address(launch.master_addr) : std::nullopt;
-  if (serve && !listen_at) {
+  group.serves_store = serve;
+  if (serve && !store_listen_address(launch.master_addr)) {
     spdlog::info(
         "MASTER_ADDR {} is a host name: the rendezvous store listens on every interface of this "
         "host; set MASTER_ADDR to this host's address on the job's private network to listen "
         "there only",
         launch.master_addr);
   }
-  try {
-    const StoreListenScope scope(listen_at ? &*listen_at : nullptr);
-    c10::intrusive_ptr<c10d::Store> store =
-        c10::make_intrusive<c10d::TCPStore>(launch.master_addr, options);
-    // The agent's store outlives the workers it restarts: each attempt keeps its keys apart.
-    if (launch.agent_store) {
-      store = c10::make_intrusive<c10d::PrefixStore>(
-          fmt::format("xlme/attempt_{}", launch.restart_count), store);
-    }
-    group.store = store;
-  } catch (const std::exception& e) {
-    const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
-    const std::string what = torch_error ? torch_error->what_without_backtrace() : e.what();
-    XLME_CHECK(!serve || (what.find("EADDRINUSE") == std::string::npos &&
-                          what.find("ddress already in use") == std::string::npos),
-               "rank 0 of {}: MASTER_PORT {} is already taken on {} (another job, or a process "
-               "left over from an earlier one, listens there); set MASTER_PORT to a free port "
-               "for every rank, or stop that process",
-               world, launch.master_port, launch.master_addr);
-    XLME_FAIL(
-        "rank {} of {}: cannot {} the rendezvous at {} within {} s ({}); check MASTER_ADDR and "
-        "MASTER_PORT, {}",
-        rank, world, serve ? "serve" : "reach", where, seconds, what.substr(0, what.find('\n')),
-        launch.agent_store
-            ? "and that torchrun's agent on the first node (TORCHELASTIC_USE_AGENT_STORE=True) "
-              "is running"
-            : "that the port is free on rank 0's host, and that rank 0 is running");
-  }
+  group.store =
+      open_store(launch, serve, timeout, deadline, stopped, "reaching the rendezvous at " + where);
 
-  // Start-up check: every rank announces itself; rank 0 names the ones that stay silent.
+  // Start-up check: every rank announces itself (its heartbeat counter first, so that the
+  // counters exist before anyone reads them); rank 0 names the ones that stay silent.
   const std::string host = this_host();
-  group.store->set(alive_key(rank), std::vector<uint8_t>(host.begin(), host.end()));
+  std::vector<std::string> hosts;
+  try {
+    group.store->add(beat_key(rank), 1);
+    group.store->set(alive_key(rank), std::vector<uint8_t>(host.begin(), host.end()));
+  } catch (const std::exception& e) {
+    XLME_FAIL("rank {} of {}: the rendezvous store at {} failed: {}; see rank 0's log", rank, world,
+              where, message_of(e));
+  }
   if (rank == 0) {
-    const auto start = Clock::now();
-    const auto deadline = start + timeout;
     auto next_report = start + kMissingReportEvery;
     std::vector<int> missing;
     do {
@@ -202,40 +597,85 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
         if (!group.store->check({alive_key(r)})) missing.push_back(r);
       }
       if (missing.empty()) break;
+      if (stopped())
+        throw interrupted(fmt::format("waiting for rank(s) {} to join", fmt::join(missing, ", ")));
       if (Clock::now() >= next_report) {
         next_report += kMissingReportEvery;
         spdlog::warn(
             "rendezvous at {}: still waiting for rank(s) {} of {} after {:.0f} s (giving up "
-            "after dist.timeout_s = {} s)",
-            where, fmt::join(missing, ", "), world,
-            std::chrono::duration<double>(Clock::now() - start).count(), seconds);
+            "after dist.startup_timeout_s = {:g} s)",
+            where, fmt::join(missing, ", "), world, seconds_since(start), startup_seconds);
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::this_thread::sleep_for(kRendezvousPoll);
     } while (Clock::now() < deadline);
     XLME_CHECK(missing.empty(),
-               "rank(s) {} of {} did not join the rendezvous at {} within {} s "
-               "(dist.timeout_s); check that every process was launched and can reach {}",
-               fmt::join(missing, ", "), world, where, seconds, where);
-    group.store->set(kAllAliveKey, std::vector<uint8_t>{1});
+               "rank(s) {} of {} did not join the rendezvous at {} within {:g} s "
+               "(dist.startup_timeout_s); check that every process was launched and can reach {}",
+               fmt::join(missing, ", "), world, where, startup_seconds, where);
+    std::string all;
+    for (int r = 0; r < world; ++r) {
+      const auto value = group.store->get(alive_key(r));
+      hosts.emplace_back(value.begin(), value.end());
+      all += hosts.back() + "\n";
+    }
+    group.store->set(kAllAliveKey, std::vector<uint8_t>(all.begin(), all.end()));
   } else {
     try {
-      group.store->wait({kAllAliveKey}, timeout);
+      while (!group.store->check({kAllAliveKey})) {
+        if (stopped()) throw interrupted("waiting for rank 0 to confirm the rendezvous");
+        XLME_CHECK(Clock::now() < deadline,
+                   "rank {} of {}: rank 0 did not confirm within {:g} s (dist.startup_timeout_s) "
+                   "that all ranks joined the rendezvous at {}; rank 0's log names the missing "
+                   "ranks",
+                   rank, world, startup_seconds, where);
+        std::this_thread::sleep_for(kRendezvousPoll);
+      }
+      hosts = split_lines(group.store->get(kAllAliveKey));
+    } catch (const xlme::Error&) {
+      throw;
     } catch (const std::exception& e) {
       XLME_FAIL(
-          "rank {} of {}: rank 0 did not confirm within {} s that all ranks joined the "
-          "rendezvous at {}; rank 0's log names the missing ranks ({})",
-          rank, world, seconds, where, e.what());
+          "rank {} of {}: lost the rendezvous store at {} while waiting for rank 0 ({}); see "
+          "rank 0's log",
+          rank, world, where, message_of(e));
     }
+    XLME_CHECK(static_cast<int>(hosts.size()) == world,
+               "rank {} of {}: rank 0 confirmed {} ranks at the rendezvous {}; is another job "
+               "using MASTER_PORT {}?",
+               rank, world, hosts.size(), where, launch.master_port);
+  }
+
+  // From here on a lost rank is noticed within dist.heartbeat_s, also while the process group
+  // connects (a rank that fails below tells the others through its destructor).
+  if (options.heartbeat.count() > 0) {
+    const auto period = options.heartbeat;
+    const auto store = open_store(launch, /*serve=*/false, period, Clock::now() + period, nullptr,
+                                  "opening the heartbeat's connection");
+    group.heartbeat =
+        std::make_unique<Heartbeat>(store, rank, hosts, where, !launch.agent_store, period);
+    group.heartbeat_period = period;
+    group.leave_wait = std::max<std::chrono::milliseconds>(period, std::chrono::seconds(5));
   }
 
   auto prefix = c10::make_intrusive<c10d::PrefixStore>("xlme/pg", group.store);
   try {
     if (chosen == "gloo") {
+      check_gloo_address(rank, hosts);
       auto pg_options = c10d::ProcessGroupGloo::Options::create(timeout);
       pg_options->devices.push_back(gloo_device(launch.master_addr));
       group.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, rank, world, pg_options);
     } else {
 #ifdef USE_C10D_NCCL
+      // A failed or timed-out collective tears the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING
+      // 3, LibTorch 2.x's default; 1.x defaulted to 0, a hang) unless the user chose otherwise.
+      ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3", /*overwrite=*/0);
+      const char* handling = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+      if (std::string(handling) == "0" || std::string(handling) == "2") {
+        spdlog::warn(
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING={}: a failed NCCL collective will not stop this "
+            "process; unset it (xlme then uses 3) so that a lost rank ends the job",
+            handling);
+      }
       auto pg_options = c10d::ProcessGroupNCCL::Options::create();
       pg_options->timeout = timeout;
       group.pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefix, rank, world, pg_options);
@@ -264,12 +704,16 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
   const bool slurm_port = launch.launcher == "slurm" &&
                           (master_port == nullptr || *master_port == '\0') &&
                           std::getenv("SLURM_JOB_ID") != nullptr;
-  spdlog::info("distributed: rank {} of {} (local rank {}) on {}, {} via {}, rendezvous {}{}", rank,
-               world, launch.local_rank, device.str(), chosen, launch.launcher, where,
+  spdlog::info("distributed: rank {} of {} (local rank {}) on {}, {} via {}, rendezvous {}{}; {}",
+               rank, world, launch.local_rank, device.str(), chosen, launch.launcher, where,
                launch.agent_store ? " (torchrun agent's store)"
                : slurm_port ? " (port 15000 + SLURM_JOB_ID % 20000; set MASTER_PORT to choose "
                               "another)"
-                            : "");
+                            : "",
+               options.heartbeat.count() > 0
+                   ? fmt::format("heartbeat: a rank silent for {:g} s stops the job",
+                                 in_seconds(options.heartbeat))
+                   : std::string("no heartbeat (dist.heartbeat_s = 0)"));
   return comm;
 }
 

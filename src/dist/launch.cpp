@@ -7,6 +7,10 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdlib>
 #include <limits>
 
@@ -99,6 +103,14 @@ LaunchInfo launch_info_from_env() {
     }
   }
   return info;
+}
+
+void stop_with_parent(const LaunchInfo& launch) {
+  if (launch.world_size < 2) return;
+  const pid_t parent = ::getppid();
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  // The parent may have ended before the request: then stop now, as the kernel would have.
+  if (::getppid() != parent) ::raise(SIGTERM);
 }
 
 torch::Device resolve_device(const std::string& requested, const LaunchInfo& launch,

@@ -1,8 +1,15 @@
 #include "xlme/train/signals.h"
 
+#include <fmt/format.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <initializer_list>
+#include <string>
 
 namespace xlme::train {
 namespace {
@@ -30,6 +37,22 @@ int stop_signal() {
 
 void clear_stop_signal() {
   g_stop_signal.store(0);
+}
+
+void record_exit_code(int code) {
+  const char* dir = std::getenv("XLME_EXIT_STATUS_DIR");
+  if (dir == nullptr || *dir == '\0') return;
+  const char* rank = std::getenv("RANK");
+  if (rank == nullptr) rank = std::getenv("SLURM_PROCID");
+  const std::string name =
+      rank != nullptr ? fmt::format("rank{}", rank) : fmt::format("pid{}", ::getpid());
+  // Written aside and renamed, so that the wrapper never reads half a file.
+  const std::string path = fmt::format("{}/{}", dir, name);
+  {
+    std::ofstream out(path + ".tmp");
+    out << code << "\n";
+  }
+  std::rename((path + ".tmp").c_str(), path.c_str());
 }
 
 }  // namespace xlme::train

@@ -3,6 +3,7 @@
 // process group and every collective returns at once, so the trainer has a single code path.
 #pragma once
 
+#include "xlme/common/error.h"
 #include "xlme/dist/launch.h"
 
 #include <torch/types.h>
@@ -46,16 +47,43 @@ class PendingWork {
   std::function<void()> wait_;
 };
 
+// How long the rendezvous and the collectives may take, and how a lost rank is noticed.
+struct CommOptions {
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};         // each collective
+  std::chrono::milliseconds startup_timeout{std::chrono::minutes(5)};  // joining the rendezvous
+  // A rank not heard from for this long (dead, frozen, unreachable) stops every rank, naming it;
+  // zero: no heartbeat, a lost rank is noticed by the collectives' timeout alone.
+  std::chrono::milliseconds heartbeat{0};
+  // Polled while the rendezvous waits: true stops it with RendezvousInterrupted (a stop signal).
+  std::function<bool()> stop_requested;
+};
+
+// Communicator::create gave up the rendezvous because stop_requested() turned true: no step ran,
+// nothing is lost, the same command starts again.
+class RendezvousInterrupted : public Error {
+ public:
+  using Error::Error;
+};
+
 class Communicator {
  public:
-  // Connects to the rendezvous (a TCPStore served by rank 0 at master_addr:master_port), checks
-  // that every rank answers within `timeout` (naming the ranks that do not), creates the process
-  // group and runs one all-reduce to prove it. `device`: this process's device (dist::use_device):
-  // every tensor a collective takes must live there, with one process too. `backend`: "gloo",
-  // "nccl" or "auto" (nccl on a CUDA device, else gloo). Throws xlme::Error with what to check.
+  // Connects to the rendezvous (a TCPStore served by rank 0 at master_addr:master_port, or by
+  // torchrun's agent), checks that every rank answers within options.startup_timeout (naming the
+  // ranks that do not; a stop signal ends the wait at once), starts the heartbeat, creates the
+  // process group and runs one all-reduce to prove it. `device`: this process's device
+  // (dist::use_device): every tensor a collective takes must live there, with one process too.
+  // `backend`: "gloo", "nccl" or "auto" (nccl on a CUDA device, else gloo). Throws xlme::Error
+  // with what to check.
+  static std::shared_ptr<Communicator> create(const LaunchInfo& launch, const torch::Device& device,
+                                              const std::string& backend,
+                                              const CommOptions& options);
+  // One timeout for the rendezvous and the collectives, no heartbeat (tests, one process).
   static std::shared_ptr<Communicator> create(const LaunchInfo& launch, const torch::Device& device,
                                               const std::string& backend,
                                               std::chrono::milliseconds timeout);
+  // A normal end tells the other ranks' heartbeat that this rank left (rank 0, serving the store,
+  // waits a moment for them to leave too); an end by an exception tells them it failed, so that
+  // they stop at once instead of waiting for a collective's timeout.
   ~Communicator();
 
   int rank() const { return launch_.rank; }
@@ -91,7 +119,7 @@ class Communicator {
   std::vector<std::string> all_gather_strings(const std::string& value);
 
  private:
-  struct Group;  // the store and process group, hidden to keep c10d out of this header
+  struct Group;  // the store, process group and heartbeat, hidden to keep c10d out of this header
   Communicator(LaunchInfo launch, torch::Device device, std::string backend);
   void check_devices(const std::vector<torch::Tensor>& tensors, const char* collective) const;
 

@@ -46,6 +46,12 @@ torch::Device resolve_device(const std::string& requested, const LaunchInfo& lau
 // GPU 0 by every rank. Call once, right after launch_info_from_env().
 torch::Device use_device(const std::string& requested, const LaunchInfo& launch);
 
+// A rank of several: asks the kernel to send this process SIGTERM when the process that started
+// it ends, so that a launcher killed by a signal it does not handle (SIGUSR1 kills torchrun, whose
+// workers run in sessions of their own) leaves no orphaned workers: they stop as on a preemption
+// (checkpoint, exit code 75). Called by Communicator::create.
+void stop_with_parent(const LaunchInfo& launch);
+
 // The first host of a SLURM node list: "gpu[07-12,20],cpu1" -> "gpu07", "r[1-2]n[3-4]" -> "r1n3".
 std::string first_slurm_host(const std::string& nodelist);
 

@@ -16,4 +16,10 @@ int stop_signal();
 // Forgets a received signal (for tests and after a handled stop).
 void clear_stop_signal();
 
+// Under a launcher wrapper that asks for it (scripts/xlme-torchrun sets XLME_EXIT_STATUS_DIR):
+// writes `code` to <XLME_EXIT_STATUS_DIR>/rank<RANK> (SLURM_PROCID, else the pid). torchrun
+// reports a worker's exit code 75 as a failure and exits 1; the wrapper reads the workers' codes
+// and exits 75 when they stopped on a preemption. Without the variable it does nothing.
+void record_exit_code(int code);
+
 }  // namespace xlme::train
