@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   int64_t benchmark_steps = 0;
   std::string profile_path;
   xlme::train::PretrainOptions run_options;
-  return xlme::run_app(
+  const int code = xlme::run_app(
       argc, argv, spec,
       [&](const xlme::config::Config& config) {
         if (print_model) {
@@ -87,4 +87,6 @@ int main(int argc, char** argv) {
                        "ignored when the run resumes from its own checkpoint")
             ->type_name("DIR");
       });
+  xlme::train::record_exit_code(code);
+  return code;
 }

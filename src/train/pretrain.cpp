@@ -422,8 +422,19 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
 int run_pretraining(const config::Config& config, const PretrainOptions& options) {
   const dist::LaunchInfo launch = dist::launch_info_from_env();
   const torch::Device device = dist::use_device(config.run.device, launch);
-  auto comm = dist::Communicator::create(launch, device, config.dist.backend,
-                                         std::chrono::seconds(config.dist.timeout_s));
+  dist::CommOptions comm_options;
+  comm_options.timeout = std::chrono::seconds(config.dist.timeout_s);
+  comm_options.startup_timeout = std::chrono::seconds(config.dist.startup_timeout_s);
+  comm_options.heartbeat = std::chrono::seconds(config.dist.heartbeat_s);
+  comm_options.stop_requested = [] { return stop_signal() != 0; };
+  std::shared_ptr<dist::Communicator> comm;
+  try {
+    comm = dist::Communicator::create(launch, device, config.dist.backend, comm_options);
+  } catch (const dist::RendezvousInterrupted& e) {
+    // The documented stop: exit code 75, and the same command starts the run again.
+    spdlog::warn("{} (exit code {})", e.what(), kExitPreempted);
+    return kExitPreempted;
+  }
   config::Config resolved = config;
   std::unique_ptr<data::Tokenizer> tokenizer;
   if (!config.data.tokenizer.empty()) {
