@@ -175,7 +175,8 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   if (ops::fused_attention_applies(q, k, v)) {
     const auto factor =
         bias.table.defined() && bias.gate_u.defined() ? gate_factor(q, bias) : torch::Tensor();
-    return ops::fused_attention(q, k, v, padding, bias.table, factor, dropout, training);
+    return ops::fused_attention(q, k, v, padding, bias.table, factor, dropout, training,
+                                bias.table.defined() ? bias.far : 0);
   }
   if (kernel == AttentionKernel::kSdpa) {
     return sdpa_attention(q, k, v, padding, bias, dropout, training);
@@ -199,6 +200,9 @@ SelfAttentionImpl::SelfAttentionImpl(const SelfAttentionOptions& options) : opti
     relative_bias = register_parameter(
         "relative_bias",
         torch::empty({options.heads, options.num_buckets}).normal_(0.0, options.init_std));
+  }
+  if (options.relative_bias) {
+    far_ = relative_position_far_distance(options.num_buckets, options.max_distance);
   }
   if (options.relative_bias && options.gated) {
     // Small u, v: both gates start near 1/2 whatever the query; w = 1 (as in the gated relative
@@ -235,6 +239,7 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Te
   bias.gate_u = gate_u;
   bias.gate_v = gate_v;
   bias.gate_w = gate_w;
+  bias.far = far_;
   const auto kernel = resolve_attention_kernel(options_.kernel, x.device());
   const auto context = attention(q, k, v, padding, bias, options_.attention_dropout, is_training(),
                                  kernel);  // [B, H, T, d_k]

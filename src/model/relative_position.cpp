@@ -29,6 +29,15 @@ int64_t relative_position_bucket(int64_t delta, int64_t num_buckets, int64_t max
   return offset + std::min(log_bucket, half - 1);
 }
 
+int64_t relative_position_far_distance(int64_t num_buckets, int64_t max_distance) {
+  // Buckets grow with the distance and are symmetric in direction (the offset aside), so the
+  // first distance in the last bucket of the left half is the answer for both halves.
+  const int64_t last = num_buckets / 2 - 1;
+  int64_t far = 1;
+  while (relative_position_bucket(-far, num_buckets, max_distance) < last) ++far;
+  return far;
+}
+
 torch::Tensor relative_position_buckets(int64_t length, int64_t num_buckets, int64_t max_distance,
                                         const torch::Device& device) {
   // One bucket per distance -(T-1) .. T-1, then the Toeplitz expansion on the host.

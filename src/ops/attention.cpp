@@ -13,6 +13,12 @@
 
 namespace xlme::ops {
 
+torch::Tensor distance_table(const torch::Tensor& table) {
+  const auto first_row = table.select(1, 0).flip(-1);  // delta = -(Tk - 1) .. 0
+  const auto first_column = table.select(2, 0).narrow(1, 1, table.size(1) - 1);  // 1 .. Tq - 1
+  return torch::cat({first_row, first_column}, 1).to(torch::kFloat32).contiguous();
+}
+
 #ifdef XLME_WITH_CUDA
 
 namespace {
@@ -24,14 +30,6 @@ std::string variant(const char* kind, int64_t head_dim, bool bias, bool gated, b
   return fmt::format("attention_{}_bf16_d{}_{}{}", kind, head_dim, mode, dropout ? "_dropout" : "");
 }
 
-// [H, Tq, Tk] Toeplitz table -> [H, Tq + Tk - 1]: the bias at distance delta = i - j, at index
-// delta + Tk - 1 (its first row read backwards, then its first column below the corner).
-torch::Tensor per_distance(const torch::Tensor& table) {
-  const auto first_row = table.select(1, 0).flip(-1);  // delta = -(Tk - 1) .. 0
-  const auto first_column = table.select(2, 0).narrow(1, 1, table.size(1) - 1);  // 1 .. Tq - 1
-  return torch::cat({first_row, first_column}, 1).to(torch::kFloat32).contiguous();
-}
-
 struct Launch {
   std::vector<tk::Arg> strides;
   int64_t heads, tq, tk, head_dim;
@@ -41,7 +39,7 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
                                const torch::Tensor& k, const torch::Tensor& v,
                                const torch::Tensor& factor, const torch::Tensor& distance,
-                               const torch::Tensor& lengths, double p) {
+                               const torch::Tensor& lengths, double p, int64_t far) {
     const bool bias = distance.numel() > 0, gated = factor.numel() > 0, dropout = p > 0;
     uint64_t seed = 0, offset = 0;
     if (dropout) std::tie(seed, offset) = tk::philox_inputs(q.device());
@@ -52,13 +50,14 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
     const auto name = variant("forward", d, bias, gated, dropout);
     const auto block = block_of(name, q.device());
     auto args = pointers({q, k, v, out, lse, factor, distance, lengths});
-    append_scalars(args, q, k, v, heads, tq, tkeys, d, p, seed, offset);
+    append_scalars(args, q, k, v, heads, tq, tkeys, far, d, p, seed, offset);
     tk::launch(
         name, q.device(),
         {static_cast<uint32_t>((tq + block - 1) / block), static_cast<uint32_t>(batch * heads), 1},
         std::move(args));
     ctx->save_for_backward({q, k, v, out, lse, factor, distance, lengths});
     ctx->saved_data["p"] = p;
+    ctx->saved_data["far"] = far;
     ctx->saved_data["seed"] = static_cast<int64_t>(seed);
     ctx->saved_data["offset"] = static_cast<int64_t>(offset);
     return out;
@@ -70,6 +69,7 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
     const auto &q = s[0], &k = s[1], &v = s[2], &out = s[3], &lse = s[4], &factor = s[5],
                &distance = s[6], &lengths = s[7];
     const double p = ctx->saved_data["p"].toDouble();
+    const int64_t far = ctx->saved_data["far"].toInt();
     const auto seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
     const auto offset = static_cast<uint64_t>(ctx->saved_data["offset"].toInt());
     const bool bias = distance.numel() > 0, gated = factor.numel() > 0, dropout = p > 0;
@@ -86,13 +86,13 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
     const auto dkdv_name = variant("backward_dkdv", d, bias, gated, dropout);
     const auto block = block_of(dkdv_name, q.device());
     auto dkdv = pointers({q, k, v, dout, lse, delta, factor, distance, lengths, dk, dv});
-    append_scalars(dkdv, q, k, v, heads, tq, tkeys, d, p, seed, offset);
+    append_scalars(dkdv, q, k, v, heads, tq, tkeys, far, d, p, seed, offset);
     tk::launch(dkdv_name, q.device(),
                {static_cast<uint32_t>((tkeys + block - 1) / block),
                 static_cast<uint32_t>(batch * heads), 1},
                std::move(dkdv));
     auto dq_args = pointers({q, k, v, dout, lse, delta, factor, distance, lengths, dq, df, dt});
-    append_scalars(dq_args, q, k, v, heads, tq, tkeys, d, p, seed, offset);
+    append_scalars(dq_args, q, k, v, heads, tq, tkeys, far, d, p, seed, offset);
     tk::launch(
         variant("backward_dq", d, bias, gated, dropout), q.device(),
         {static_cast<uint32_t>((tq + block - 1) / block), static_cast<uint32_t>(batch * heads), 1},
@@ -102,6 +102,7 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
             dv,
             gated ? df : torch::Tensor(),
             bias ? dt : torch::Tensor(),
+            torch::Tensor(),
             torch::Tensor(),
             torch::Tensor()};
   }
@@ -120,14 +121,15 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
 
   static void append_scalars(std::vector<tk::Arg>& args, const torch::Tensor& q,
                              const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
-                             int64_t tq, int64_t tkeys, int64_t d, double p, uint64_t seed,
-                             uint64_t offset) {
+                             int64_t tq, int64_t tkeys, int64_t far, int64_t d, double p,
+                             uint64_t seed, uint64_t offset) {
     for (const auto* t : {&q, &k, &v}) {
       for (int dim = 0; dim < 3; ++dim) args.push_back(tk::Arg::i64(t->stride(dim)));
     }
     args.push_back(tk::Arg::i32(heads));
     args.push_back(tk::Arg::i32(tq));
     args.push_back(tk::Arg::i32(tkeys));
+    args.push_back(tk::Arg::i32(far));
     args.push_back(tk::Arg::f32(1.0 / std::sqrt(static_cast<double>(d))));
     args.push_back(tk::Arg::u64(seed));
     args.push_back(tk::Arg::u32(offset & 0xFFFFFFFFULL));
@@ -153,17 +155,19 @@ bool fused_attention_applies(const torch::Tensor& q, const torch::Tensor& k,
 torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& padding,
                               const torch::Tensor& table, const torch::Tensor& factor,
-                              double dropout, bool training) {
+                              double dropout, bool training, int64_t far) {
+  XLME_CHECK(far >= 0, "fused_attention: far ({}) must be 0 (none) or a distance", far);
   const auto f32 = q.options().dtype(torch::kFloat32);
   const int64_t batch = q.size(0), tkeys = k.size(2);
   const auto lengths = padding.defined()
                            ? padding.logical_not().sum(1).to(torch::kInt32)
                            : torch::full({batch}, tkeys, q.options().dtype(torch::kInt32));
-  const auto distance = table.defined() ? per_distance(table) : torch::empty({0}, f32);
+  const auto distance = table.defined() ? distance_table(table) : torch::empty({0}, f32);
   const auto f = table.defined() && factor.defined()
                      ? factor.squeeze(-1).to(torch::kFloat32).contiguous()
                      : torch::empty({0}, f32);
-  return FusedAttention::apply(q, k, v, f, distance, lengths, training ? dropout : 0.0);
+  return FusedAttention::apply(q, k, v, f, distance, lengths, training ? dropout : 0.0,
+                               table.defined() ? far : 0);
 }
 
 #else  // a LibTorch without CUDA: the reference always
@@ -174,7 +178,7 @@ bool fused_attention_applies(const torch::Tensor&, const torch::Tensor&, const t
 
 torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor&, const torch::Tensor&,
                               const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
-                              double, bool) {
+                              double, bool, int64_t) {
   XLME_FAIL("the fused attention cannot run on {}: this xlme was built without CUDA",
             q.device().str());
 }

@@ -1,10 +1,12 @@
 """xlme's attention kernel with the gated relative position bias (src/ops/triton/attention.py) on
 the CPU, through Triton's interpreter, against a float64 reference: every variant the model has,
-awkward lengths, padding, dropout. Run by CTest (tests/CMakeLists.txt):
+awkward lengths, padding, dropout, the far-tile shortcut, and the kernel inside two layers that
+share their weights (ALBERT). Run by CTest (tests/CMakeLists.txt):
 
     .venv/bin/python -m unittest -v tests/python/test_attention_kernel.py
 """
 
+import collections
 import unittest
 
 import kernel_interpreter  # noqa: F401  (TRITON_INTERPRET=1 and the kernels' folder, before triton)
@@ -12,14 +14,50 @@ import torch
 
 import attention
 
+# One case: batch, heads, query and key lengths, head size, bias, gate, dropout, tile size; the
+# far distance (0: no shortcut) and each sequence's key length (None: Tk, then Tk - 5).
+Case = collections.namedtuple("Case", "b h tq tk d bias gated p block far lengths",
+                              defaults=(0, None))
 
-def attention_reference(q, k, v, lengths, table, f, keep, p):
-    """Softmax attention with the gated relative bias per distance, key padding and dropout."""
+
+def distances(tq, tk):
+    """[Tq, Tk]: i - j."""
+    return torch.arange(tq)[:, None] - torch.arange(tk)[None, :]
+
+
+def far_index(tq, tk, far):
+    """[Tq + Tk - 1]: the table entry each distance reads when the table is constant beyond
+    `far` (the entry itself when far = 0)."""
+    delta = torch.arange(tq + tk - 1) - (tk - 1)
+    if far > 0:
+        delta = delta.clamp(-far, far)
+    return delta + tk - 1
+
+
+def far_table(h, tq, tk, far, block):
+    """A random per-distance table that is constant beyond `far` as far as any tile that straddles
+    the far boundary reads it, and NaN where only far tiles reach (|i - j| >= far + 2 * block - 1):
+    a kernel that gathered there would produce NaN."""
+    table = torch.randn(h, tq + tk - 1)[:, far_index(tq, tk, far)]
+    delta = torch.arange(tq + tk - 1) - (tk - 1)
+    table[:, delta.abs() >= far + 2 * block - 1] = float("nan")
+    return table
+
+
+def fold_far(dtable, tq, tk, far):
+    """A table gradient with every distance beyond `far` added into the entry at +-far."""
+    if far == 0:
+        return dtable
+    return torch.zeros_like(dtable).index_add_(1, far_index(tq, tk, far), dtable)
+
+
+def attention_reference(q, k, v, lengths, table, f, keep, p, far=0):
+    """Softmax attention with the gated relative bias per distance, key padding and dropout; with
+    far > 0 every distance beyond it reads the entry at +-far."""
     tq, tk, d = q.shape[2], k.shape[2], q.shape[3]
     s = q @ k.transpose(-1, -2) / d**0.5
     if table is not None:
-        i, j = torch.arange(tq)[:, None], torch.arange(tk)[None, :]
-        bias = table[:, i - j + tk - 1]  # [H, Tq, Tk]
+        bias = table[:, far_index(tq, tk, far)][:, distances(tq, tk) + tk - 1]  # [H, Tq, Tk]
         s = s + (f[..., None] * bias if f is not None else bias)
     padded = torch.arange(tk)[None, :] >= lengths.long()[:, None]  # [B, Tk]
     probs = torch.softmax(s.masked_fill(padded[:, None, None, :], float("-inf")), -1)
@@ -29,33 +67,53 @@ def attention_reference(q, k, v, lengths, table, f, keep, p):
 
 
 class GatedBiasAttention(unittest.TestCase):
-    # (B, H, Tq, Tk, head size, bias, gate, dropout, block): T = 1, lengths that are not
-    # multiples of the block, padding in the second sequence, cross-attention (Tq != Tk) without
-    # bias, the plain bias, and Base's head size at the compiled 64 x 64 tiles.
-    CASES = [(2, 2, 17, 17, 32, True, True, 0.0, 16), (2, 2, 33, 33, 64, True, True, 0.1, 16),
-             (1, 2, 1, 1, 32, True, True, 0.0, 16), (2, 2, 17, 33, 32, False, False, 0.1, 16),
-             (2, 1, 130, 130, 64, True, False, 0.0, 64), (2, 1, 65, 65, 64, True, True, 0.0, 64)]
+    # T = 1, lengths that are not multiples of the block, padding in the second sequence,
+    # cross-attention (Tq != Tk) without and with the bias, the plain bias, Base's head size at the
+    # compiled 64 x 64 tiles, a sequence of one token in a padded batch.
+    CASES = [Case(2, 2, 17, 17, 32, True, True, 0.0, 16),
+             Case(2, 2, 33, 33, 64, True, True, 0.1, 16),
+             Case(1, 2, 1, 1, 32, True, True, 0.0, 16),
+             Case(2, 2, 17, 33, 32, False, False, 0.1, 16),
+             Case(2, 1, 130, 130, 64, True, False, 0.0, 64),
+             Case(2, 1, 65, 65, 64, True, True, 0.0, 64),
+             Case(2, 2, 33, 17, 32, True, True, 0.1, 16),
+             Case(1, 2, 20, 45, 32, True, False, 0.0, 16),
+             Case(2, 2, 40, 40, 32, True, True, 0.1, 16, lengths=(40, 1)),
+             Case(3, 1, 1, 1, 32, True, True, 0.0, 16, lengths=(1, 1, 1))]
+    # The far-tile shortcut: tables constant beyond `far` at lengths where whole tiles lie beyond
+    # it in both directions (T >= 2 * block + far), gated and plain, with dropout, Tq != Tk both
+    # ways, a one-token sequence, and the model's far distance (91 for 32 buckets up to 128) at the
+    # compiled tiles.
+    FAR_CASES = [Case(2, 1, 130, 130, 32, True, True, 0.1, 16, far=20),
+                 Case(1, 2, 130, 130, 32, True, False, 0.0, 16, far=20),
+                 Case(2, 1, 70, 130, 32, True, True, 0.0, 16, far=20),
+                 Case(2, 1, 130, 50, 32, True, True, 0.1, 16, far=20, lengths=(50, 1)),
+                 Case(1, 1, 300, 300, 64, True, True, 0.0, 64, far=91)]
 
-    def run_case(self, case, dtype, tol):
-        b, h, tq, tk, d, bias, gated, p, block = case
+    def run_case(self, case, dtype, tol, forward_only=False):
+        b, h, tq, tk, d, bias, gated, p, block, far, lengths = case
         torch.manual_seed(7)
         q, k, v = (torch.randn(b, h, t, d).to(dtype) for t in (tq, tk, tk))
-        lengths = torch.tensor([tk, max(1, tk - 5)][:b], dtype=torch.int32)
-        table = torch.randn(h, tq + tk - 1) if bias else None
+        lengths = torch.tensor(lengths or [tk, max(1, tk - 5)][:b], dtype=torch.int32)
+        table = None
+        if bias:
+            table = far_table(h, tq, tk, far, block) if far else torch.randn(h, tq + tk - 1)
         f = torch.rand(b, h, tq) + 0.5 if gated else None
-        o, lse = attention.forward(q, k, v, lengths, table, f, p=p, seed=3, offset=8, bm=block,
-                                   bn=block)
+        kw = dict(p=p, seed=3, offset=8, far=far, bm=block, bn=block)
+        o, lse = attention.forward(q, k, v, lengths, table, f, **kw)
         keep = attention.keep_mask(b, h, tq, tk, p, seed=3, offset=8) if p > 0 else None
         leaves = [None if t is None else t.double().requires_grad_() for t in (q, k, v, table, f)]
         ref = attention_reference(*leaves[:3], lengths, leaves[3], leaves[4],
-                                  None if keep is None else keep.double(), p)
+                                  None if keep is None else keep.double(), p, far)
         where = f"{case} {dtype}"
         torch.testing.assert_close(o.double(), ref, rtol=0, atol=tol, msg=where)
         self.assertEqual(o.dtype, dtype)
+        if forward_only:
+            return
         do = torch.randn(b, h, tq, d).to(dtype)
         ref.backward(do.double())
-        grads = attention.backward(q, k, v, o, lse, do, lengths, table, f, p=p, seed=3, offset=8,
-                                   bm=block, bn=block)
+        grads = attention.backward(q, k, v, o, lse, do, lengths, table, f, **kw)
+        grads = grads[:4] + (None if grads[4] is None else fold_far(grads[4], tq, tk, far),)
         for name, got, leaf in zip(("dq", "dk", "dv", "df", "dtable"), grads,
                                    leaves[:3] + [leaves[4], leaves[3]]):
             self.assertEqual(got is None, leaf is None, name)
@@ -70,8 +128,31 @@ class GatedBiasAttention(unittest.TestCase):
             self.run_case(case, torch.float32, 2e-5)
 
     def test_bf16_inputs_with_fp32_accumulation(self):
-        for case in (self.CASES[0], self.CASES[4]):
+        for case in (self.CASES[0], self.CASES[4], self.FAR_CASES[2]):
             self.run_case(case, torch.bfloat16, 3e-2)
+
+    def test_far_tiles_read_one_entry(self):
+        for case in self.FAR_CASES:
+            self.run_case(case, torch.float32, 2e-5)
+
+    def test_lengths_512_and_1024(self):
+        # At the compiled tiles with the model's far distance and padding; dropout at 512.
+        self.run_case(Case(1, 1, 512, 512, 64, True, True, 0.1, 64, far=91, lengths=(500,)),
+                      torch.float32, 2e-5)
+        self.run_case(Case(1, 1, 1024, 1024, 64, True, True, 0.0, 64, far=91, lengths=(1000,)),
+                      torch.float32, 2e-5)
+
+    def test_without_the_shortcut_far_tiles_gather(self):
+        # The same table read without the promise (far = 0) reaches the NaN entries.
+        case = self.FAR_CASES[1]
+        table = far_table(case.h, case.tq, case.tk, case.far, case.block)
+        q, k, v = (torch.randn(case.b, case.h, t, case.d) for t in (case.tq, case.tk, case.tk))
+        lengths = torch.full((case.b, ), case.tk, dtype=torch.int32)
+        o, _ = attention.forward(q, k, v, lengths, table, bm=case.block, bn=case.block)
+        self.assertTrue(o.isnan().any())
+        o, _ = attention.forward(q, k, v, lengths, table, far=case.far, bm=case.block,
+                                 bn=case.block)
+        self.assertFalse(o.isnan().any())
 
     def test_dropout_mask_rate_and_seed(self):
         keep = attention.keep_mask(2, 3, 40, 50, 0.1, seed=5, offset=16)
@@ -83,6 +164,87 @@ class GatedBiasAttention(unittest.TestCase):
         # Heads and rows draw their own words: no two heads' masks are equal.
         self.assertFalse(torch.equal(keep[0, 0], keep[0, 1]))
         self.assertFalse(torch.equal(keep[0, 0, 0], keep[0, 0, 1]))
+
+    def test_dropout_same_seed_same_output(self):
+        torch.manual_seed(1)
+        q, k, v = (torch.randn(2, 2, 33, 32) for _ in range(3))
+        lengths = torch.tensor([33, 20], dtype=torch.int32)
+        table, f = torch.randn(2, 65), torch.rand(2, 2, 33) + 0.5
+        run = lambda seed, offset: attention.forward(q, k, v, lengths, table, f, p=0.2,  # noqa
+                                                     seed=seed, offset=offset, bm=16, bn=16)[0]
+        self.assertTrue(torch.equal(run(4, 8), run(4, 8)))
+        self.assertFalse(torch.equal(run(4, 8), run(4, 12)))
+        self.assertFalse(torch.equal(run(4, 8), run(5, 8)))
+
+
+class KernelAttention(torch.autograd.Function):
+    """The kernels as one differentiable op, as src/ops/attention.cpp wraps the compiled ones."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, table, f, lengths, p, offset, far, block):
+        kw = dict(p=p, seed=11, offset=offset, far=far, bm=block, bn=block)
+        o, lse = attention.forward(q, k, v, lengths, table, f, **kw)
+        ctx.save_for_backward(q, k, v, o, lse, table, f, lengths)
+        ctx.kw = kw
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, table, f, lengths = ctx.saved_tensors
+        dq, dk, dv, df, dtable = attention.backward(q, k, v, o, lse, do, lengths, table, f,
+                                                    **ctx.kw)
+        return dq, dk, dv, dtable, df, None, None, None, None, None
+
+
+class AlbertSharedLayers(unittest.TestCase):
+    """Two layers that share every weight (model.share_layers=all) and the bias table
+    (relative_position.shared_across_layers), each with its own dropout draws: outputs and every
+    gradient, summed over both layers by autograd, against float64."""
+
+    def test_shared_layers_sum_their_gradients(self):
+        b, h, t, d, p, far, block = 2, 2, 70, 32, 0.1, 20, 16
+        torch.manual_seed(5)
+        params = {"wq": torch.randn(h * d, h * d) / (h * d)**0.5,
+                  "wk": torch.randn(h * d, h * d) / (h * d)**0.5,
+                  "wv": torch.randn(h * d, h * d) / (h * d)**0.5,
+                  "u": torch.randn(h, d) * 0.2, "gv": torch.randn(h, d) * 0.2,
+                  "w": torch.rand(h) + 0.5,
+                  "table": torch.randn(h, 2 * far + 1)}  # distances -far .. far
+        x0 = torch.randn(b, t, h * d)
+        lengths = torch.tensor([t, t - 9], dtype=torch.int32)
+        weights = torch.randn(b, t, h * d)
+        offsets = (0, 8)  # each layer's Philox offset, as the generator hands them out
+
+        def run(dtype, kernel):
+            leaves = {n: v.to(dtype).clone().requires_grad_() for n, v in params.items()}
+            x = x0.to(dtype).clone().requires_grad_()
+            delta = torch.arange(2 * t - 1) - (t - 1)  # the distances of the [H, 2T - 1] table
+            table = leaves["table"][:, delta.clamp(-far, far) + far]
+            y = x
+            for offset in offsets:
+                split = lambda z: z.view(b, t, h, d).transpose(1, 2)  # noqa: E731
+                q, k, v = split(y @ leaves["wq"]), split(y @ leaves["wk"]), split(y @ leaves["wv"])
+                gu = torch.sigmoid(torch.einsum("bhtd,hd->bht", q, leaves["u"]))
+                gr = torch.sigmoid(torch.einsum("bhtd,hd->bht", q, leaves["gv"]))
+                f = 1 + gu + (1 - gu) * leaves["w"][:, None] * gr
+                if kernel:
+                    o = KernelAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(),
+                                              table.contiguous(), f.contiguous(), lengths, p,
+                                              offset, far, block)
+                else:
+                    keep = attention.keep_mask(b, h, t, t, p, seed=11, offset=offset).to(dtype)
+                    o = attention_reference(q, k, v, lengths, table, f, keep, p)
+                y = y + o.transpose(1, 2).reshape(b, t, h * d)
+            (y * weights.to(dtype)).sum().backward()
+            return y, {"x": x.grad, **{n: leaf.grad for n, leaf in leaves.items()}}
+
+        got, got_grads = run(torch.float32, True)
+        want, want_grads = run(torch.float64, False)
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-4)
+        for name, grad in want_grads.items():
+            scale = max(1.0, grad.abs().max().item())
+            torch.testing.assert_close(got_grads[name].double(), grad, rtol=0, atol=1e-4 * scale,
+                                       msg=name)
 
 
 if __name__ == "__main__":

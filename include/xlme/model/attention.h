@@ -28,6 +28,9 @@ struct PositionBias {
   torch::Tensor gate_u;  // [H, d_k]: u_h; undefined = plain (ungated) relative bias
   torch::Tensor gate_v;  // [H, d_k]: v_h
   torch::Tensor gate_w;  // [H]: w_h
+  // The distance from which `table` is constant on each side (relative_position_far_distance),
+  // so that the fused kernel's far tiles read one value; 0 = not known, no shortcut.
+  int64_t far = 0;
 };
 
 // q: [B, H, T, d_k] -> [B, H, T, 1]: 1 + g_update + (1 - g_update) * w_h * g_reset, the factor
@@ -65,6 +68,7 @@ struct SelfAttentionOptions {
   bool own_table = true;      // the table d is this layer's (false: shared across layers)
   bool gated = true;          // gate the bias by the query
   int64_t num_buckets = 32;
+  int64_t max_distance = 128;
   double init_std = 0.02;
   std::string kernel = "auto";  // model.attention
 };
@@ -86,6 +90,10 @@ class SelfAttentionImpl : public torch::nn::Module {
 
   const SelfAttentionOptions& options() const { return options_; }
 
+  // The distance from which the bias table is constant on each side (PositionBias::far), from
+  // num_buckets and max_distance; 0 without a relative bias.
+  int64_t far() const { return far_; }
+
   torch::nn::Linear query{nullptr}, key{nullptr}, value{nullptr}, output{nullptr};
   torch::Tensor relative_bias;  // [H, num_buckets]: d_{h, b}, when own_table
   torch::Tensor gate_u;         // [H, d_k]
@@ -94,6 +102,7 @@ class SelfAttentionImpl : public torch::nn::Module {
 
  private:
   SelfAttentionOptions options_;
+  int64_t far_ = 0;  // where the bias table turns constant (PositionBias::far)
 };
 TORCH_MODULE(SelfAttention);
 

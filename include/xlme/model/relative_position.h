@@ -19,6 +19,12 @@ namespace xlme::model {
 // 32 / 128 opens bucket 10), unlike float32 arithmetic.
 int64_t relative_position_bucket(int64_t delta, int64_t num_buckets, int64_t max_distance);
 
+// The smallest distance from which every longer one, in either direction, falls in its direction's
+// last bucket: the Toeplitz table is constant beyond it on each side (what the fused attention's
+// far tiles rely on, ops/attention.h). 91 for 32 buckets up to 128 (not 128: the log-spaced
+// buckets reach the last one before max_distance).
+int64_t relative_position_far_distance(int64_t num_buckets, int64_t max_distance);
+
 // [T, T] int64 on `device`: relative_position_bucket(i - j) at (i, j).
 torch::Tensor relative_position_buckets(int64_t length, int64_t num_buckets, int64_t max_distance,
                                         const torch::Device& device);

@@ -19,11 +19,19 @@ bool fused_attention_applies(const torch::Tensor& q, const torch::Tensor& k,
 
 // q: [B, H, Tq, d], k and v: [B, H, Tk, d]; padding: [B, Tk] bool, true at padded keys, which
 // must be trailing (xlme's batches are right-padded: data/batch_writer.cpp), or undefined;
-// table: [H, Tq, Tk] Toeplitz bias (undefined: none), factor: [B, H, Tq, 1] (undefined: no gate).
-// Differentiable with respect to q, k, v, table and factor. Returns [B, H, Tq, d] in q's dtype.
+// table: [H, Tq, Tk] Toeplitz bias (undefined: none), factor: [B, H, Tq, 1] (undefined: no gate);
+// far: the distance |i - j| from which the table is constant on each side (model::PositionBias::
+// far), so that tiles wholly beyond it read one value and reduce their gradient to one entry;
+// 0: unknown, every tile gathers. Differentiable with respect to q, k, v, table and factor.
+// Returns [B, H, Tq, d] in q's dtype.
 torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const torch::Tensor& padding,
                               const torch::Tensor& table, const torch::Tensor& factor,
-                              double dropout, bool training);
+                              double dropout, bool training, int64_t far = 0);
+
+// [H, Tq, Tk] Toeplitz table -> [H, Tq + Tk - 1] float32, what the kernel reads: the bias at
+// distance delta = i - j at index delta + Tk - 1 (the first row reversed, then the first column
+// below the corner). Differentiable; any device.
+torch::Tensor distance_table(const torch::Tensor& table);
 
 }  // namespace xlme::ops
