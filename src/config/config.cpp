@@ -289,6 +289,28 @@ std::string to_yaml(const Config& config, bool docs) {
   return out.str();
 }
 
+namespace {
+
+void flatten(const YAML::Node& node, const std::string& prefix,
+             std::map<std::string, std::string>& out) {
+  if (node.IsMap()) {
+    for (const auto& item : node) {
+      const std::string key = item.first.as<std::string>();
+      flatten(item.second, prefix.empty() ? key : prefix + "." + key, out);
+    }
+  } else {
+    out[prefix] = YAML::Dump(node);
+  }
+}
+
+}  // namespace
+
+std::map<std::string, std::string> flat_values(const std::string& yaml) {
+  std::map<std::string, std::string> out;
+  flatten(YAML::Load(yaml), "", out);
+  return out;
+}
+
 void save_config(const Config& config, const std::string& path) {
   write_file_atomic(path, to_yaml(config, /*docs=*/false));
 }

@@ -11,6 +11,7 @@
 #include "xlme/objectives/objective_set.h"
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -616,6 +617,10 @@ void validate_model(const ModelConfig& model, const std::string& source);
 // The resolved config as YAML that load_config reads back identically; with `docs`, each key is
 // preceded by a comment with its meaning and allowed values.
 std::string to_yaml(const Config& config, bool docs = false);
+
+// Every key of `yaml` (to_yaml's or a checkpoint's config.yaml) as "section.key" -> its YAML
+// text, lists included ("model.generator.layers" -> "4"): what differs between two configs.
+std::map<std::string, std::string> flat_values(const std::string& yaml);
 
 // Writes to_yaml(config) to `path` atomically (temporary file, fsync, rename).
 void save_config(const Config& config, const std::string& path);
