@@ -42,6 +42,45 @@ int available_cores() {
   return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
 }
 
+namespace {
+
+// A count in [1, 4096] from the start of `text` ("8", "8(x2)"), or 0.
+int leading_count(const char* text) {
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const long parsed = std::strtol(text, &end, 10);
+  return end != text && parsed >= 1 && parsed <= 4096 ? static_cast<int>(parsed) : 0;
+}
+
+}  // namespace
+
+LocalRanks local_ranks_from_env() {
+  if (const int n = leading_count(std::getenv("LOCAL_WORLD_SIZE"))) return {n, "LOCAL_WORLD_SIZE"};
+  if (const int n = leading_count(std::getenv("SLURM_NTASKS_PER_NODE"))) {
+    return {n, "SLURM_NTASKS_PER_NODE"};
+  }
+  // SLURM_TASKS_PER_NODE lists the nodes' counts in order ("2(x3),1"); SLURM_NODEID picks ours.
+  const char* tasks = std::getenv("SLURM_TASKS_PER_NODE");
+  if (tasks != nullptr && *tasks != '\0') {
+    const char* node_id = std::getenv("SLURM_NODEID");
+    long node = node_id != nullptr ? std::strtol(node_id, nullptr, 10) : 0;
+    for (const char* p = tasks; *p != '\0';) {
+      char* end = nullptr;
+      const long count = std::strtol(p, &end, 10);
+      if (end == p || count < 1) break;
+      long repeat = 1;
+      if (end[0] == '(' && end[1] == 'x') {
+        repeat = std::strtol(end + 2, &end, 10);
+        if (*end == ')') ++end;
+      }
+      if (node < repeat) return {static_cast<int>(std::min(count, 4096L)), "SLURM_TASKS_PER_NODE"};
+      node -= repeat;
+      p = *end == ',' ? end + 1 : end;
+    }
+  }
+  return {1, ""};
+}
+
 ThreadSettings configure_threads(int64_t requested) {
   ThreadSettings settings;
   const char* omp = std::getenv("OMP_NUM_THREADS");
@@ -60,6 +99,12 @@ ThreadSettings configure_threads(int64_t requested) {
                omp);
     settings.intra_op = static_cast<int>(parsed);
     settings.source = "OMP_NUM_THREADS";
+  } else if (const LocalRanks local = local_ranks_from_env(); local.count > 1) {
+    // Several ranks on this host, each with every core: divide them.
+    const int cores = available_cores();
+    settings.intra_op = std::max(1, cores / local.count);
+    settings.source =
+        fmt::format("{} cores / {} local ranks ({})", cores, local.count, local.source);
   } else {
     settings.intra_op = available_cores();
     settings.source = "every available core";

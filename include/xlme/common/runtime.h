@@ -21,8 +21,18 @@ struct ThreadSettings {
   std::string source;           // what decided intra_op: run.threads, OMP_NUM_THREADS or the cores
 };
 
+// How many ranks of the job run on this host, from the launcher: LOCAL_WORLD_SIZE (torchrun),
+// SLURM_NTASKS_PER_NODE, or this node's entry of SLURM_TASKS_PER_NODE ("2(x3),1", SLURM_NODEID);
+// 1 with source "" when none says.
+struct LocalRanks {
+  int count = 1;
+  std::string source;  // the variable that said it
+};
+LocalRanks local_ranks_from_env();
+
 // Sets LibTorch's intra-op threads to `requested`; with 0, to OMP_NUM_THREADS when it is set (the
-// launcher's share of the node for this rank), else to all available cores. Throws naming a
+// launcher's share of the node for this rank), else to the available cores divided among the
+// host's ranks (local_ranks_from_env), at least 1. Throws naming a
 // malformed OMP_NUM_THREADS.
 ThreadSettings configure_threads(int64_t requested);
 
