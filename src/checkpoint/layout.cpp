@@ -63,6 +63,10 @@ TrainerState read_trainer_state(const std::string& file) {
   t.tokens_seen = trainer_field<int64_t>(state, "tokens_seen", file, 0, kMaxCheckpointTokens);
   t.skipped_steps = trainer_field<int64_t>(state, "skipped_steps", file, 0, t.step);
   t.world_size = trainer_field<int>(state, "world_size", file, 1, kMaxCheckpointRanks);
+  if (state["tokens_per_step"].IsDefined()) {
+    t.tokens_per_step =
+        trainer_field<int64_t>(state, "tokens_per_step", file, 1, kMaxCheckpointTokens);
+  }
   return t;
 }
 
@@ -71,7 +75,11 @@ void write_trainer_state(const std::string& file, const TrainerState& state) {
   out << YAML::BeginMap << YAML::Key << "step" << YAML::Value << state.step << YAML::Key
       << "tokens_seen" << YAML::Value << state.tokens_seen << YAML::Key << "skipped_steps"
       << YAML::Value << state.skipped_steps << YAML::Key << "world_size" << YAML::Value
-      << state.world_size << YAML::EndMap;
+      << state.world_size;
+  if (state.tokens_per_step > 0) {
+    out << YAML::Key << "tokens_per_step" << YAML::Value << state.tokens_per_step;
+  }
+  out << YAML::EndMap;
   write_file_atomic(file, std::string(out.c_str()) + "\n");
 }
 

@@ -17,15 +17,19 @@
 #include "xlme/train/signals.h"
 #include "xlme/train/trainer.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <set>
+#include <sstream>
 
 namespace xlme::train {
 namespace {
@@ -157,50 +161,161 @@ std::optional<VerifiedFiles> resume_from(const PretrainOptions& options,
   return CheckpointManager::verify(manager.path_for(static_cast<int64_t>(step)));
 }
 
-// Every rank must name the same run folder: rank 0 writes the checkpoints into its run.out_dir and
-// every rank resumes from there. Compared as 52 bits of a hash of the absolute path (exact in the
-// doubles reduce_scalars carries), at start rather than at the first checkpoint.
-void check_same_run_folder(const config::Config& config, dist::Communicator& comm) {
-  const std::string resolved = fs::weakly_canonical(fs::absolute(config.run.out_dir)).string();
-  const double key = static_cast<double>(std::hash<std::string>{}(resolved) >> 12);
-  const double low = comm.reduce_scalars({key}, dist::ScalarOp::kMin).front();
-  const double high = comm.reduce_scalars({key}, dist::ScalarOp::kMax).front();
-  XLME_CHECK(low == high,
-             "rank {}: run.out_dir '{}' is not the same folder on every rank; rank 0 writes the "
-             "checkpoints into its run.out_dir and every rank resumes from there: give all ranks "
-             "the same run.out_dir (on a file system they share)",
-             comm.rank(), resolved);
+std::string host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
 }
 
-// Every rank must build the same model and objectives: ranks with another model.hidden_size or
-// objectives.set died of SIGABRT inside Gloo at the first broadcast of differently shaped
-// tensors. Each rank's 52-bit hashes of both sections (as to_yaml writes them) are gathered by a
-// sum over one slot per rank, so that the message names the rank that differs from rank 0.
-void check_same_model_config(const config::Config& config, dist::Communicator& comm) {
-  const auto section_hash = [](const auto& assign) {
-    config::Config only;
-    assign(only);
-    return static_cast<double>(std::hash<std::string>{}(config::to_yaml(only)) >> 12);
-  };
-  const double model = section_hash([&](config::Config& c) { c.model = config.model; });
-  const double objectives =
-      section_hash([&](config::Config& c) { c.objectives = config.objectives; });
-  const auto ranks = static_cast<size_t>(comm.world_size());
-  const auto rank = static_cast<size_t>(comm.rank());
-  std::vector<double> slots(2 * ranks, 0.0);
-  slots[2 * rank] = model;
-  slots[2 * rank + 1] = objectives;
-  slots = comm.reduce_scalars(slots, dist::ScalarOp::kSum);
-  for (size_t other = 1; other < ranks; ++other) {
-    for (const size_t part : {0, 1}) {
-      XLME_CHECK(slots[2 * other + part] == slots[part],
-                 "rank {}: the {} config of rank {} differs from rank 0's; every rank must build "
-                 "the same model (the ranks exchange its weights and gradients): give all ranks "
-                 "the same --config and the same --set {}.* values",
-                 comm.rank(), part == 0 ? "model.*" : "objectives.*", other,
-                 part == 0 ? "model" : "objectives");
+// Every rank must see rank 0's run.out_dir as the same folder: rank 0 writes every checkpoint
+// there, each rank's state included, and every rank resumes from there. The same path is not
+// enough (a disk local to each node, mounted at the same path everywhere, gave checkpoints without
+// rank 1's file and runs that could not resume): rank 0 writes a file with a fresh nonce there and
+// every other rank reads it. The outcome is exchanged, so that every rank fails with the same
+// message, naming each rank that does not see it with its host and folder.
+void check_shared_run_folder(const config::Config& config, dist::Communicator& comm) {
+  if (comm.world_size() == 1) return;
+  const fs::path out_dir = fs::absolute(config.run.out_dir);
+  const fs::path probe = out_dir / ".shared-folder-probe";
+  const std::string host = host_name();
+  std::string nonce;
+  if (comm.rank() == 0) {
+    nonce = fmt::format("{} {} {}", CheckpointManager::new_run_id(), host, ::getpid());
+    try {
+      std::error_code ec;
+      fs::create_directories(out_dir, ec);
+      XLME_CHECK(!ec, "cannot create run.out_dir '{}': {}", out_dir.string(), ec.message());
+      write_file_atomic(probe.string(), nonce);
+    } catch (const Error& e) {
+      nonce = std::string("!") + e.what();
     }
   }
+  // Rank 0's nonce reaches every rank after rank 0 wrote the file.
+  nonce = comm.all_gather_strings(nonce).front();
+  std::string verdict = "ok";  // also when rank 0 failed: said below
+  if (comm.rank() != 0 && (nonce.empty() || nonce[0] != '!')) {
+    std::error_code ec;
+    if (!fs::exists(probe, ec)) {
+      verdict = fmt::format("'{}' does not exist there", probe.filename().string());
+    } else {
+      std::string seen;
+      try {
+        seen = read_file(probe.string());
+      } catch (const Error& e) {
+        seen = e.what();
+      }
+      if (seen != nonce) {
+        verdict = fmt::format("'{}' there holds another run's nonce ('{}', not '{}')",
+                              probe.filename().string(), seen.substr(0, 80), nonce);
+      }
+    }
+  }
+  const std::vector<std::string> verdicts =
+      comm.all_gather_strings(fmt::format("{}\n{}\n{}", host, out_dir.string(), verdict));
+  if (comm.rank() == 0) {
+    std::error_code ec;
+    fs::remove(probe, ec);
+  }
+  XLME_CHECK(nonce.empty() || nonce[0] != '!',
+             "rank {}: rank 0 could not write into its "
+             "run.out_dir: {}",
+             comm.rank(), nonce.substr(1));
+  std::vector<std::string> blind;
+  std::string rank0_host;
+  for (std::size_t r = 0; r < verdicts.size(); ++r) {
+    const std::string& v = verdicts[r];
+    const auto first = v.find('\n'), second = v.find('\n', first + 1);
+    if (r == 0) rank0_host = v.substr(0, first);
+    if (v.substr(second + 1) == "ok") continue;
+    blind.push_back(fmt::format("rank {} on host {} (its run.out_dir '{}': {})", r,
+                                v.substr(0, first), v.substr(first + 1, second - first - 1),
+                                v.substr(second + 1)));
+  }
+  XLME_CHECK(blind.empty(),
+             "rank {}: run.out_dir '{}' is not the same folder on every rank: rank 0 on host {} "
+             "wrote a file into its run.out_dir that {} cannot read. Rank 0 writes every "
+             "checkpoint, with every rank's state, into its run.out_dir and every rank resumes "
+             "from there: give every rank the same run.out_dir on a file system they all share "
+             "(NFS, Lustre, ...; not a disk local to each node)",
+             comm.rank(), config.run.out_dir, rank0_host, fmt::join(blind, "; "));
+}
+
+// Keys that may differ between ranks: where each host keeps its files (run.out_dir is probed by
+// check_shared_run_folder), its threads, logging and loading, and the sections pre-training does
+// not read.
+bool may_differ_between_ranks(const std::string& key) {
+  static const std::set<std::string> keys = {
+      "run.out_dir",        "run.threads",          "run.log_level",       "data.shards",
+      "data.tokenizer",     "data.heldout.dir",     "data.loader_threads", "data.prefetch",
+      "data.verify_shards", "train.release_memory", "distill.teacher"};
+  static const std::vector<std::string> sections = {"finetune.", "export.", "data.spm.",
+                                                    "data.binarize."};
+  if (keys.count(key)) return true;
+  for (const auto& section : sections) {
+    if (key.rfind(section, 0) == 0) return true;
+  }
+  return false;
+}
+
+// Every rank must train with the same config: ranks with another model.hidden_size died of
+// SIGABRT inside Gloo, another train.steps hung at the end, another train.lr trained on silently.
+// Each rank's 52-bit hash of its resolved config (without the keys that may differ) is gathered by
+// a sum over one slot per rank; when they differ, the ranks exchange their key=value lists through
+// the store and every rank fails naming the keys and the values of rank 0 and each other rank.
+void check_same_config(const config::Config& config, dist::Communicator& comm) {
+  if (comm.world_size() == 1) return;
+  std::string text;
+  for (const auto& [key, value] : config::flat_values(config::to_yaml(config))) {
+    if (!may_differ_between_ranks(key)) text += key + "=" + value + "\n";
+  }
+  const auto ranks = static_cast<std::size_t>(comm.world_size());
+  std::vector<double> slots(ranks, 0.0);
+  slots[static_cast<std::size_t>(comm.rank())] =
+      static_cast<double>(std::hash<std::string>{}(text) >> 12);
+  slots = comm.reduce_scalars(slots, dist::ScalarOp::kSum);
+  if (std::all_of(slots.begin(), slots.end(), [&](double h) { return h == slots[0]; })) return;
+  const std::vector<std::string> texts = comm.all_gather_strings(text);
+  const auto parse = [](const std::string& list) {
+    std::map<std::string, std::string> values;
+    std::istringstream in(list);
+    for (std::string line; std::getline(in, line);) {
+      const auto eq = line.find('=');
+      values[line.substr(0, eq)] = line.substr(eq + 1);
+    }
+    return values;
+  };
+  const auto reference = parse(texts[0]);
+  std::map<std::string, std::vector<std::string>> differing;  // key -> "rank r: value"
+  std::set<std::size_t> other_ranks;
+  for (std::size_t r = 1; r < ranks; ++r) {
+    const auto values = parse(texts[r]);
+    for (const auto& [key, value] : values) {
+      const auto it = reference.find(key);
+      if (it != reference.end() && it->second == value) continue;
+      auto& shown = differing[key];
+      if (shown.empty()) {
+        shown.push_back("rank 0: " + (it == reference.end() ? "(absent)" : it->second));
+      }
+      shown.push_back(fmt::format("rank {}: {}", r, value));
+      other_ranks.insert(r);
+    }
+  }
+  std::vector<std::string> keys;
+  for (const auto& [key, shown] : differing) {
+    if (keys.size() == 10) {
+      keys.push_back(fmt::format("and {} more", differing.size() - 10));
+      break;
+    }
+    keys.push_back(fmt::format(
+        "{} ({})", key,
+        fmt::join(shown.begin(), shown.begin() + std::min<std::size_t>(shown.size(), 4), ", ")));
+  }
+  XLME_FAIL(
+      "rank {}: the config of rank(s) {} differs from rank 0's in {}; every rank must train the "
+      "same model the same way (the ranks exchange its weights and gradients, and step together): "
+      "give all ranks the same --config and the same --set values (only run.out_dir's path, "
+      "run.threads, run.log_level, data file paths and loader settings may differ)",
+      comm.rank(), fmt::join(other_ranks, ", "), fmt::join(keys, "; "));
 }
 
 // When the checkpoint `folder` was written by another run than the other checkpoints beside it
@@ -279,8 +394,8 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
   const bool leader = comm->rank() == 0;
   CheckpointManager manager(checkpoint::checkpoints_folder(config.run.out_dir),
                             config.train.keep_last, config.train.keep_every);
-  check_same_run_folder(config, *comm);
-  check_same_model_config(config, *comm);
+  check_same_config(config, *comm);
+  check_shared_run_folder(config, *comm);
   std::unique_ptr<FileLock> lock;
   if (leader) {
     lock = claim_run_folder(config, options, manager);

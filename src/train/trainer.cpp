@@ -2,6 +2,7 @@
 
 #include "xlme/checkpoint/archive.h"
 #include "xlme/checkpoint/layout.h"
+#include "xlme/common/checksum.h"
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
 #include "xlme/common/precision.h"
@@ -23,9 +24,11 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <mutex>
 #include <set>
@@ -149,6 +152,68 @@ torch::Tensor summed_over_ranks(dist::Communicator& comm, torch::Tensor t) {
 
 }  // namespace
 
+// --- The global batch ---------------------------------------------------------------------------
+
+std::optional<GlobalBatch> try_global_batch(const config::TrainConfig& train, int world_size) {
+  const int64_t per_round = static_cast<int64_t>(world_size) * train.micro_batch_tokens;
+  const int64_t below = train.tokens_per_task / per_round;
+  const bool exact = below * per_round == train.tokens_per_task;
+  int64_t micro_batches = below;
+  if (!exact) {
+    if (train.batch_rounding == "up") {
+      micro_batches = below + 1;
+    } else if (train.batch_rounding != "down") {
+      return std::nullopt;  // error
+    }
+  }
+  if (micro_batches < 1) return std::nullopt;
+  return GlobalBatch{micro_batches, micro_batches * per_round};
+}
+
+std::vector<int> world_sizes_with(const config::TrainConfig& train, int64_t tokens_per_step,
+                                  int world_size, std::size_t count) {
+  std::vector<int> found;
+  for (int w = 1; w <= 4096; ++w) {
+    const auto batch = try_global_batch(train, w);
+    if (batch && batch->tokens_per_step == tokens_per_step) found.push_back(w);
+  }
+  std::stable_sort(found.begin(), found.end(), [&](int a, int b) {
+    return std::abs(a - world_size) < std::abs(b - world_size);
+  });
+  if (found.size() > count) found.resize(count);
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+GlobalBatch global_batch(const config::TrainConfig& train, int world_size) {
+  if (const auto batch = try_global_batch(train, world_size)) return *batch;
+  const int64_t per_round = static_cast<int64_t>(world_size) * train.micro_batch_tokens;
+  const auto change = [&](int64_t micro_batches) {
+    if (micro_batches < 1) return std::string("no micro-batch: not possible");
+    return fmt::format(
+        "{} per rank, {} tokens per step, {:+.1f}%", micro_batches, micro_batches * per_round,
+        100.0 * static_cast<double>(micro_batches * per_round - train.tokens_per_task) /
+            static_cast<double>(train.tokens_per_task));
+  };
+  const int64_t below = train.tokens_per_task / per_round;
+  std::string valid = "none: train.tokens_per_task is not a multiple of train.micro_batch_tokens";
+  auto exact = train;
+  exact.batch_rounding = "error";
+  if (const auto sizes = world_sizes_with(exact, train.tokens_per_task, world_size);
+      !sizes.empty()) {
+    valid = fmt::format("{}", fmt::join(sizes, ", "));
+  }
+  XLME_FAIL(
+      "train.tokens_per_task = {} is not a whole number of micro-batches over {} rank(s) "
+      "(train.micro_batch_tokens = {}: {:.3g} per rank){}; the world sizes nearest to {} that "
+      "divide it: {}. Launch on one of those, change train.tokens_per_task or "
+      "train.micro_batch_tokens, or set train.batch_rounding=up ({}) or down ({})",
+      train.tokens_per_task, world_size, train.micro_batch_tokens,
+      static_cast<double>(train.tokens_per_task) / static_cast<double>(per_round),
+      train.batch_rounding == "down" ? " and rounding down leaves no micro-batch" : "", world_size,
+      valid, change(below + 1), change(below));
+}
+
 // --- Trainer ------------------------------------------------------------------------------------
 
 Trainer::Trainer(const config::Config& config, model::ElectraModel model, data::BatchSource& source,
@@ -167,18 +232,33 @@ Trainer::Trainer(const config::Config& config, model::ElectraModel model, data::
   for (const auto& buffer : model_->buffers()) state.push_back(buffer);
   dist::broadcast_tensors(*comm_, state, 0);
   optimizer_ = optim::make_adamw(parameters_, config.train);
+  const bool zero = config.train.zero == 1;
+  buckets_ = std::make_unique<GradientBuckets>(
+      parameters_, config.dist.bucket_mb << 20, *comm_,
+      zero ? GradientBuckets::Reduction::kReduceScatter : GradientBuckets::Reduction::kAllReduce);
+  if (zero) {
+    sharded_ = std::make_unique<optim::ShardedAdamW>(parameters_, buckets_->segments(),
+                                                     buckets_->shard_size(), config.train);
+  }
   // Enough micro-batches per task for train.tokens_per_task tokens over all ranks.
-  const int64_t per_round = comm_->world_size() * config.train.micro_batch_tokens;
-  micro_batches_ = (config.train.tokens_per_task + per_round - 1) / per_round;
-  if (micro_batches_ * per_round != config.train.tokens_per_task && comm_->rank() == 0) {
-    spdlog::warn(
+  const GlobalBatch batch = global_batch(config.train, comm_->world_size());
+  micro_batches_ = batch.micro_batches;
+  tokens_per_step_ = batch.tokens_per_step;
+  if (comm_->rank() == 0) {
+    const std::string said = fmt::format(
         "tokens per step: {} per task ({} micro-batch(es) of train.micro_batch_tokens = {} on "
-        "each of {} rank(s)), not train.tokens_per_task = {}: the global batch is rounded up to "
-        "whole micro-batches on every rank ({:+.1f}%)",
-        micro_batches_ * per_round, micro_batches_, config.train.micro_batch_tokens,
-        comm_->world_size(), config.train.tokens_per_task,
-        100.0 * static_cast<double>(micro_batches_ * per_round - config.train.tokens_per_task) /
-            static_cast<double>(config.train.tokens_per_task));
+        "each of {} rank(s))",
+        tokens_per_step_, micro_batches_, config.train.micro_batch_tokens, comm_->world_size());
+    if (tokens_per_step_ == config.train.tokens_per_task) {
+      spdlog::info("{} = train.tokens_per_task", said);
+    } else {
+      spdlog::warn(
+          "{}, not train.tokens_per_task = {}: rounded {} (train.batch_rounding) to whole "
+          "micro-batches on every rank ({:+.1f}%)",
+          said, config.train.tokens_per_task, config.train.batch_rounding,
+          100.0 * static_cast<double>(tokens_per_step_ - config.train.tokens_per_task) /
+              static_cast<double>(config.train.tokens_per_task));
+    }
   }
   bf16_ = uses_bf16(config.train.precision, device_);
   enable_tf32(device_);
@@ -199,6 +279,7 @@ bool Trainer::stop_requested() {
 void Trainer::dry_run() {
   ForkedRng fork(device_);  // dropout and sampling draw from a fork: training is unchanged
   model_->train();
+  buckets_->attach();
   for (const data::Task task : kTasks) {
     if (objectives_.term_names(task).empty()) continue;
     const bool mono = task == data::Task::kMono;
@@ -245,6 +326,7 @@ StepRecord Trainer::train_step() {
   StepRecord record;
   PhaseClock clock(record.seconds, device_, phase_timing_);
   remember_state_before_step();
+  buckets_->attach();
 
   // 1. Every micro-batch of the step, and the counts its terms are normalized by (all ranks).
   const std::vector<data::Batch> batches = next_micro_batches();
@@ -266,14 +348,19 @@ StepRecord Trainer::train_step() {
     const AutocastScope step_autocast(device_, bf16_);
     const SyncDebugScope no_host_waits(device_);
     for (std::size_t b = 0; b < batches.size(); ++b) {
+      const bool last = b + 1 == batches.size();
+      // The last backward sends each gradient bucket as it completes (dist.overlap), and the
+      // buckets left are sent right after it, before the stop vote's sum on every rank.
+      if (last) buckets_->arm(config_.dist.overlap);
       forward_backward(batches[b], inputs[b], normalizers, sums, clock);
-      const bool stopping = stop.after_micro_batch(b + 1 == batches.size());
+      if (last) buckets_->flush();
+      const bool stopping = stop.after_micro_batch(last);
       clock.lap("communication");
       if (stopping) return abandon_step(std::move(record));
     }
   }
 
-  // 3. Gradients and term sums summed over ranks.
+  // 3. Gradients (waited for) and term sums summed over ranks.
   const torch::Tensor reduced_sums = sum_over_ranks(sums);
   clock.lap("communication");
 
@@ -320,27 +407,44 @@ torch::Tensor Trainer::gradient_presence() const {
   auto host = torch::empty({static_cast<int64_t>(parameters_.size())},
                            options.pinned_memory(device_.is_cuda()));
   double* flags = host.data_ptr<double>();
-  for (const auto& p : parameters_) *flags++ = p.grad().defined() ? 1.0 : 0.0;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    *flags++ = buckets_->present(i) ? 1.0 : 0.0;
+  }
   return host.to(device_, /*non_blocking=*/true);
 }
 
-// All-reduces the gradients and returns `sums` flattened and summed over the ranks: losses were
-// divided by global counts, so the sum of the ranks' gradients is the gradient of the step's L.
-// gradient_presence() rides along with the sums (no collective of its own): the all-reduce gives
-// every parameter a gradient, zeros where no rank had one, and read_step_totals drops those again.
+// Waits for the gradient buckets (sent during and after the last backward) and returns `sums`
+// flattened and summed over the ranks: losses were divided by global counts, so the sum of the
+// ranks' gradients is the gradient of the step's L. gradient_presence() rides along with the sums
+// (no collective of its own): every parameter's gradient is a view of a zeroed bucket, and
+// read_step_totals drops the gradients no rank had. With ZeRO-1 the squared norm of this rank's
+// shard of the gradients rides along too: their sum is the squared global norm.
+// [term sums, gradient presence (more than one process), squared norm (ZeRO-1)]
 torch::Tensor Trainer::sum_over_ranks(const objectives::TermSums& sums) {
-  const torch::Tensor presence = gradient_presence();
-  dist::all_reduce_gradients(*comm_, parameters_, config_.dist.bucket_mb << 20, /*average=*/false);
-  return summed_over_ranks(*comm_, torch::cat({sums.flatten(device_), presence}));
+  std::vector<torch::Tensor> parts{sums.flatten(device_), gradient_presence()};
+  buckets_->wait();
+  if (sharded_) {
+    parts.push_back(
+        torch::linalg_vector_norm(buckets_->shard(), 2, c10::nullopt, false, torch::kFloat64)
+            .pow(2)
+            .reshape({1}));
+  }
+  if (comm_->world_size() == 1) {
+    present_everywhere_.assign(parameters_.size(), 0);
+    for (std::size_t i = 0; i < parameters_.size(); ++i)
+      present_everywhere_[i] = buckets_->present(i);
+    if (!sharded_) drop_gradients_absent_on_every_rank();  // the norm leaves them out
+  }
+  return summed_over_ranks(*comm_, torch::cat(parts));
 }
 
 // A parameter that got no gradient on any rank (e.g. the last layer's FFN of a distillation
-// student without distill.hidden_cosine) loses the zero gradient the all-reduce gave it, so that
-// the optimizer leaves it and its moments alone, as with one process: AdamW would otherwise decay
-// its weights every step. `presence`: gradient_presence() summed over the ranks.
-void Trainer::drop_gradients_absent_on_every_rank(const double* presence) {
-  for (auto& p : parameters_) {
-    if (*presence++ == 0.0) p.mutable_grad() = torch::Tensor();
+// student without distill.hidden_cosine) loses the zero gradient its bucket gave it, so that
+// the optimizer leaves it and its moments alone: AdamW would otherwise decay its weights every
+// step. Reads present_everywhere_.
+void Trainer::drop_gradients_absent_on_every_rank() {
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    if (!present_everywhere_[i]) parameters_[i].mutable_grad() = torch::Tensor();
   }
 }
 
@@ -352,9 +456,19 @@ void Trainer::update_parameters(StepRecord& record) {
     return;
   }
   bad_in_a_row_ = 0;
-  clip_gradients(parameters_, config_.train.clip_norm, record.grad_norm);
-  set_learning_rate(*optimizer_, record.lr);
-  optimizer_->step();
+  if (sharded_) {
+    // ZeRO-1: this rank clips and steps its shard, then every rank gets every rank's weights.
+    const double max_norm = config_.train.clip_norm;
+    if (max_norm > 0 && record.grad_norm > max_norm) {
+      buckets_->shard().mul_(max_norm / (record.grad_norm + 1e-6));
+    }
+    sharded_->step(buckets_->shard(), present_everywhere_, record.lr);
+    buckets_->all_gather_parameters();
+  } else {
+    clip_gradients(parameters_, config_.train.clip_norm, record.grad_norm);
+    set_learning_rate(*optimizer_, record.lr);
+    optimizer_->step();
+  }
   optim::clear_gradients(parameters_);
 }
 
@@ -413,6 +527,7 @@ Trainer::MicroBatchLoss Trainer::forward(const data::Batch& batch, const model::
 // Every rank abandoned the step after the same micro-batch: nothing is updated, and step() is
 // still the previous step.
 StepRecord Trainer::abandon_step(StepRecord record) {
+  buckets_->wait();  // the buckets every rank sent after the last backward
   for (auto& p : parameters_) p.mutable_grad() = torch::Tensor();
   interrupted_ = true;
   record.interrupted = true;
@@ -425,16 +540,24 @@ StepRecord Trainer::abandon_step(StepRecord record) {
 void Trainer::read_step_totals(StepRecord& record, const objectives::TermSums& sums,
                                const torch::Tensor& reduced_sums, const torch::Tensor& counts) {
   const int64_t terms = static_cast<int64_t>(objectives_.term_names().size());
+  const int64_t presence_size =
+      comm_->world_size() > 1 ? static_cast<int64_t>(parameters_.size()) : 0;
+  // ZeRO-1: the global norm from the summed squared norms of the shards.
+  const torch::Tensor norm = sharded_ ? reduced_sums.narrow(0, reduced_sums.size(0) - 1, 1).sqrt()
+                                      : gradient_norm(parameters_).to(torch::kFloat64).reshape({1});
   // [term sums, gradient presence (more than one process), tokens, FLOPs, gradient norm]
-  const auto host = torch::cat({reduced_sums, counts.narrow(0, terms, 2),
-                                gradient_norm(parameters_).to(torch::kFloat64).reshape({1})})
+  const auto host = torch::cat({reduced_sums.narrow(0, 0, sums.flat_size() + presence_size),
+                                counts.narrow(0, terms, 2), norm})
                         .cpu();
   record.sums = sums.unflatten(host.narrow(0, 0, sums.flat_size()));
   record.terms = record.sums.summary();
   record.loss = record.sums.total_loss();
   const double* presence = host.data_ptr<double>() + sums.flat_size();
-  const int64_t presence_size = reduced_sums.size(0) - sums.flat_size();
-  if (presence_size > 0) drop_gradients_absent_on_every_rank(presence);
+  if (presence_size > 0) {
+    present_everywhere_.assign(parameters_.size(), 0);
+    for (int64_t i = 0; i < presence_size; ++i) present_everywhere_[i] = presence[i] != 0.0;
+    if (!sharded_) drop_gradients_absent_on_every_rank();
+  }
   const double* tail = presence + presence_size;
   record.tokens = static_cast<int64_t>(tail[0]);
   record.flops = tail[1];
@@ -457,74 +580,143 @@ void Trainer::skip_update(StepRecord& record) {
              bad_in_a_row_);
 }
 
+namespace {
+
+// The size and CRC32 of the file each rank wrote, [2 x world] (-1: not written), as a slot per rank
+// summed over the ranks.
+std::vector<double> rank_file_records(dist::Communicator& comm, const std::string& file,
+                                      bool written) {
+  std::vector<double> records(2 * static_cast<std::size_t>(comm.world_size()), 0.0);
+  const auto r = static_cast<std::size_t>(comm.rank());
+  std::error_code ec;
+  const auto size = written ? fs::file_size(file, ec) : 0;
+  records[2 * r] = written && !ec ? static_cast<double>(size) : -1.0;
+  records[2 * r + 1] = written && !ec ? static_cast<double>(file_crc32(file)) : 0.0;
+  return comm.reduce_scalars(records, dist::ScalarOp::kSum);
+}
+
+// Throws, naming the rank and the folder, unless every rank's file is in rank 0's `folder` as that
+// rank wrote it (`records`: rank_file_records).
+void check_rank_files(const std::string& folder, const std::vector<double>& records) {
+  const std::string shared =
+      "rank 0 commits a checkpoint only with every rank's file in it: run.out_dir must be one "
+      "folder that every rank shares (a file system every node mounts at the same path)";
+  for (std::size_t r = 0; 2 * r < records.size(); ++r) {
+    const std::string file =
+        (fs::path(folder) / checkpoint::rank_file(static_cast<int>(r))).string();
+    XLME_CHECK(records[2 * r] >= 0,
+               "checkpoint not saved: rank {} could not write {} into the checkpoint folder '{}' "
+               "(its log says why); {}",
+               r, checkpoint::rank_file(static_cast<int>(r)), folder, shared);
+    std::error_code ec;
+    const auto size = fs::file_size(file, ec);
+    XLME_CHECK(!ec,
+               "checkpoint not saved: rank {}'s file is not in rank 0's checkpoint folder "
+               "'{}' ({} is missing: rank {} wrote it into another folder of the same name); {}",
+               r, folder, checkpoint::rank_file(static_cast<int>(r)), r, shared);
+    XLME_CHECK(static_cast<double>(size) == records[2 * r] &&
+                   static_cast<double>(file_crc32(file)) == records[2 * r + 1],
+               "checkpoint not saved: {} in rank 0's checkpoint folder '{}' is not the file rank "
+               "{} wrote ({} bytes there, {} written: another run's, or rank {} wrote into another "
+               "folder of the same name); {}",
+               checkpoint::rank_file(static_cast<int>(r)), folder, r, size, records[2 * r], r,
+               shared);
+  }
+}
+
+}  // namespace
+
 std::string Trainer::save_checkpoint(const CheckpointManager& manager) {
-  // Every rank writes its reader and RNG state into the temporary folder between the barriers.
-  const auto write_rank_state = [&](const std::string& folder) {
-    comm_->barrier();  // the folder exists
-    torch::serialize::OutputArchive archive;
-    archive.write("reader", c10::IValue(interrupted_ ? reader_before_step_ : source_.state()));
-    const GeneratorStates rng = interrupted_ ? rng_before_step_ : generator_states(device_);
-    archive.write("rng_cpu", rng.cpu);
-    if (rng.device.defined()) archive.write("rng_device", rng.device);
-    checkpoint::save_archive(archive,
-                             (fs::path(folder) / checkpoint::rank_file(comm_->rank())).string());
-    comm_->barrier();  // every rank's file is written
-  };
-  if (comm_->rank() == 0) {
-    // A save that fails leaves the earlier checkpoints as they were and no temporary folder.
-    manager.save(step_, [&](const std::string& folder) {
-      write_rank_state(folder);
+  // ZeRO-1: the optimizer state gathered from every rank's shard (every rank takes part).
+  std::vector<torch::Tensor> exp_avg, exp_avg_sq;
+  if (sharded_) {
+    exp_avg = buckets_->gather_whole(sharded_->exp_avg());
+    exp_avg_sq = buckets_->gather_whole(sharded_->exp_avg_sq());
+  }
+  // The same collectives on every rank whatever fails: barrier (rank 0 made the temporary
+  // folder), the ranks' file records, rank 0's verdict. So a failure on one rank ends the save on
+  // every rank with an error instead of leaving the others waiting.
+  const bool leader = comm_->rank() == 0;
+  std::exception_ptr error;  // this rank's, when its part failed
+  if (leader) {
+    try {
+      manager.begin(step_);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  comm_->barrier();
+  const std::string folder = manager.temporary_path_for(step_);
+  const std::string my_file = (fs::path(folder) / checkpoint::rank_file(comm_->rank())).string();
+  bool written = false;
+  if (!error) {
+    try {
+      // The reader and RNG state of this rank (before an interrupted step: that step is repeated).
+      XLME_CHECK(fs::is_directory(folder),
+                 "rank {}: the checkpoint folder '{}' that rank 0 made is not there: run.out_dir "
+                 "'{}' is not a folder every rank shares",
+                 comm_->rank(), folder, config_.run.out_dir);
+      torch::serialize::OutputArchive archive;
+      archive.write("reader", c10::IValue(interrupted_ ? reader_before_step_ : source_.state()));
+      const GeneratorStates rng = interrupted_ ? rng_before_step_ : generator_states(device_);
+      archive.write("rng_cpu", rng.cpu);
+      if (rng.device.defined()) archive.write("rng_device", rng.device);
+      checkpoint::save_archive(archive, my_file);
+      written = true;
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  const std::vector<double> records = rank_file_records(*comm_, my_file, written);
+  if (leader && !error) {
+    try {
+      check_rank_files(folder, records);
       const auto file = [&](const char* name) { return (fs::path(folder) / name).string(); };
       torch::serialize::OutputArchive model_archive, optimizer_archive;
       model_->save(model_archive);
       checkpoint::save_archive(model_archive, file(checkpoint::kModelFile));
+      if (sharded_) sharded_->put_whole_into(*optimizer_, exp_avg, exp_avg_sq);
       optimizer_->save(optimizer_archive);
+      if (sharded_) optimizer_->state().clear();
       checkpoint::save_archive(optimizer_archive, file(checkpoint::kOptimizerFile));
-      checkpoint::write_trainer_state(file(checkpoint::kTrainerStateFile),
-                                      {step_, tokens_seen_, skipped_steps_, comm_->world_size()});
+      checkpoint::write_trainer_state(
+          file(checkpoint::kTrainerStateFile),
+          {step_, tokens_seen_, skipped_steps_, comm_->world_size(), tokens_per_step_});
       config::save_config(config_, file(checkpoint::kConfigFile));
       if (!config_.data.tokenizer.empty() && fs::is_regular_file(config_.data.tokenizer)) {
         write_file_atomic(file(checkpoint::kTokenizerFile),
                           read_file(config_.data.tokenizer, "tokenizer"));
       }
-    });
-  } else {
-    write_rank_state(manager.temporary_path_for(step_));
+      manager.commit(step_);
+    } catch (...) {
+      if (sharded_) optimizer_->state().clear();
+      error = std::current_exception();
+    }
   }
-  comm_->barrier();
+  // A save that fails leaves the earlier checkpoints as they were and no temporary folder.
+  if (leader && error) manager.abort(step_);
+  const bool saved =
+      comm_->reduce_scalars({leader && !error ? 1.0 : 0.0}, dist::ScalarOp::kSum).front() > 0;
+  if (error) std::rethrow_exception(error);
+  XLME_CHECK(saved,
+             "rank {}: rank 0 did not save the checkpoint of step {} (its log says why); no "
+             "checkpoint was written",
+             comm_->rank(), step_);
   return manager.path_for(step_);
 }
 
 namespace {
 
-// "a.b.c" -> value of every scalar or list under `node`.
-void flatten_yaml(const YAML::Node& node, const std::string& prefix,
-                  std::map<std::string, std::string>& out) {
-  if (node.IsMap()) {
-    for (const auto& item : node) {
-      const std::string key = item.first.as<std::string>();
-      flatten_yaml(item.second, prefix.empty() ? key : prefix + "." + key, out);
-    }
-  } else {
-    out[prefix] = YAML::Dump(node);
-  }
-}
-
 // The model.* fields in which the checkpoint's config file `saved_config` differs from `config`,
 // as "model.hidden_size: 32 in the checkpoint, 64 now"; empty when they agree or the checkpoint's
-// config cannot be read. Dropout, initialization and sampling temperature may change on resume.
+// config could not be read (`saved` empty). Dropout, initialization and sampling temperature may
+// change on resume.
 std::vector<std::string> model_differences(const config::Config& config,
-                                           const std::string& saved_config) {
+                                           const std::map<std::string, std::string>& saved) {
   static const std::set<std::string> may_change = {"model.dropout", "model.attention_dropout",
                                                    "model.init_std",
                                                    "model.generator.sampling_temperature"};
-  std::map<std::string, std::string> saved, current;
-  try {
-    flatten_yaml(config::load_yaml_file(saved_config), "", saved);
-    flatten_yaml(YAML::Load(config::to_yaml(config)), "", current);
-  } catch (const YAML::Exception&) {
-    return {};
-  }
+  const auto current = config::flat_values(config::to_yaml(config));
   std::vector<std::string> out;
   for (const auto& [key, value] : current) {
     if (key.rfind("model.", 0) != 0 || may_change.count(key)) continue;
@@ -536,7 +728,56 @@ std::vector<std::string> model_differences(const config::Config& config,
   return out;
 }
 
+// The checkpoint's config.yaml as flat_values; empty when it cannot be read.
+std::map<std::string, std::string> saved_values(const std::string& file) {
+  try {
+    return config::flat_values(YAML::Dump(config::load_yaml_file(file)));
+  } catch (const YAML::Exception&) {
+    return {};
+  }
+}
+
 }  // namespace
+
+// Refuses to change the tokens per step of the run `saved` comes from (another world size rounds
+// train.tokens_per_task otherwise), unless train.tokens_per_task itself was changed.
+void Trainer::check_tokens_per_step(const checkpoint::TrainerState& saved,
+                                    const std::map<std::string, std::string>& saved_config,
+                                    const std::string& path) const {
+  int64_t before = saved.tokens_per_step;
+  const auto value = [&](const std::string& key) -> int64_t {
+    const auto it = saved_config.find(key);
+    return it == saved_config.end() ? 0 : std::atoll(it->second.c_str());
+  };
+  const int64_t saved_tokens_per_task = value("train.tokens_per_task");
+  if (before == 0 && saved_tokens_per_task > 0 && value("train.micro_batch_tokens") > 0) {
+    // Written before trainer.yaml recorded it: the rounding then was always up.
+    const int64_t per_round = saved.world_size * value("train.micro_batch_tokens");
+    before = (saved_tokens_per_task + per_round - 1) / per_round * per_round;
+  }
+  if (before == 0 || before == tokens_per_step_) return;
+  if (saved_tokens_per_task != config_.train.tokens_per_task) {
+    if (comm_->rank() == 0) {
+      spdlog::info(
+          "the global batch changes from {} to {} tokens per step and task, as "
+          "train.tokens_per_task changed from {} to {}",
+          before, tokens_per_step_, saved_tokens_per_task, config_.train.tokens_per_task);
+    }
+    return;
+  }
+  const auto sizes = world_sizes_with(config_.train, before, comm_->world_size());
+  XLME_FAIL(
+      "checkpoint '{}' was trained with {} tokens per step and task on {} rank(s); on {} rank(s) "
+      "a step would hold {} ({:+.1f}%: {} micro-batch(es) of train.micro_batch_tokens = {} per "
+      "rank, train.batch_rounding={}), which would change the run's optimization. Resume on a "
+      "world size that keeps {} tokens per step ({}), or set train.tokens_per_task to the global "
+      "batch you want (a deliberate change, said at resume)",
+      path, before, saved.world_size, comm_->world_size(), tokens_per_step_,
+      100.0 * static_cast<double>(tokens_per_step_ - before) / static_cast<double>(before),
+      micro_batches_, config_.train.micro_batch_tokens, config_.train.batch_rounding, before,
+      sizes.empty() ? std::string("none with these settings")
+                    : fmt::format("{} rank(s)", fmt::join(sizes, ", ")));
+}
 
 void Trainer::load_checkpoint(const VerifiedFiles& files) {
   // Every file below is read through the verified manifest: an unlisted file is never read.
@@ -544,12 +785,14 @@ void Trainer::load_checkpoint(const VerifiedFiles& files) {
   const checkpoint::TrainerState saved =
       checkpoint::read_trainer_state(files.path(checkpoint::kTrainerStateFile));
   // Checked before loading: a tensor of another shape would be loaded as it is.
-  const auto differences = model_differences(config_, files.path(checkpoint::kConfigFile));
+  const auto saved_config = saved_values(files.path(checkpoint::kConfigFile));
+  const auto differences = model_differences(config_, saved_config);
   XLME_CHECK(differences.empty(),
              "checkpoint '{}' holds another model than the config describes ({}); a run resumes "
              "with the model it started with: set these fields back, or start a new run in "
              "another run.out_dir (--init-from can take over matching weights)",
              path, fmt::join(differences, "; "));
+  check_tokens_per_step(saved, saved_config, path);
   const std::string model_file = files.path(checkpoint::kModelFile);
   const std::string optimizer_file = files.path(checkpoint::kOptimizerFile);
   std::vector<std::string> rank_files;
@@ -571,6 +814,7 @@ void Trainer::load_checkpoint(const VerifiedFiles& files) {
     XLME_FAIL("cannot load the optimizer state of checkpoint '{}' from '{}': {}", path,
               optimizer_file, e.what_without_backtrace());
   }
+  if (sharded_) sharded_->take_shard_of(*optimizer_);  // ZeRO-1: this rank's shard alone
   step_ = saved.step;
   tokens_seen_ = saved.tokens_seen;
   skipped_steps_ = saved.skipped_steps;

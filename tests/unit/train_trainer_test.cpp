@@ -334,9 +334,10 @@ TEST(Trainer, Bf16WeightsAreCastOncePerStepNotPerMicroBatch) {
 // and the start-up log says so with both numbers and the world size (issue 35: Base on 24 GPUs
 // trained +12.5% tokens per step without a word); an even split says nothing.
 TEST(Trainer, RoundedGlobalBatchIsLoggedAtStart) {
-  auto start_log = [](int64_t tokens_per_task) {
+  auto start_log = [](int64_t tokens_per_task, const std::string& rounding) {
     auto c = tiny_config(4, 1, 0.0);  // micro_batch_tokens = 64
     c.train.tokens_per_task = tokens_per_task;
+    c.train.batch_rounding = rounding;
     auto source = make_source(c, 4);
     std::ostringstream log;
     auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
@@ -345,16 +346,56 @@ TEST(Trainer, RoundedGlobalBatchIsLoggedAtStart) {
     spdlog::default_logger()->sinks().pop_back();
     return std::make_pair(trainer.micro_batches_per_task(), log.str());
   };
-  const auto [rounded, warning] = start_log(160);
+  const auto [rounded, warning] = start_log(160, "up");
   EXPECT_EQ(rounded, 3);
   EXPECT_TRUE(contains_all(
       warning,
       {"tokens per step: 192 per task", "3 micro-batch(es) of train.micro_batch_tokens = 64",
-       "on each of 1 rank(s)", "train.tokens_per_task = 160", "+20.0%"}))
+       "on each of 1 rank(s)", "train.tokens_per_task = 160", "rounded up", "+20.0%"}))
       << warning;
-  const auto [even, quiet] = start_log(128);
+  const auto [down, down_warning] = start_log(160, "down");
+  EXPECT_EQ(down, 2);
+  EXPECT_TRUE(
+      contains_all(down_warning, {"tokens per step: 128 per task", "rounded down", "-20.0%"}))
+      << down_warning;
+  // The tokens per step are said at start whether or not they were rounded.
+  const auto [even, said] = start_log(128, "error");
   EXPECT_EQ(even, 2);
-  EXPECT_EQ(quiet.find("tokens per step"), std::string::npos) << quiet;
+  EXPECT_TRUE(contains_all(said, {"tokens per step: 128 per task", "= train.tokens_per_task"}))
+      << said;
+  // train.batch_rounding=error (the default) refuses, naming the world sizes that divide it.
+  EXPECT_TRUE(contains_all(error_message([&] { start_log(160, "error"); }),
+                           {"train.tokens_per_task = 160 is not a whole number of micro-batches "
+                            "over 1 rank(s)",
+                            "none: train.tokens_per_task is not a multiple of "
+                            "train.micro_batch_tokens",
+                            "train.batch_rounding=up (3 per rank, 192 tokens per step, +20.0%)",
+                            "down (2 per rank, 128 tokens per step, -20.0%)"}));
+}
+
+// Issue 35 point 6: Base (1,048,576 tokens per task in micro-batches of 16,384) on 24 GPUs is 2.67
+// micro-batches per rank: refused by default, naming the world sizes nearest to 24 that divide it
+// and what rounding up (+12.5%) or down (-25%) would give.
+TEST(Trainer, AGlobalBatchThatDoesNotDivideIsRefusedNamingTheNearestWorldSizes) {
+  config::TrainConfig base;
+  EXPECT_EQ(global_batch(base, 64).micro_batches, 1);
+  EXPECT_EQ(global_batch(base, 8).micro_batches, 8);
+  EXPECT_TRUE(contains_all(error_message([&] { global_batch(base, 24); }),
+                           {"train.tokens_per_task = 1048576 is not a whole number of "
+                            "micro-batches over 24 rank(s)",
+                            "the world sizes nearest to 24 that divide it: 4, 8, 16, 32",
+                            "up (3 per rank, 1179648 tokens per step, +12.5%)",
+                            "down (2 per rank, 786432 tokens per step, -25.0%)"}));
+  base.batch_rounding = "up";
+  EXPECT_EQ(global_batch(base, 24).tokens_per_step, 1179648);
+  EXPECT_EQ(global_batch(base, 40).tokens_per_step, 1310720);  // +25%
+  base.batch_rounding = "down";
+  EXPECT_EQ(global_batch(base, 48).tokens_per_step, 786432);
+  EXPECT_TRUE(contains_all(error_message([&] { global_batch(base, 128); }),
+                           {"rounding down leaves no micro-batch"}));
+  base.batch_rounding = "error";
+  EXPECT_EQ(world_sizes_with(base, 1048576, 24), (std::vector<int>{4, 8, 16, 32}));
+  EXPECT_EQ(world_sizes_with(base, 1048576, 64, 2), (std::vector<int>{32, 64}));
 }
 
 }  // namespace

@@ -37,6 +37,9 @@ struct TrainerState {
   int64_t tokens_seen = 0;
   int64_t skipped_steps = 0;
   int world_size = 1;
+  // Tokens per optimizer step and task over all ranks; 0 in checkpoints from before it was
+  // recorded (a resume then computes it from their config.yaml).
+  int64_t tokens_per_step = 0;
 };
 
 // Reads trainer.yaml at `file` (a path from VerifiedFiles); a missing, malformed or out-of-range

@@ -3,13 +3,15 @@
 //   fetch every micro-batch of the step -> all-reduce the term counts (the normalizers) ->
 //   forward (bf16 autocast when train.precision says so) + backward each micro-batch, agreeing
 //   on stop signals after each (read one micro-batch late: no host synchronization) -> all-reduce
-//   gradients in buckets -> grad norm, read with the statistics in the step's one host
-//   synchronization (skip the update if non-finite) -> clip -> AdamW with the scheduled lr ->
+//   gradients in buckets (gradient_buckets.h: sent during the last backward with dist.overlap;
+//   reduce-scattered with train.zero=1) -> grad norm, read with the statistics in the step's one
+//   host synchronization (skip the update if non-finite) -> clip -> AdamW with the scheduled lr ->
 //   one record of statistics.
 // Losses are normalized by counts summed over every micro-batch and rank, so k micro-batches give
 // the gradient of one batch k times larger, and R ranks the gradient of the combined batch.
 #pragma once
 
+#include "xlme/checkpoint/layout.h"
 #include "xlme/checkpoint/manager.h"
 #include "xlme/config/config.h"
 #include "xlme/data/batch.h"
@@ -18,6 +20,8 @@
 #include "xlme/objectives/objectives.h"
 #include "xlme/objectives/term_sums.h"
 #include "xlme/optim/schedule.h"
+#include "xlme/optim/zero.h"
+#include "xlme/train/gradient_buckets.h"
 #include "xlme/train/rng.h"
 
 #include <torch/optim/adamw.h>
@@ -25,9 +29,30 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace xlme::train {
+
+// A step's global batch for each task: micro-batches of train.micro_batch_tokens per rank, and the
+// tokens they make over all ranks.
+struct GlobalBatch {
+  int64_t micro_batches = 1;
+  int64_t tokens_per_step = 0;
+};
+
+// The global batch on `world_size` ranks: train.tokens_per_task when it is a whole number of
+// micro-batches over the ranks, else rounded as train.batch_rounding says (up / down to whole
+// micro-batches per rank); nullopt where batch_rounding=error refuses or rounding down leaves none.
+std::optional<GlobalBatch> try_global_batch(const config::TrainConfig& train, int world_size);
+// try_global_batch, or an error that says why and lists the nearest world sizes that divide
+// train.tokens_per_task evenly and what up and down would give.
+GlobalBatch global_batch(const config::TrainConfig& train, int world_size);
+// The world sizes (1..4096) on which try_global_batch gives `tokens_per_step` tokens, the
+// `count` nearest to `world_size` first, returned in increasing order.
+std::vector<int> world_sizes_with(const config::TrainConfig& train, int64_t tokens_per_step,
+                                  int world_size, std::size_t count = 4);
 
 struct StepRecord {
   int64_t step = 0;  // updates done, this one included
@@ -72,9 +97,16 @@ class Trainer {
   // embeddings, heads), the optimizer, the step, the tokens seen, each rank's reader and RNG
   // state, the resolved config and the tokenizer model (when data.tokenizer names one). After an
   // interrupted step the reader and RNG states saved are those from before that step, so that
-  // the resumed run reads and draws it again; train_step() is then no longer allowed. The save
-  // goes through CheckpointManager::save on rank 0 (a failed save leaves no temporary folder);
-  // the load reads the files of a checkpoint that the caller verified (each file once).
+  // the resumed run reads and draws it again; train_step() is then no longer allowed. Rank 0
+  // writes the checkpoint through its CheckpointManager (a failed save leaves no temporary
+  // folder) and commits it only after checking that every rank's file landed in it as that rank
+  // wrote it (size and CRC32): a run.out_dir that is not one shared folder is refused, naming the
+  // rank and the folder, on every rank (no checkpoint without every rank's file). With
+  // train.zero=1 the optimizer state is gathered first, so that the checkpoint is the same as
+  // without ZeRO. The load reads the files of a checkpoint that the caller verified (each file
+  // once); it refuses a checkpoint whose tokens per step this run would change (another world
+  // size) unless train.tokens_per_task was changed on purpose, naming the world sizes that keep
+  // them.
   std::string save_checkpoint(const checkpoint::CheckpointManager& manager);
   void load_checkpoint(const checkpoint::VerifiedFiles& files);
 
@@ -82,6 +114,10 @@ class Trainer {
   int64_t tokens_seen() const { return tokens_seen_; }
   int64_t skipped_steps() const { return skipped_steps_; }
   int64_t micro_batches_per_task() const { return micro_batches_; }
+  // Tokens per step for each task over all ranks (micro-batches x ranks x micro_batch_tokens).
+  int64_t tokens_per_step() const { return tokens_per_step_; }
+  // The gradient buckets (how many, how many were sent during the last step's backward).
+  const GradientBuckets& gradient_buckets() const { return *buckets_; }
   // Synchronize the device at phase boundaries so that StepRecord::seconds is exact (benchmarks).
   void set_phase_timing(bool on) { phase_timing_ = on; }
   model::ElectraModel& model() { return model_; }
@@ -114,8 +150,11 @@ class Trainer {
   torch::Tensor sum_over_ranks(const objectives::TermSums& sums);
   void read_step_totals(StepRecord& record, const objectives::TermSums& sums,
                         const torch::Tensor& reduced_sums, const torch::Tensor& counts);
-  void drop_gradients_absent_on_every_rank(const double* presence);
+  void drop_gradients_absent_on_every_rank();
   void update_parameters(StepRecord& record);
+  void check_tokens_per_step(const checkpoint::TrainerState& saved,
+                             const std::map<std::string, std::string>& saved_config,
+                             const std::string& path) const;
   void skip_update(StepRecord& record);
 
   config::Config config_;
@@ -123,11 +162,18 @@ class Trainer {
   data::BatchSource& source_;
   std::shared_ptr<dist::Communicator> comm_;
   objectives::Objectives objectives_;
+  // The checkpoint's format of the optimizer state; with train.zero=1 empty but while a checkpoint
+  // is saved or loaded (sharded_ keeps this rank's shard).
   std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<GradientBuckets> buckets_;
+  std::unique_ptr<optim::ShardedAdamW> sharded_;  // train.zero=1
+  // Per parameter, after the step's reduction: whether some rank got a gradient for it.
+  std::vector<char> present_everywhere_;
   optim::LinearSchedule schedule_;
   std::vector<torch::Tensor> parameters_;
   torch::Device device_;
   int64_t micro_batches_ = 1;
+  int64_t tokens_per_step_ = 0;
   int64_t step_ = 0;
   int64_t tokens_seen_ = 0;
   int64_t skipped_steps_ = 0;
