@@ -119,9 +119,10 @@ pack() {
   # The build folder's files that the tests and benchmarks use.
   (cd "$build_dir" && cp --parents xlme-data xlme-pretrain xlme-finetune xlme-export libxlme_spm.so \
     CTestTestfile.cmake tests/CTestTestfile.cmake tests/xlme_unit_tests tests/xlme_integration_tests \
-    tests/xlme-bench-ops tests/*_tests.cmake tests/*_include.cmake "$stage/build/")
+    tests/xlme-bench-ops tests/xlme-bench-attn tests/*_tests.cmake tests/*_include.cmake \
+    "$stage/build/")
   local elves=("$stage"/build/xlme-* "$stage/build/libxlme_spm.so" "$stage"/build/tests/xlme_*_tests
-               "$stage/build/tests/xlme-bench-ops")
+               "$stage/build/tests/xlme-bench-ops" "$stage/build/tests/xlme-bench-attn")
   strip "${elves[@]}"
   # The programs the tests call, and every library the bundle loads from outside the wheel's
   # site-packages and the C and C++ runtime every Linux has.

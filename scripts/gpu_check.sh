@@ -17,14 +17,17 @@
 #   deps       whether the carried prebuilt libraries link and run here (glibc, libstdc++); the
 #              ones that do not are built from the carried Debian sources into the build folder
 #   configure  cmake (once; later calls reuse the build folder .gpubuild/ and only rebuild)
-#   build      ninja -j$(nproc): the binaries and both test executables
+#   build      ninja -j$(nproc): the binaries, both test executables and the two benchmarks
 #   flags      XLME_WITH_CUDA and USE_C10D_NCCL in the build; where gloo/ and fmt/ headers came from
 #   cuda_tests ctest -R 'Cuda' (tests/integration/cuda_test.cpp and the unit tests with Cuda in
 #              their names, e.g. MultiTensorAdamW.CudaStepsEqualTheCpuSteps), one process per test
+#   cuda_tests_fused_attention  the attention's CUDA tests again with XLME_OPS=attention=fused
 #   bench_*    xlme-pretrain --benchmark: base (configs/pretrain/base.yaml, bf16) and small
 #              (configs/pretrain/demo_small_gpu.yaml), each with model.attention=sdpa and =math;
 #              base with micro-batches twice as large
 #   ops_bench  tests/xlme-bench-ops: each fused op against its reference at Base's shapes
+#   attn_bench tests/xlme-bench-attn: the attention's paths, the fused kernel, cuDNN's SDPA and the
+#              flash kernel without bias (the ceiling), Base's shapes, TFLOP/s forward and backward
 #   bench_base_fused  the Base benchmark with XLME_OPS=fused (every Triton kernel on)
 #   profile_base  --benchmark 2 --profile: Base's device time per operator, into bench.log
 #   peer_base_*   scripts/peer_hf_electra.py (HuggingFace ELECTRA, Base shapes), plain and with
@@ -105,7 +108,7 @@ prepare() {
 
 case "${1:-}" in
   --prepare) prepare; exit 0 ;;
-  -h | --help | "") sed -n '2,27p' "$0"; exit 0 ;;
+  -h | --help | "") sed -n '2,30p' "$0"; exit 0 ;;
 esac
 out=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "gpu_check.sh: cannot create $1" >&2; exit 2; }
 
@@ -393,7 +396,8 @@ run_step configure 150 "$out/build.log" -- bash -c "$(declare -f configure); bui
 built_ok=0
 build_only=${XLME_GPU_CHECK_BUILD_ONLY:-0}
 targets="xlme-pretrain xlme-export xlme-data xlme-finetune"
-[ "$build_only" = 1 ] || targets="$targets xlme_unit_tests xlme_integration_tests"
+[ "$build_only" = 1 ] ||
+  targets="$targets xlme_unit_tests xlme_integration_tests xlme-bench-ops xlme-bench-attn"
 if [ -f "$build/build.ninja" ]; then
   run_step build "${XLME_GPU_CHECK_BUILD_S:-330}" "$out/build.log" -- \
     ninja -C "$build" -j"$nproc" $targets &&
@@ -443,6 +447,10 @@ elif [ "$built_ok" = 1 ]; then
   export XLME_REFERENCE_PYTHON=${XLME_REFERENCE_PYTHON:-$(command -v python3)}
   run_step cuda_tests 240 "$out/tests.log" -- \
     ctest --test-dir "$build" -R 'Cuda' -V --timeout 150 --output-junit "$out/tests.xml"
+  # The attention tests again with the fused kernel wherever model::attention runs (issue 33):
+  # CudaAttention.* then compare it with float64 too.
+  XLME_OPS=attention=fused run_step cuda_tests_fused_attention 90 "$out/tests.log" -- \
+    ctest --test-dir "$build" -R 'CudaAttention|CudaOps\.FusedAttention' -V --timeout 60
 else
   record cuda_tests skipped 0 "the build failed"
 fi
@@ -481,6 +489,10 @@ elif [ "$built_ok" = 1 ]; then
   ops_steps=10
   [ "$cpu_mode" = 1 ] && ops_steps=2
   run_step ops_bench 120 "$out/bench.log" -- "$build/tests/xlme-bench-ops" --steps "$ops_steps"
+  # The attention alone (issue 33): math, SDPA (today's path), the fused kernel, cuDNN's SDPA
+  # with the same mask, and the flash kernel without bias (the ceiling), at Base's shapes.
+  echo "### attn_bench" >>"$out/bench.log"
+  run_step attn_bench 90 "$out/bench.log" -- "$build/tests/xlme-bench-attn" --steps "$ops_steps"
   XLME_OPS=fused bench bench_base_fused "$steps" "${base[0]}" "${base[@]:1}" model.attention=sdpa
   # Micro-batches of 64 sequences (fit in 80 GB: 38 GiB on an H200).
   [ "$cpu_mode" != 1 ] && bench bench_base_sdpa_mb64 "$steps" "${base[0]}" "${base[@]:1}" \

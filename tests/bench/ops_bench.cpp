@@ -16,6 +16,7 @@
 #include "xlme/common/runtime.h"
 #include "xlme/model/attention.h"
 #include "xlme/model/encoder.h"
+#include "xlme/model/relative_position.h"
 #include "xlme/ops/dropout.h"
 #include "xlme/ops/masked_lm.h"
 #include "xlme/ops/registry.h"
@@ -197,7 +198,12 @@ int main(int argc, char** argv) {
   auto apad = torch::zeros({ab, at}, opts.dtype(torch::kBool));
   apad.narrow(1, at - at / 8, at / 8).narrow(0, 0, ab / 2).fill_(true);
   xlme::model::PositionBias abias;
-  abias.table = torch::randn({ah, at, at}, opts).mul_(0.1).requires_grad_();
+  // The model's Toeplitz table (32 buckets up to 128): the fused kernel's far tiles apply.
+  abias.table =
+      xlme::model::toeplitz_bias(torch::randn({ah, 32}, opts).mul_(0.1),
+                                 xlme::model::relative_position_buckets(at, 32, 128, device))
+          .requires_grad_();
+  abias.far = xlme::model::relative_position_far_distance(32, 128);
   abias.gate_u = torch::randn({ah, ad}, opts).mul_(0.02).requires_grad_();
   abias.gate_v = torch::randn({ah, ad}, opts).mul_(0.02).requires_grad_();
   abias.gate_w = torch::ones({ah}, opts).requires_grad_();
