@@ -4,6 +4,7 @@
 #include "xlme/model/electra.h"
 #include "xlme/model/parameter_count.h"
 #include "xlme/train/benchmark.h"
+#include "xlme/train/comm_estimate.h"
 #include "xlme/train/distill.h"
 #include "xlme/train/pretrain.h"
 #include "xlme/train/signals.h"
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
       "pre-train XLM-E: generator + discriminator, MLM + TLM + MRTD + TRTD, DDP over c10d",
       /*run_logs=*/true};
   bool print_model = false;
+  bool comm_estimate = false;
   int64_t benchmark_steps = 0;
   std::string profile_path;
   xlme::train::PretrainOptions run_options;
@@ -46,6 +48,13 @@ int main(int argc, char** argv) {
           }
           return xlme::kExitOk;
         }
+        if (comm_estimate) {
+          XLME_CHECK(config.model.vocab_size > 0,
+                     "--comm-estimate needs model.vocab_size (0 = the tokenizer's size); add e.g. "
+                     "--set model.vocab_size=250002");
+          std::cout << xlme::train::format_communication_estimate(config);
+          return xlme::kExitOk;
+        }
         if (benchmark_steps > 0) {
           std::cout << xlme::train::run_benchmark(config, benchmark_steps, profile_path)
                     << std::endl;
@@ -57,6 +66,10 @@ int main(int argc, char** argv) {
         cli.add_flag("--print-model", print_model,
                      "print the model's parameter count per module, computed from the config "
                      "(nothing is allocated), and exit");
+        cli.add_flag("--comm-estimate", comm_estimate,
+                     "print the gradient communication of one step on 8 and 64 GPUs (NVLink 4, "
+                     "400 Gb/s InfiniBand), estimated from the configured model's gradient "
+                     "bytes, and exit");
         auto* benchmark =
             cli.add_option(
                    "--benchmark", benchmark_steps,
