@@ -7,6 +7,7 @@
 #include "xlme/model/relative_position.h"
 #include "xlme/ops/attention.h"
 #include "xlme/ops/dropout.h"
+#include "xlme/ops/registry.h"
 
 #include <torch/torch.h>
 
@@ -20,7 +21,7 @@ AttentionKernel resolve_attention_kernel(const std::string& name, const torch::D
   if (name == "math") return AttentionKernel::kMath;
   if (name == "sdpa") return AttentionKernel::kSdpa;
   XLME_CHECK(name == "auto", "model.attention must be auto, math or sdpa, not '{}'", name);
-  return device.is_cuda() ? AttentionKernel::kSdpa : AttentionKernel::kMath;
+  return ops::sdpa_by_default(device) ? AttentionKernel::kSdpa : AttentionKernel::kMath;
 }
 
 torch::Tensor gate_factor(const torch::Tensor& q, const PositionBias& bias) {

@@ -82,6 +82,10 @@ std::vector<Choice>& state() {
 
 }  // namespace
 
+bool sdpa_by_default(const torch::Device& device) {
+  return device.is_cuda();
+}
+
 const std::vector<std::string>& op_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n;

@@ -145,6 +145,11 @@ TEST(OpsRegistry, AFusedFormRunsOnlyWhereOneExists) {
             "feed_forward=fused (triton), linear=reference");
 }
 
+TEST(OpsRegistry, ModelAttentionAutoIsSdpaOnCudaAndTheMathPathOnTheCpu) {
+  EXPECT_TRUE(sdpa_by_default(torch::Device(torch::kCUDA, 0)));
+  EXPECT_FALSE(sdpa_by_default(torch::Device(torch::kCPU)));
+}
+
 TEST(OpsRegistry, AnUnknownNameOrValueListsTheValidOnes) {
   const OpsRestored restore;
   EXPECT_EQ(error_message([] { set_ops("dropout=reference,sampler=fused"); }),

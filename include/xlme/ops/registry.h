@@ -36,6 +36,11 @@ enum class Impl { kReference, kFused };
 // What runs for `op` on `device` under the current XLME_OPS (or the last set_ops).
 Impl implementation(Op op, const torch::Device& device);
 
+// Whether model.attention=auto runs LibTorch's scaled-dot-product attention (SDPA) rather than
+// the math path on `device`: on CUDA, where SDPA's kernels are faster; on the CPU the math path
+// is (docs/performance.md). Decided here, with the ops, so that model code never tests devices.
+bool sdpa_by_default(const torch::Device& device);
+
 // The ops' names as XLME_OPS spells them, in Op's order.
 const std::vector<std::string>& op_names();
 
