@@ -400,7 +400,9 @@ void add_catalog(const std::vector<MoEntry>& entries, int64_t per_mille, Languag
 }
 
 std::string read_compressed(const std::string& path) {
-  LineReader reader(path);
+  LineReaderOptions options;
+  options.refuse_cr_line_ends = false;  // Debian's pages, not the user's: an odd one is not fatal
+  LineReader reader(path, options);
   std::string text;
   for (std::string line; reader.next(line);) {
     text += line;

@@ -4,11 +4,11 @@
 #include "xlme/data/batch_writer.h"
 #include "xlme/data/bucketing.h"
 #include "xlme/data/framing.h"
+#include "xlme/data/line_reader.h"
 #include "xlme/data/sampler.h"
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 
@@ -17,12 +17,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The lines of a held-out file, read as every corpus file is (LineReader: LF or CRLF, a BOM
+// dropped, CR-only line ends refused naming the file).
 std::vector<std::string> read_heldout_lines(const std::string& path) {
-  std::ifstream in(path);
-  XLME_CHECK(in.good(), "data.heldout: cannot read {}", path);
+  LineReader reader(path);
   std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  for (std::string line; reader.next(line);) lines.push_back(line);
   return lines;
+}
+
+bool any_text(const std::vector<std::vector<int32_t>>& sentences) {
+  return std::any_of(sentences.begin(), sentences.end(),
+                     [](const std::vector<int32_t>& s) { return !s.empty(); });
 }
 
 // Framed sequences of one task, bucketed, written and masked into `out`.
@@ -103,6 +109,20 @@ std::vector<HeldoutPair> read_heldout(const config::HeldoutConfig& heldout,
       pair.a.push_back(tokenizer.encode(a[i]));
       pair.b.push_back(tokenizer.encode(b[i]));
     }
+    // An empty pair gives validation nothing to evaluate: it logged zeros.
+    XLME_CHECK(any_text(pair.a) || any_text(pair.b),
+               "held-out pair {}: {} and {} hold no text ({}); validation would log zeros. Put "
+               "the held-out pairs there (scripts/prepare_demo_corpus.sh writes them), leave {} "
+               "out of data.heldout.pairs, or set data.heldout.dir= (empty) to train without "
+               "validation",
+               name, path_a, path_b,
+               a.empty() ? std::string("both are empty")
+                         : fmt::format("{} lines, all blank{}", a.size(),
+                                       n < a.size() ? fmt::format(" in the first {} read "
+                                                                  "(data.heldout.max_pairs)",
+                                                                  n)
+                                                    : ""),
+               name);
     pairs.push_back(std::move(pair));
   }
   return pairs;

@@ -161,6 +161,28 @@ void LineReader::check_utf8(const std::string& line) {
   }
 }
 
+void LineReader::check_first_line(size_t begin, size_t end) const {
+  if (!options_.refuse_cr_line_ends || lines_ > 0) return;
+  const size_t cr = buffer_.find('\r', begin);
+  if (cr == std::string::npos || cr + 1 >= end) return;  // none, or the CR of a CRLF
+  // UTF-16 text ("\r\0\n\0") or binary data: named as such by the readers' UTF-8 checks.
+  if (buffer_.find('\0', begin) < end) return;
+  XLME_FAIL(
+      "'{}' has a carriage return (\\r) at byte {} of its first line, with no line feed (\\n) "
+      "before it: its lines end in CR alone (classic Mac OS), and the whole file would be read "
+      "as one line; convert its line ends to LF, e.g. tr '\\r' '\\n' < FILE > FILE.new (for a "
+      ".gz: zcat FILE | tr '\\r' '\\n' | gzip > FILE.new.gz), or remove the stray \\r if only "
+      "this line has one",
+      path_, cr - begin + 1);
+}
+
+void LineReader::finish_line(std::string& line) {
+  ++lines_;
+  if (lines_ == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  check_utf8(line);
+}
+
 bool LineReader::next(std::string& line) {
   too_long_ = false;
   const size_t limit = options_.max_line_bytes > 0 ? static_cast<size_t>(options_.max_line_bytes)
@@ -179,15 +201,15 @@ bool LineReader::next(std::string& line) {
         }
         return false;
       }
+      check_first_line(pos_, buffer_.size());
       line.assign(buffer_, pos_, std::string::npos);  // a last line without '\n'
       pos_ = buffer_.size();
-      ++lines_;
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      check_utf8(line);
+      finish_line(line);
       return true;
     }
   }
   if (newline == std::string::npos || newline - pos_ > limit) {
+    check_first_line(pos_, std::min(newline, buffer_.size()));
     line.clear();
     too_long_ = true;
     ++long_lines_;
@@ -195,11 +217,10 @@ bool LineReader::next(std::string& line) {
     skip_long_line();
     return true;
   }
+  check_first_line(pos_, newline);
   line.assign(buffer_, pos_, newline - pos_);
   pos_ = newline + 1;
-  ++lines_;
-  if (!line.empty() && line.back() == '\r') line.pop_back();
-  check_utf8(line);
+  finish_line(line);
   return true;
 }
 

@@ -15,6 +15,10 @@ struct LineReaderOptions {
   // Log a warning naming the file and line for each of the first invalid UTF-8 lines, and their
   // count at the end of the file.
   bool warn_invalid_utf8 = false;
+  // Refuse a file whose first line holds a carriage return that does not end it: lines ended by
+  // CR alone (classic Mac OS) would make the whole file one line. Off only for text that is not
+  // the user's (the demo corpus' man pages).
+  bool refuse_cr_line_ends = true;
 };
 
 class LineReader {
@@ -27,8 +31,11 @@ class LineReader {
   LineReader& operator=(const LineReader&) = delete;
 
   // The next line without its '\n' (and without a trailing '\r'); false at the end of the file.
-  // Throws xlme::Error naming the file, the compressed byte offset and the line on a corrupt or
-  // truncated compressed stream, and on a .gz file that is not gzip data.
+  // A UTF-8 byte-order mark at the start of the file is dropped (Windows editors write one; no
+  // reader wants it in the first sentence, label or field). Throws xlme::Error naming the file,
+  // the compressed byte offset and the line on a corrupt or truncated compressed stream, on a .gz
+  // file that is not gzip data, and naming the file and the fix on CR-only line ends
+  // (refuse_cr_line_ends).
   bool next(std::string& line);
 
   // Whether the line next() returned last was longer than max_line_bytes (and returned empty).
@@ -43,6 +50,8 @@ class LineReader {
   bool fill();            // appends decompressed bytes to buffer_; false at end of input
   bool skip_long_line();  // drops the rest of a line past max_line_bytes; false at end of input
   void check_utf8(const std::string& line);
+  void check_first_line(size_t begin, size_t end) const;  // buffer_[begin, end): line 1 so far
+  void finish_line(std::string& line);  // BOM and trailing '\r' dropped, UTF-8 checked
 
   struct Decoder;
   std::string path_;
