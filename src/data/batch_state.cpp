@@ -1,6 +1,6 @@
 // The saved reader state of the shard batch pipeline (batches.h): written into checkpoints,
 // restored in O(1) and re-split over any number of ranks; a shard set that changed since is
-// refused unless allowed.
+// refused unless allowed, another tokenizer always.
 #include "xlme/common/error.h"
 
 #include "batches_internal.h"
@@ -9,6 +9,8 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
+#include <optional>
 #include <sstream>
 
 namespace xlme::data {
@@ -46,6 +48,10 @@ struct SavedTask {
 struct SavedState {
   int64_t ranks = 0, rank = 0;
   std::array<SavedTask, 2> tasks;
+  // The tokenizer the shards were encoded with (data.tokenizer's hash64 and path); no hash in
+  // states written without a tokenizer or before it was recorded.
+  std::optional<uint64_t> tokenizer_hash;
+  std::string tokenizer_path;
 };
 
 SavedState parse_state(const std::string& text, size_t which) {
@@ -68,6 +74,18 @@ SavedState parse_state(const std::string& text, size_t which) {
       std::string task, name, signature;
       in >> task >> name >> signature;
       s.tasks[task == "mono" ? 0 : 1].shards[name] = signature;
+    } else if (word == "tokenizer") {
+      std::string hex;
+      in >> hex;
+      char* end = nullptr;
+      const uint64_t hash = std::strtoull(hex.c_str(), &end, 16);
+      XLME_CHECK(hex.size() == 16 && end == hex.c_str() + hex.size(),
+                 "saved data state #{}: the tokenizer hash '{}' is not 16 hex digits", which,
+                 hex.substr(0, 40));
+      s.tokenizer_hash = hash;
+      std::getline(in, s.tokenizer_path);
+      if (!s.tokenizer_path.empty() && s.tokenizer_path.front() == ' ')
+        s.tokenizer_path.erase(0, 1);
     } else if (word == "mono" || word == "para") {
       SavedTask& t = s.tasks[word == "mono" ? 0 : 1];
       std::string what;
@@ -121,12 +139,36 @@ void check_shard_set(Task task, const SavedTask& saved, const TaskReader& reader
                task_key(task), fmt::join(changes, ", "));
 }
 
+// A resumed run must encode with the tokenizer the checkpoint was trained with: another
+// SentencePiece model (even one of the same size) gives every id another piece, and the trained
+// embeddings would be meaningless. --allow-data-change covers other shards, never this.
+void check_tokenizer(const SavedState& saved, const BatchOptions& options) {
+  if (!saved.tokenizer_hash || options.tokenizer_path.empty()) return;
+  XLME_CHECK(
+      *saved.tokenizer_hash == options.tokenizer_hash,
+      "the checkpoint was trained with the tokenizer '{}' (hash {:016x}), but data.tokenizer "
+      "'{}' is another SentencePiece model (hash {:016x}): its ids mean other pieces, so the "
+      "trained embeddings would be meaningless (--allow-data-change allows other shards, "
+      "not another vocabulary). Set data.tokenizer back to '{}' (the checkpoint holds a "
+      "copy, tokenizer.model) and use shards binarized with it, or start a new run in "
+      "another run.out_dir",
+      saved.tokenizer_path, *saved.tokenizer_hash, options.tokenizer_path, options.tokenizer_hash,
+      saved.tokenizer_path);
+}
+
 }  // namespace
 
 std::string ShardBatchSource::state() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   std::string text = fmt::format("{} {}\nranks {}\nrank {}\n", kStateMagic, kStateVersion,
                                  impl_->options.ranks, impl_->options.rank);
+  const std::string& tokenizer = impl_->options.tokenizer_path;
+  if (!tokenizer.empty()) {
+    // The path names the file in messages: one line of it (a path with a line break is left out).
+    const bool one_line = tokenizer.find_first_of("\r\n") == std::string::npos;
+    text += fmt::format("tokenizer {:016x} {}\n", impl_->options.tokenizer_hash,
+                        one_line ? tokenizer : "");
+  }
   for (const Task task : {Task::kMono, Task::kPara}) {
     const auto& p = impl_->pipelines[static_cast<size_t>(task)];
     if (!p) continue;
@@ -157,6 +199,7 @@ void ShardBatchSource::restore(const std::vector<std::string>& saved) {
                "pass the state of every rank of the saving run",
                i, states.back().ranks, saved.size());
   }
+  check_tokenizer(states.front(), impl_->options);
   std::array<ReaderState, 2> restored;
   for (const Task task : {Task::kMono, Task::kPara}) {
     const size_t t = static_cast<size_t>(task);

@@ -170,8 +170,9 @@ class TaskReader {
 //
 // The saved state records each shard's token count and checksum: restore() refuses a shard set
 // that differs from the saved one (a language added, removed, or re-binarized) unless
-// allow_data_change, and then logs what changed. The language table (language_report) is logged
-// when the source opens.
+// allow_data_change, and then logs what changed. It also records the tokenizer's hash and path:
+// another tokenizer is refused whatever allow_data_change says (its ids mean other pieces). The
+// language table (language_report) is logged when the source opens.
 class ShardBatchSource : public BatchSource {
  public:
   explicit ShardBatchSource(const BatchOptions& options);
