@@ -89,27 +89,23 @@ std::vector<int64_t> encode_ids(const data::Tokenizer& tokenizer, const std::str
   return std::vector<int64_t>(ids.begin(), ids.end());
 }
 
-// Text fields cut before tokenization. A SentencePiece piece covers at most 16 code points
-// (max_sentencepiece_length's default), 64 UTF-8 bytes, so `tokens` tokens never need more than
-// tokens * 64 bytes of a field (runs of whitespace, which make no piece, aside): the cut changes
-// no feature of real text, and bounds the tokenizer's memory on a hostile one (a 100 MB line
-// took 24 GB).
+// Text fields cut before tokenization to data::kMaxBytesPerPiece bytes per token of the setting
+// that bounds them: the cut changes no feature of real text, and bounds the tokenizer's memory on
+// a hostile one (a 100 MB line took 24 GB).
 class FeatTextBound {
  public:
-  static constexpr int64_t kBytesPerToken = 64;
-
   // `tokens` is the setting that bounds the field (`name`, e.g. "max_len").
   FeatTextBound(int64_t tokens, const char* name)
-      : tokens_(tokens), bytes_(static_cast<size_t>(tokens * kBytesPerToken)), name_(name) {}
+      : tokens_(tokens),
+        bytes_(static_cast<size_t>(tokens * data::kMaxBytesPerPiece)),
+        name_(name) {}
 
   // The ids of `text`, cut to the bound at a code-point boundary first.
   std::vector<int64_t> encode(const data::Tokenizer& tokenizer, const std::string& text,
                               const Source& source) {
     if (text.size() <= bytes_) return encode_ids(tokenizer, text);
-    size_t end = bytes_;
-    while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xc0) == 0x80) --end;
     if (cut_++ == 0) first_ = source;
-    return encode_ids(tokenizer, text.substr(0, end));
+    return encode_ids(tokenizer, std::string(data::utf8_prefix(text, bytes_)));
   }
 
   // Logs how many fields were cut, naming the first one's file and line.
@@ -118,7 +114,7 @@ class FeatTextBound {
     spdlog::warn(
         "{}: {} text field(s) longer than {} bytes ({} bytes per token of {} {}) were cut to "
         "that length before tokenization, the first at {}",
-        first_.file, cut_, bytes_, kBytesPerToken, name_, tokens_, where(first_));
+        first_.file, cut_, bytes_, data::kMaxBytesPerPiece, name_, tokens_, where(first_));
   }
 
  private:

@@ -48,6 +48,7 @@ std::vector<PairExample> read_pair_tsv(const std::string& path, const std::strin
     ex.source = {path, row.line};
     examples.push_back(std::move(ex));
   }
+  io::require_content(!examples.empty(), path, "sentence pair ('text_a TAB text_b TAB label')");
   return examples;
 }
 

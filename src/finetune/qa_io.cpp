@@ -180,6 +180,8 @@ QaData read_squad_json(const std::string& path, bool skip_mismatched) {
       }
     }
   }
+  io::require_content(!out.examples.empty() || out.skipped > 0, path,
+                      "question (data[].paragraphs[].qas[])");
   if (out.skipped > 0) {
     spdlog::warn(
         "{}: skipped {} question(s) whose answer text does not match the context at "

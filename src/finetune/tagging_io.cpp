@@ -164,23 +164,9 @@ std::vector<TaggedSentence> read_conll_tsv(const std::string& path, const std::s
     }
   }
   flush();
+  io::require_content(!sentences.empty(), path, "sentence ('word TAB tag' lines)");
   return sentences;
 }
-
-namespace {
-
-// Refuses a file that gave no sentence: a failed download leaves a 0-byte file or an HTML page.
-void require_sentences(const std::vector<TaggedSentence>& sentences, const std::string& path,
-                       const std::string& expected) {
-  if (!sentences.empty()) return;
-  std::error_code error;
-  const auto bytes = fs::file_size(path, error);
-  XLME_CHECK(error || bytes > 0,
-             "'{}' is empty (0 bytes); a failed download or copy? fetch and unpack it again", path);
-  XLME_FAIL("'{}' holds no {}; is it the right file, complete?", path, expected);
-}
-
-}  // namespace
 
 std::vector<TaggedSentence> read_panx_raw(const std::string& path) {
   io::Lines reader(path);
@@ -205,7 +191,7 @@ std::vector<TaggedSentence> read_panx_raw(const std::string& path) {
     current.tags.push_back(io::check_label(text::strip_ascii(f[1]), "panx", at));
   }
   if (!current.words.empty()) sentences.push_back(std::move(current));
-  require_sentences(sentences, path, "raw PAN-X line ('lang:token TAB tag')");
+  io::require_content(!sentences.empty(), path, "raw PAN-X line ('lang:token TAB tag')");
   return sentences;
 }
 
@@ -268,7 +254,7 @@ std::vector<TaggedSentence> read_conllu(const std::string& path, const std::stri
   flush();
   // Sentences whose forms are all '_' are dropped (UD_English-ESL has no text): only a file
   // without any word line is refused.
-  if (word_lines == 0) require_sentences(sentences, path, "CoNLL-U word line");
+  io::require_content(word_lines > 0 || !sentences.empty(), path, "CoNLL-U word line");
   return sentences;
 }
 

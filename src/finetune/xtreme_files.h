@@ -13,8 +13,10 @@
 namespace xlme::finetune::io {
 
 // How every reader of fine-tuning files reads text lines: with a warning naming the file and line
-// for invalid UTF-8, and a UTF-8 byte-order mark at the start of the file dropped (Windows editors
-// write one; XTREME's Python readers decode it away or fail, and no XTREME file needs it).
+// for invalid UTF-8, a UTF-8 byte-order mark at the start of the file dropped (data::LineReader's
+// rule for every text file: Windows editors write one; XTREME's Python readers decode it away or
+// fail, and no XTREME file needs it), and a NUL byte an error naming the file and line (a binary
+// or damaged file, whose NUL would end a field early in C code downstream).
 class Lines {
  public:
   explicit Lines(const std::string& path);
@@ -46,7 +48,15 @@ std::string data_remedy(const std::string& task, const std::string& data_dir);
 // How to get a task's upstream test gold into finetune.gold_dir.
 std::string gold_remedy(TaskGold gold);
 
-// `label` when it is in task_labels(task); throws naming `at` and listing the set otherwise.
+// Refuses a file that gave nothing to read (`found` false), naming it: a 0-byte file (a failed
+// download or copy) or one without a single `expected` (an HTML page, only blank lines).
+void require_content(bool found, const std::string& path, const std::string& expected);
+
+// `text` with every byte that is not printable ASCII (or is a backslash) written as \xNN.
+std::string visible(const std::string& text);
+
+// `label` when it is in task_labels(task); throws naming `at` and listing the set otherwise (the
+// label shown through visible(), a byte-order mark in it named).
 std::string check_label(const std::string& label, const std::string& task, const std::string& at);
 
 // Every line of `path` (no line ends).

@@ -32,7 +32,11 @@ Lines::Lines(const std::string& path) : reader_(path, reader_options()) {}
 
 bool Lines::next(std::string& line) {
   if (!reader_.next(line)) return false;
-  if (reader_.lines_read() == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
+  const size_t nul = line.find('\0');
+  XLME_CHECK(nul == std::string::npos,
+             "{}: a NUL byte at byte {} of the line; a text file holds none: is it binary, "
+             "UTF-16, or damaged (a failed download or copy)? Fetch or convert it again",
+             where(reader_.path(), reader_.lines_read()), nul + 1);
   return true;
 }
 
@@ -99,11 +103,43 @@ std::string gold_remedy(TaskGold gold) {
   return "this task reads its gold from finetune.data_dir";
 }
 
+void require_content(bool found, const std::string& path, const std::string& expected) {
+  if (found) return;
+  std::error_code error;
+  const auto bytes = fs::file_size(path, error);
+  XLME_CHECK(error || bytes > 0,
+             "'{}' is empty (0 bytes); a failed download or copy? fetch or write it again", path);
+  XLME_FAIL("'{}' holds no {}; is it the right file, complete?", path, expected);
+}
+
+std::string visible(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f && c != '\\') {
+      out.push_back(c);
+    } else {
+      out += fmt::format("\\x{:02X}", byte);
+    }
+  }
+  return out;
+}
+
 std::string check_label(const std::string& label, const std::string& task, const std::string& at) {
   const auto& labels = task_labels(task);
-  XLME_CHECK(contains(labels, label), "{}: label '{}' is not in the {} label set [{}]", at, label,
-             task, join(labels));
-  return label;
+  if (contains(labels, label)) return label;
+  // Labels are ASCII: anything else is shown by its bytes, so that an invisible character (a
+  // byte-order mark of a file pasted into this one, a no-break space) shows in the message.
+  const bool bom = label.find("\xEF\xBB\xBF") != std::string::npos;
+  constexpr size_t kShown = 60;
+  const std::string shown =
+      label.size() <= kShown
+          ? "'" + visible(label) + "'"
+          : fmt::format("'{}...' ({} bytes)", visible(label.substr(0, kShown)), label.size());
+  XLME_FAIL("{}: label {} is not in the {} label set [{}]{}", at, shown, task, join(labels),
+            bom ? "; it holds a UTF-8 byte-order mark (\\xEF\\xBB\\xBF): was a file that starts "
+                  "with one pasted or concatenated into this one? Remove the mark"
+                : "");
 }
 
 std::vector<std::string> read_lines(const std::string& path) {
