@@ -2,12 +2,14 @@
 // compressed files, UTF-16 text, a huge line, shards with flipped bytes and crafted headers. Each
 // case makes the fault, runs xlme-data, and checks the exit code, that the message names the file
 // and the offset or field, and that the shards the user had are untouched.
+#include "fault_fixtures.h"
 #include "test_util.h"
 
 #include "xlme/data/shard.h"
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -66,6 +68,15 @@ class DataFaults : public ::testing::Test {
     return run_data_tool(args);
   }
   std::string tokenizer() const { return "data.tokenizer=" + (dir_ / "m.model"); }
+  // xlme-pretrain of the tiny model on the shards, validating on dir_/heldout at start, into
+  // dir_/`run`.
+  std::vector<std::string> heldout_run_args(const std::string& run) const {
+    return xlme::testing::tiny_pretrain_args(
+        dir_ / run, 1,
+        {"--set", tokenizer(), "--set", "model.vocab_size=0", "--set",
+         "data.shards=" + (dir_ / "shards"), "--set", "data.heldout.dir=" + (dir_ / "heldout"),
+         "--set", "train.validate_every=1", "--set", "train.validate_at_start=true"});
+  }
   std::string shard_files() const {
     return read_file(dir_ / "shards/mono/xx.idx") + read_file(dir_ / "shards/mono/xx.bin");
   }
@@ -226,6 +237,115 @@ TEST_F(DataFaults, SameSizeEditWithTheOldMtimeIsBinarizedAgain) {
   EXPECT_NE(shard_files(), before);
   EXPECT_EQ(r.err.find("xx           up to date"), std::string::npos) << r.err;
   EXPECT_TRUE(contains_all(r.err, {"en-xx        up to date"})) << r.err;  // the pair: unchanged
+}
+
+// Issue 36 (weak): a file with CR-only line ends (classic Mac OS) was one line, cut to max_len
+// (or, longer than data.binarize.max_line_bytes, skipped as "too long"): the language had one
+// sentence or none. Every corpus reader refuses it naming the file and the conversion; CRLF is
+// read as before, and a byte-order mark at the start is dropped as the fine-tuning readers drop it.
+TEST_F(DataFaults, CrOnlyLineEndsAreRefusedNamingTheFileAndTheFix) {
+  const std::string before = shard_files();
+  const std::string file = dir_ / "raw/mono/xx.txt";
+  const std::string text = fault_corpus_text(300, 3);
+  std::string cr_only = text, crlf;
+  std::replace(cr_only.begin(), cr_only.end(), '\n', '\r');
+  for (const char c : text) crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  for (const std::string limit : {"1048576", "1024"}) {  // one line, or one too long
+    SCOPED_TRACE(limit);
+    write_file(file, cr_only);
+    const auto r = binarize({"data.binarize.max_line_bytes=" + limit});
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_TRUE(contains_all(r.err, {"'" + file + "' has a carriage return", "of its first line",
+                                     "lines end in CR alone", "tr '\\r' '\\n' < FILE"}))
+        << r.err;
+    EXPECT_EQ(shard_files(), before);
+  }
+  // Held-out files are read by the same reader (data.heldout, xlme-pretrain).
+  write_file(file, text);
+  write_file(dir_ / "heldout/en-xx.en", "one two\rthree four\r");
+  write_file(dir_ / "heldout/en-xx.xx", "one two\nthree four\n");
+  const auto held = xlme::testing::run_tool("xlme-pretrain", heldout_run_args("run"));
+  EXPECT_EQ(held.code, 1) << held.err;
+  EXPECT_TRUE(contains_all(held.err, {"'" + (dir_ / "heldout/en-xx.en") + "' has a carriage"}))
+      << held.err;
+
+  // CRLF, and a byte-order mark before the first line: the same sentences as the plain text.
+  const auto sentences = [&](const std::string& content) {
+    write_file(file, content);
+    const auto r = binarize({});
+    EXPECT_EQ(r.code, 0) << r.err;
+    return read_file(dir_ / "shards/mono/xx.bin");
+  };
+  const auto plain = sentences(text);
+  EXPECT_EQ(sentences(crlf), plain);
+  EXPECT_EQ(sentences("\xEF\xBB\xBF" + text), plain);
+}
+
+// Issue 36 (weak): held-out files without text made validation log zeros at every validation.
+// xlme-pretrain refuses them at start, naming both files, before the first step.
+TEST_F(DataFaults, EmptyHeldOutFilesAreRefusedAtStart) {
+  write_file(dir_ / "heldout/en-xx.en", "");
+  write_file(dir_ / "heldout/en-xx.xx", "");
+  auto r = xlme::testing::run_tool("xlme-pretrain", heldout_run_args("run"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"held-out pair en-xx: " + (dir_ / "heldout/en-xx.en") + " and " +
+                                       (dir_ / "heldout/en-xx.xx") + " hold no text",
+                                   "validation would log zeros", "data.heldout.dir="}))
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(xlme::testing::step_folder(dir_ / "run", 1)))
+      << "trained before refusing";
+  // Blank lines only: the same.
+  write_file(dir_ / "heldout/en-xx.en", "\n\n \n");
+  write_file(dir_ / "heldout/en-xx.xx", "\n\n\n");
+  r = xlme::testing::run_tool("xlme-pretrain", heldout_run_args("run2"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"held-out pair en-xx", "(3 lines, all blank)"})) << r.err;
+}
+
+// Issue 36 (weak): --allow-data-change continued a run with another tokenizer of the same size
+// (only the shards were named, in a warning): every id then meant another piece. The resume is
+// refused whatever --allow-data-change says, naming both tokenizers and their hashes.
+TEST_F(DataFaults, ResumeWithAnotherTokenizerIsRefusedEvenWithAllowDataChange) {
+  const auto pretrain = [&](const std::string& tokenizer, const std::string& shards, int steps,
+                            const std::vector<std::string>& extra) {
+    std::vector<std::string> args =
+        xlme::testing::tiny_pretrain_args(dir_ / "run", steps,
+                                          {"--set", "data.tokenizer=" + tokenizer, "--set",
+                                           "model.vocab_size=0", "--set", "data.shards=" + shards});
+    args.insert(args.end(), extra.begin(), extra.end());
+    return xlme::testing::run_tool("xlme-pretrain", args);
+  };
+  auto r = pretrain(dir_ / "m.model", dir_ / "shards", 2, {});
+  ASSERT_EQ(r.code, 0) << r.err;
+  // Another SentencePiece model of the same size (trained on other text), and the corpus
+  // binarized with it.
+  const std::string train = "spm_train --input=" + (dir_ / "raw/para/en-xx.en") +
+                            " --model_prefix=" + (dir_ / "other") +
+                            " --vocab_size=60 --bos_id=0 --pad_id=1 --eos_id=2 --unk_id=3 "
+                            ">/dev/null 2>&1";
+  ASSERT_EQ(std::system(train.c_str()), 0);
+  const auto b = run_data_tool({"binarize", "--input", dir_ / "raw", "--out", dir_ / "other-shards",
+                                "--set", "data.tokenizer=" + (dir_ / "other.model")});
+  ASSERT_EQ(b.code, 0) << b.err;
+  r = pretrain(dir_ / "other.model", dir_ / "other-shards", 4, {"--allow-data-change"});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains_all(
+      r.err,
+      {"the checkpoint was trained with the tokenizer '" + (dir_ / "m.model") + "' (hash ",
+       "but data.tokenizer '" + (dir_ / "other.model") + "' is another SentencePiece model (hash ",
+       "--allow-data-change allows other shards, not another "
+       "vocabulary"}))
+      << r.err;
+  // The same tokenizer with other shards is what --allow-data-change is for.
+  std::filesystem::copy(dir_ / "raw", dir_ / "raw2", std::filesystem::copy_options::recursive);
+  write_file(dir_ / "raw2/para/en-xx.en", fault_corpus_text(90, 5));
+  write_file(dir_ / "raw2/para/en-xx.xx", fault_corpus_text(90, 7));
+  const auto c = run_data_tool(
+      {"binarize", "--input", dir_ / "raw2", "--out", dir_ / "new-shards", "--set", tokenizer()});
+  ASSERT_EQ(c.code, 0) << c.err;
+  r = pretrain(dir_ / "m.model", dir_ / "new-shards", 4, {"--allow-data-change"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"--allow-data-change: the para shards differ"})) << r.err;
 }
 
 // Flips bytes of the shards the training reader opens (xlme-data bench reads batches exactly as

@@ -501,5 +501,108 @@ TEST_F(HostileExport, TheReferenceLoaderChecksHeadersLikeTheCppReader) {
   EXPECT_EQ(run.err.find("Traceback"), std::string::npos) << run.err;
 }
 
+// Issue 36 (weak): xlme_reference.py ended in a Python traceback naming no file for a config.json
+// value out of range or not fitting the weights (RuntimeError from view/einsum, IndexError from
+// the bucket table) and for token ids outside the vocabulary. Each is one line naming the config
+// file and the key (or the input), exit 1.
+TEST_F(HostileExport, TheReferenceLoaderNamesFileAndKeyForOutOfRangeConfigs) {
+  const auto [code, out] = shell(std::string(kHostileReferencePython) + " -c 'import torch'");
+  ASSERT_EQ(code, 0) << kHostileReferencePython << " cannot import torch:\n" << out;
+  struct Case {
+    std::string key, value, message;
+  };
+  const std::vector<Case> cases = {
+      {"vocab_size", "-5", "'vocab_size' must be an integer in [1, 2147483647], got int -5"},
+      {"ffn_size", "-1", "'ffn_size' must be an integer in [1, 1048576], got int -1"},
+      {"embedding_size", "-1", "'embedding_size' must be an integer in [1, hidden_size (32)]"},
+      {"generator.hidden_size", "-3", "'generator.hidden_size' must be an integer in [1, 65536]"},
+      {"special_ids.pad", "1000", "'special_ids.pad' must be an id of the vocabulary"},
+      {"relative_position.num_buckets", "1024",
+       "'relative_position.max_distance' must be an integer in [2, 1048576] above num_buckets / "
+       "4 (256)"},
+      // In range, but not the weights' shapes (tracebacks from view, einsum and indexing before).
+      {"hidden_size", "64", "gives it [64 (hidden_size), 64 (hidden_size)]"},
+      {"heads", "8", "[8 (heads), 32 (relative_position.num_buckets)]"},
+      {"ffn_size", "64", "gives it [64 (ffn_size), 32 (hidden_size)]"},
+      {"relative_position.num_buckets", "34", "[4 (heads), 34 (relative_position.num_buckets)]"},
+      {"max_positions", "2", "gives it [2 (max_positions), 32 (embedding_size)]"},
+  };
+  TempDir dir;
+  int n = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.key + ": " + c.value);
+    const auto folder = export_copy(dir / ("e" + std::to_string(n++)), c.key, c.value);
+    const auto run = reference(folder, {"--ids", "0 5 2"});
+    EXPECT_TRUE(
+        fails_cleanly(run, 1, {"xlme_reference.py: error: ", folder + "/config.json", c.message}));
+    EXPECT_EQ(run.err.find("Traceback"), std::string::npos) << run.err;
+    EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
+  }
+  // Inputs outside the vocabulary or the positions: named with the input.
+  const auto folder = export_copy(dir / "ids");
+  std::string long_ids = "0";  // 65 tokens: the tiny model has 64 positions
+  for (int i = 1; i < 65; ++i) long_ids += " 5";
+  for (const auto& [ids, message] : std::vector<std::pair<std::string, std::string>>{
+           {"0 100000 2",
+            "--ids: token id 100000 (sequence 0, position 1) is outside the "
+            "vocabulary of"},
+           {"0 x 2", "--ids takes token ids separated by spaces"},
+           {long_ids, "sequences of 65 tokens are longer than the model's max_positions (64"}}) {
+    SCOPED_TRACE(ids.substr(0, 20));
+    const auto run = reference(folder, {"--ids", ids});
+    EXPECT_TRUE(fails_cleanly(run, 1, {"xlme_reference.py: error: ", message}));
+    EXPECT_EQ(run.err.find("Traceback"), std::string::npos) << run.err;
+  }
+}
+
+// Issue 36 (weak): an export whose spm.model was swapped for another SentencePiece model of the
+// same size loaded silently (ids read as other pieces). config.json records spm.model's size and
+// CRC32 (tokenizer_config.json its CRC32): xlme-export/xlme-finetune's loader, xlme_reference.py
+// and the transformers tokenizer refuse the swapped file, naming it.
+TEST_F(HostileExport, ASwappedTokenizerOfTheSameSizeIsNamedByEveryLoader) {
+  TempDir dir;
+  const auto folder = export_copy(dir / "e");
+  const std::string spm = folder + "/spm.model";
+  const auto config = nlohmann::json::parse(read_file(folder + "/config.json"));
+  ASSERT_TRUE(config.contains("spm_model")) << config.dump(2);
+  EXPECT_EQ(config["spm_model"]["file"], "spm.model");
+  EXPECT_EQ(config["spm_model"]["bytes"], fs::file_size(spm));
+  // Another model of the same size: one letter of a piece changed (a valid model still).
+  std::string bytes = read_file(spm);
+  size_t at = 0;  // the first letter of a piece "▁x..."
+  while ((at = bytes.find("\xE2\x96\x81", at)) != std::string::npos &&
+         !(at + 3 < bytes.size() && bytes[at + 3] >= 'a' && bytes[at + 3] <= 'z')) {
+    ++at;
+  }
+  ASSERT_NE(at, std::string::npos);
+  at += 3;
+  bytes[at] = bytes[at] == 'q' ? 'z' : 'q';
+  write_file(spm, bytes);
+  const std::string named = "'" + spm + "' (" + std::to_string(bytes.size()) + " bytes, CRC32 ";
+  EXPECT_TRUE(fails_cleanly(export_from(folder), 1,
+                            {named, "is not the SentencePiece model this export was made with",
+                             "export config '" + folder + "/config.json' records"}));
+  EXPECT_TRUE(fails_cleanly(finetune_from(folder, dir / "run"), 1, {named}));
+  EXPECT_TRUE(fails_cleanly(reference(folder, {"--ids", "0 5 2"}), 1,
+                            {"xlme_reference.py: error: " + named}));
+  const auto [code, out] =
+      shell(std::string(kHostileReferencePython) + " -c 'import transformers'");
+  if (code == 0) {
+    const auto hf =
+        shell("cd " + quote(dir.path()) + " && HF_HUB_OFFLINE=1 " + kHostileReferencePython +
+              " -c 'import transformers; transformers.AutoTokenizer.from_pretrained(" + "\"" +
+              folder + "\", trust_remote_code=True)'");
+    EXPECT_NE(hf.first, 0);
+    EXPECT_TRUE(contains_all(hf.second, {"(CRC32 ",
+                                         "is not the SentencePiece model this export "
+                                         "was made with (tokenizer_config.json"}))
+        << hf.second;
+  }
+  // The export's own file back: every loader takes it.
+  fs::copy_file(suite_dir() / "export/spm.model", spm, fs::copy_options::overwrite_existing);
+  EXPECT_TRUE(fails_cleanly(reference(folder, {"--ids", "0 5 2"}), 0, {}));
+  EXPECT_TRUE(fails_cleanly(export_from(folder), 0, {}));
+}
+
 }  // namespace
 }  // namespace xlme::export_

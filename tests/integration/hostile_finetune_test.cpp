@@ -166,5 +166,53 @@ TEST_F(HostileFinetune, HugeTatoebaAndRetrievalLinesAreCutBeforeTokenization) {
   }
 }
 
+// Issue 36 (weak): an empty train or dev file was refused without its name ("no training
+// features for en", "the en dev set of pawsx has no labels"), and an empty test file gave a
+// 0-line submission with exit 0. Each is an error naming the file, before any training.
+TEST_F(HostileFinetune, EmptyTrainDevAndTestFilesAreNamed) {
+  for (const std::string split : {"train", "dev", "test"}) {
+    SCOPED_TRACE(split);
+    const std::string file = data_dir() + "/pawsx/" + split + "-en.tsv";
+    const std::string kept = xlme::testing::read_file(file);
+    write_file(file, "");
+    auto run = run_hostile("xlme-finetune", args({"finetune.languages=[en]"}));
+    EXPECT_TRUE(fails_cleanly(run, 1, {"'" + file + "' is empty (0 bytes)"}));
+    EXPECT_FALSE(fs::exists(out_dir() + "/predictions/pawsx/test-en.tsv"));
+    write_file(file, "\n\n\n");  // blank lines only
+    run = run_hostile("xlme-finetune", args({"finetune.languages=[en]"}));
+    EXPECT_TRUE(fails_cleanly(run, 1, {"'" + file + "' holds no sentence pair"}));
+    write_file(file, kept);
+  }
+}
+
+// Issue 36 (weak): a NUL byte inside a TSV field was accepted (the text was cut there
+// downstream); it is an error naming the file and line.
+TEST_F(HostileFinetune, NulInsideATsvFieldIsNamed) {
+  const std::string file = data_dir() + "/pawsx/train-en.tsv";
+  write_file(file, hostile_pawsx_rows(2, true) + std::string("ab\0cd ef\tgh ij\t1\n", 17) +
+                       hostile_pawsx_rows(4, true));
+  const auto run = run_hostile("xlme-finetune", args({"finetune.languages=[en]"}));
+  EXPECT_TRUE(fails_cleanly(run, 1, {file + ":3: a NUL byte at byte 3 of the line"}));
+}
+
+// Issue 36 (weak): a byte-order mark was invisible in the label error ("label '1' is not in the
+// pawsx label set [0 1]"). At the start of a file it is dropped, as every text reader drops it;
+// elsewhere (a file with one pasted in) the error shows its bytes and names it.
+TEST_F(HostileFinetune, ByteOrderMarkIsDroppedAtTheStartAndShownInALabel) {
+  const std::string file = data_dir() + "/pawsx/train-en.tsv";
+  const std::string rows = hostile_pawsx_rows(16, true);
+  write_file(file, "\xEF\xBB\xBF" + rows);
+  auto run = run_hostile("xlme-finetune", args({"finetune.languages=[en]"}));
+  EXPECT_TRUE(fails_cleanly(run, 0, {}));
+  write_file(file, rows +
+                       "ab cd\tef gh\t\xEF\xBB\xBF"
+                       "1\n");
+  run = run_hostile("xlme-finetune", args({"finetune.languages=[en]"}));
+  EXPECT_TRUE(fails_cleanly(run, 1,
+                            {file + ":17: label '\\xEF\\xBB\\xBF"
+                                    "1' is not in the pawsx label set",
+                             "it holds a UTF-8 byte-order mark"}));
+}
+
 }  // namespace
 }  // namespace xlme::finetune
