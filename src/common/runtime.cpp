@@ -81,7 +81,7 @@ LocalRanks local_ranks_from_env() {
   return {1, ""};
 }
 
-ThreadSettings configure_threads(int64_t requested) {
+ThreadSettings configure_threads(int64_t requested, const LocalRanks& counted) {
   ThreadSettings settings;
   const char* omp = std::getenv("OMP_NUM_THREADS");
   if (requested > 0) {
@@ -99,7 +99,9 @@ ThreadSettings configure_threads(int64_t requested) {
                omp);
     settings.intra_op = static_cast<int>(parsed);
     settings.source = "OMP_NUM_THREADS";
-  } else if (const LocalRanks local = local_ranks_from_env(); local.count > 1) {
+  } else if (const LocalRanks local =
+                 local_ranks_from_env().count > 1 ? local_ranks_from_env() : counted;
+             local.count > 1) {
     // Several ranks on this host, each with every core: divide them.
     const int cores = available_cores();
     settings.intra_op = std::max(1, cores / local.count);

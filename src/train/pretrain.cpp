@@ -534,6 +534,22 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
   return kExitOk;
 }
 
+std::optional<runtime::ThreadSettings> share_cores_among_local_ranks(const config::Config& config,
+                                                                     dist::Communicator& comm) {
+  if (comm.world_size() == 1) return std::nullopt;
+  // Every rank exchanges its host name, whatever its own settings: the ranks' collectives match.
+  const std::string host = host_name();
+  const auto hosts = comm.all_gather_strings(host);
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  if (config.run.threads != 0 || (omp != nullptr && *omp != '\0') ||
+      runtime::local_ranks_from_env().count > 1) {
+    return std::nullopt;  // decided already
+  }
+  const auto here = static_cast<int>(std::count(hosts.begin(), hosts.end(), host));
+  if (here < 2) return std::nullopt;
+  return runtime::configure_threads(0, {here, "ranks on this host at the rendezvous"});
+}
+
 int run_pretraining(const config::Config& config, const PretrainOptions& options) {
   const dist::LaunchInfo launch = dist::launch_info_from_env();
   const torch::Device device = dist::use_device(config.run.device, launch);
@@ -549,6 +565,9 @@ int run_pretraining(const config::Config& config, const PretrainOptions& options
     // The documented stop: exit code 75, and the same command starts the run again.
     spdlog::warn("{} (exit code {})", e.what(), kExitPreempted);
     return kExitPreempted;
+  }
+  if (const auto threads = share_cores_among_local_ranks(config, *comm)) {
+    spdlog::info("threads: {} LibTorch (from {})", threads->intra_op, threads->source);
   }
   config::Config resolved = config;
   std::unique_ptr<data::Tokenizer> tokenizer;

@@ -5,6 +5,7 @@
 // rank's file; ranks with different configs fail at start naming the keys; a resume that would
 // change the tokens per step is refused naming the world sizes that keep them.
 #include "xlme/checkpoint/manager.h"
+#include "xlme/common/runtime.h"
 #include "xlme/train/pretrain.h"
 #include "xlme/train/trainer.h"
 
@@ -175,6 +176,18 @@ TEST(DistScaling, DISABLED_Worker) {
       Trainer trainer(c, xlme::testing::make_tiny_model(c, 100), source, comm);
       trainer.train_step();
       trainer.save_checkpoint(CheckpointManager(dir + "/batch", 3, 0));
+    } else if (mode == "threads") {
+      // Launched by hand: no launcher variable says how many ranks share this host.
+      for (const char* name : {"OMP_NUM_THREADS", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE",
+                               "SLURM_TASKS_PER_NODE"}) {
+        ::unsetenv(name);
+      }
+      auto c = run_config(dir + "/run", 1);
+      c.run.threads = 0;
+      const auto threads = share_cores_among_local_ranks(c, *comm);
+      result << (threads ? fmt::format("{} threads from {}; LibTorch {}", threads->intra_op,
+                                       threads->source, at::get_num_threads())
+                         : std::string("unchanged"));
     } else if (mode == "folder" || mode == "config") {
       auto c = run_config(env("XLME_OUT_DIR"), 2);
       if (rank == 1 && mode == "config") {
@@ -431,6 +444,20 @@ TEST(DistScaling, RanksWithDifferentConfigsFailAtStartNamingTheKeys) {
           << results[rank];
     }
     EXPECT_FALSE(fs::exists(dir + "/run/checkpoints"));
+  }
+}
+
+// Point 8: two ranks launched by hand on one host (no LOCAL_WORLD_SIZE, SLURM_* nor
+// OMP_NUM_THREADS) count each other at the rendezvous and take half of the cores each.
+TEST(DistScaling, RanksLaunchedByHandShareTheHostsCores) {
+  TempDir tmp;
+  const std::string dir = tmp.path().string();
+  const int cores = runtime::available_cores();
+  const int each = std::max(1, cores / 2);
+  for (const auto& r : two_ranks(dir, "threads")) {
+    EXPECT_EQ(r, fmt::format("{} threads from {} cores / 2 local ranks (ranks on this host at the "
+                             "rendezvous); LibTorch {}",
+                             each, cores, each));
   }
 }
 

@@ -32,9 +32,10 @@ LocalRanks local_ranks_from_env();
 
 // Sets LibTorch's intra-op threads to `requested`; with 0, to OMP_NUM_THREADS when it is set (the
 // launcher's share of the node for this rank), else to the available cores divided among the
-// host's ranks (local_ranks_from_env), at least 1. Throws naming a
+// host's ranks (local_ranks_from_env, else `counted`: the ranks the rendezvous found on this
+// host), at least 1. Throws naming a
 // malformed OMP_NUM_THREADS.
-ThreadSettings configure_threads(int64_t requested);
+ThreadSettings configure_threads(int64_t requested, const LocalRanks& counted = {});
 
 // How many threads an at::parallel_for in xlme's own code runs on, with LibTorch's current
 // intra-op threads: a loop of that many items, each noting its thread. at::parallel_for's OpenMP

@@ -3,12 +3,14 @@
 // (trainer.h) does the steps; this decides when to log, save and stop, like Marian's Scheduler.
 #pragma once
 
+#include "xlme/common/runtime.h"
 #include "xlme/config/config.h"
 #include "xlme/data/batch.h"
 #include "xlme/dist/communicator.h"
 #include "xlme/train/validation.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace xlme::train {
@@ -40,6 +42,13 @@ struct PretrainOptions {
 int pretrain(const config::Config& config, const PretrainOptions& options,
              data::BatchSource& source, std::shared_ptr<dist::Communicator> comm,
              const Validator* validator = nullptr);
+
+// With run.threads=0, no OMP_NUM_THREADS and no launcher variable that says how many ranks share
+// this host (a launch by hand or by another launcher), the ranks compare host names and each
+// takes its share of the cores (runtime::configure_threads); returns the settings, or nullopt
+// when nothing changed. Every rank calls it (one exchange through the store).
+std::optional<runtime::ThreadSettings> share_cores_among_local_ranks(const config::Config& config,
+                                                                     dist::Communicator& comm);
 
 // xlme-pretrain's job: joins the launcher's process group (dist.backend, dist.timeout_s), loads
 // the tokenizer (data.tokenizer, which also resolves model.vocab_size 0), reads batches from the
