@@ -207,17 +207,18 @@ void GradientBuckets::all_gather_parameters() {
   }
 }
 
-std::vector<torch::Tensor> GradientBuckets::gather_whole(const torch::Tensor& values) {
+std::vector<torch::Tensor> GradientBuckets::gather_whole(const torch::Tensor& values, bool keep) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> whole(parameters_.size());
+  std::vector<torch::Tensor> whole(keep ? parameters_.size() : 0);
   for (const Bucket& bucket : buckets_) {
     const int64_t slice = slice_size(bucket);
     auto all = torch::empty({bucket.flat.numel()}, values.options());
     comm_.all_gather(values.narrow(0, bucket.shard_offset, slice).contiguous(), all);
+    if (!keep) continue;
     for (const std::size_t i : bucket.params) {
       whole[i] = all.narrow(0, slots_[i].offset, parameters_[i].numel())
                      .view(parameters_[i].sizes())
-                     .clone();
+                     .to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
     }
   }
   return whole;

@@ -627,11 +627,12 @@ void check_rank_files(const std::string& folder, const std::vector<double>& reco
 }  // namespace
 
 std::string Trainer::save_checkpoint(const CheckpointManager& manager) {
-  // ZeRO-1: the optimizer state gathered from every rank's shard (every rank takes part).
+  // ZeRO-1: the optimizer state gathered from every rank's shard (every rank takes part) into
+  // rank 0's host memory, where the checkpoint is written from.
   std::vector<torch::Tensor> exp_avg, exp_avg_sq;
   if (sharded_) {
-    exp_avg = buckets_->gather_whole(sharded_->exp_avg());
-    exp_avg_sq = buckets_->gather_whole(sharded_->exp_avg_sq());
+    exp_avg = buckets_->gather_whole(sharded_->exp_avg(), comm_->rank() == 0);
+    exp_avg_sq = buckets_->gather_whole(sharded_->exp_avg_sq(), comm_->rank() == 0);
   }
   // The same collectives on every rank whatever fails: barrier (rank 0 made the temporary
   // folder), the ranks' file records, rank 0's verdict. So a failure on one rank ends the save on
@@ -807,7 +808,9 @@ void Trainer::load_checkpoint(const VerifiedFiles& files) {
     XLME_FAIL("cannot load the model of checkpoint '{}' from '{}': {}", path, model_file,
               e.what_without_backtrace());
   }
-  checkpoint::load_archive(optimizer_archive, optimizer_file, device_);
+  // ZeRO-1: the whole state read into host memory, of which each rank copies its shard.
+  checkpoint::load_archive(optimizer_archive, optimizer_file,
+                           sharded_ ? torch::Device(torch::kCPU) : device_);
   try {
     optimizer_->load(optimizer_archive);
   } catch (const c10::Error& e) {

@@ -62,9 +62,11 @@ class GradientBuckets {
   // After each rank stepped its slices: every rank's updated elements into every rank's
   // parameters (one all-gather per bucket).
   void all_gather_parameters();
-  // Every rank's `values` [shard_size()] (e.g. an AdamW moment) gathered into one tensor per
-  // parameter, shaped like it (undefined for the untrained ones). Every rank calls it.
-  std::vector<torch::Tensor> gather_whole(const torch::Tensor& values);
+  // Every rank's `values` [shard_size()] (e.g. an AdamW moment) gathered, one bucket at a time
+  // (the device holds one bucket's worth more), into one host tensor per parameter, shaped like
+  // it (undefined for the untrained ones), on the rank that asks to `keep` them; empty elsewhere.
+  // Every rank calls it.
+  std::vector<torch::Tensor> gather_whole(const torch::Tensor& values, bool keep);
 
  private:
   struct Bucket {
