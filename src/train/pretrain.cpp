@@ -176,8 +176,11 @@ std::string host_name() {
 void check_shared_run_folder(const config::Config& config, dist::Communicator& comm) {
   if (comm.world_size() == 1) return;
   const fs::path out_dir = fs::absolute(config.run.out_dir);
-  const fs::path probe = out_dir / ".shared-folder-probe";
   const std::string host = host_name();
+  // The file is named after the nonce: two jobs starting in one folder do not read each other's.
+  const auto probe_of = [&](const std::string& nonce) {
+    return out_dir / (".shared-folder-probe." + nonce.substr(0, nonce.find(' ')));
+  };
   std::string nonce;
   if (comm.rank() == 0) {
     nonce = fmt::format("{} {} {}", CheckpointManager::new_run_id(), host, ::getpid());
@@ -185,13 +188,14 @@ void check_shared_run_folder(const config::Config& config, dist::Communicator& c
       std::error_code ec;
       fs::create_directories(out_dir, ec);
       XLME_CHECK(!ec, "cannot create run.out_dir '{}': {}", out_dir.string(), ec.message());
-      write_file_atomic(probe.string(), nonce);
+      write_file_atomic(probe_of(nonce).string(), nonce);
     } catch (const Error& e) {
       nonce = std::string("!") + e.what();
     }
   }
   // Rank 0's nonce reaches every rank after rank 0 wrote the file.
   nonce = comm.all_gather_strings(nonce).front();
+  const fs::path probe = probe_of(nonce);
   std::string verdict = "ok";  // also when rank 0 failed: said below
   if (comm.rank() != 0 && (nonce.empty() || nonce[0] != '!')) {
     std::error_code ec;

@@ -33,7 +33,9 @@ struct RunConfig {
     v.field("seed", seed, IntRange{0, 2147483647}, "seed of every random number generator");
     v.field("threads", threads, IntRange{0, 4096},
             "CPU threads for LibTorch and BLAS; 0 = OMP_NUM_THREADS when set (the launcher's "
-            "share per rank), else all cores available to the process");
+            "share per rank), else the available cores divided among the ranks on this host "
+            "(LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, SLURM_TASKS_PER_NODE, else counted at the "
+            "rendezvous)");
     v.field("log_level", log_level, Choices{"trace", "debug", "info", "warn", "error", "off"},
             "console and log-file level");
     v.field("device", device, Choices{"auto", "cpu", "cuda"},
