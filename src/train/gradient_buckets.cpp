@@ -73,7 +73,8 @@ GradientBuckets::GradientBuckets(const std::vector<torch::Tensor>& parameters, i
     // ZeRO-1 cuts a bucket into equal slices, one per rank.
     if (reduction_ == Reduction::kReduceScatter) elements = (elements + world - 1) / world * world;
     const torch::Tensor& first = parameters_[params.front()];
-    bucket.flat = torch::zeros({elements}, first.options().requires_grad(false));
+    bucket.elements = elements;
+    bucket.options = first.options().requires_grad(false);
     bucket.params = std::move(params);
     if (reduction_ == Reduction::kReduceScatter) {
       bucket.shard_offset = shard_elements;
@@ -93,7 +94,7 @@ GradientBuckets::GradientBuckets(const std::vector<torch::Tensor>& parameters, i
   XLME_CHECK(!buckets_.empty(), "the trainer got no trainable parameters");
   complete_.assign(buckets_.size(), 0);
   if (reduction_ == Reduction::kReduceScatter) {
-    shard_ = torch::zeros({shard_elements}, buckets_.front().flat.options());
+    shard_ = torch::zeros({shard_elements}, buckets_.front().options);
   }
   install_hooks();
 }
@@ -115,7 +116,7 @@ GradientBuckets::~GradientBuckets() {
 }
 
 int64_t GradientBuckets::slice_size(const Bucket& bucket) const {
-  return bucket.flat.numel() / comm_.world_size();
+  return bucket.elements / comm_.world_size();
 }
 
 void GradientBuckets::attach() {
@@ -126,7 +127,13 @@ void GradientBuckets::attach() {
              "gradient buckets attached while {} are still being sent (an internal error: please "
              "report it)",
              pending_.size());
-  for (auto& bucket : buckets_) bucket.flat.zero_();
+  for (auto& bucket : buckets_) {
+    if (bucket.flat.defined()) {
+      bucket.flat.zero_();
+    } else {
+      bucket.flat = torch::zeros({bucket.elements}, bucket.options);
+    }
+  }
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     if (!parameters_[i].requires_grad()) continue;
     const Bucket& bucket = buckets_[slots_[i].bucket];
@@ -139,6 +146,15 @@ void GradientBuckets::attach() {
   next_ = 0;
   armed_ = false;
   sent_during_backward_ = 0;
+}
+
+void GradientBuckets::release() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  XLME_CHECK(pending_.empty(),
+             "gradient buckets released while {} are still being sent (an internal error: please "
+             "report it)",
+             pending_.size());
+  for (auto& bucket : buckets_) bucket.flat = torch::Tensor();
 }
 
 void GradientBuckets::arm(bool overlap) {
@@ -192,13 +208,13 @@ void GradientBuckets::all_gather_parameters() {
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& bucket = buckets_[b];
     const int64_t slice = slice_size(bucket);
-    auto mine = torch::zeros({slice}, bucket.flat.options());
+    auto mine = torch::zeros({slice}, bucket.options);
     for (; s < segments_.size() && slots_[segments_[s].param].bucket == b; ++s) {
       const optim::ShardSegment& seg = segments_[s];
       mine.narrow(0, seg.shard_offset - bucket.shard_offset, seg.size)
           .copy_(parameters_[seg.param].detach().view(-1).narrow(0, seg.param_offset, seg.size));
     }
-    auto all = torch::empty({bucket.flat.numel()}, bucket.flat.options());
+    auto all = torch::empty({bucket.elements}, bucket.options);
     comm_.all_gather(mine, all);
     for (const std::size_t i : bucket.params) {
       parameters_[i].detach().view(-1).copy_(
@@ -212,7 +228,7 @@ std::vector<torch::Tensor> GradientBuckets::gather_whole(const torch::Tensor& va
   std::vector<torch::Tensor> whole(keep ? parameters_.size() : 0);
   for (const Bucket& bucket : buckets_) {
     const int64_t slice = slice_size(bucket);
-    auto all = torch::empty({bucket.flat.numel()}, values.options());
+    auto all = torch::empty({bucket.elements}, values.options());
     comm_.all_gather(values.narrow(0, bucket.shard_offset, slice).contiguous(), all);
     if (!keep) continue;
     for (const std::size_t i : bucket.params) {

@@ -316,6 +316,7 @@ void Trainer::dry_run() {
   }
   // Gradients dropped, not zeroed: a parameter that no step touches must stay without one.
   optim::clear_gradients(parameters_);
+  buckets_->release();
 }
 
 StepRecord Trainer::train_step() {
@@ -470,6 +471,7 @@ void Trainer::update_parameters(StepRecord& record) {
     optimizer_->step();
   }
   optim::clear_gradients(parameters_);
+  buckets_->release();
 }
 
 std::vector<data::Batch> Trainer::next_micro_batches() {
@@ -529,6 +531,7 @@ Trainer::MicroBatchLoss Trainer::forward(const data::Batch& batch, const model::
 StepRecord Trainer::abandon_step(StepRecord record) {
   buckets_->wait();  // the buckets every rank sent after the last backward
   for (auto& p : parameters_) p.mutable_grad() = torch::Tensor();
+  buckets_->release();
   interrupted_ = true;
   record.interrupted = true;
   record.step = step_;
@@ -568,6 +571,7 @@ void Trainer::read_step_totals(StepRecord& record, const objectives::TermSums& s
 // train.max_bad_steps such steps in a row the run stops.
 void Trainer::skip_update(StepRecord& record) {
   optim::clear_gradients(parameters_);
+  buckets_->release();
   record.skipped = true;
   ++skipped_steps_;
   ++bad_in_a_row_;

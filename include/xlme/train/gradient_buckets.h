@@ -35,10 +35,14 @@ class GradientBuckets {
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
 
-  // Before a step's (or the dry run's) first backward: zeroes the buckets, makes every trained
-  // parameter's .grad its view into them (a backward adds to it in place) and forgets which
-  // parameters got a gradient.
+  // Before a step's (or the dry run's) first backward: allocates (or zeroes) the buckets, makes
+  // every trained parameter's .grad its view into them (a backward adds to it in place) and
+  // forgets which parameters got a gradient.
   void attach();
+  // After the optimizer step (the parameters' .grad dropped): frees the buckets, so that the
+  // forward passes of the next step have that memory, as when the gradients were separate
+  // tensors set to none after each step.
+  void release();
   // Before the step's last backward: with `overlap`, each bucket is sent from the hook that
   // completes it (once those before it are sent).
   void arm(bool overlap);
@@ -71,7 +75,9 @@ class GradientBuckets {
  private:
   struct Bucket {
     std::vector<std::size_t> params;  // indices into parameters_
-    torch::Tensor flat;               // [padded], padded to a multiple of the ranks
+    int64_t elements = 0;             // padded to a multiple of the ranks (ZeRO-1)
+    torch::TensorOptions options;     // the parameters' dtype and device
+    torch::Tensor flat;               // [elements]; undefined between steps (release())
     int64_t shard_offset = 0;         // where this rank's slice of it lies in shard_
   };
   struct Slot {
