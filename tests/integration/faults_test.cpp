@@ -443,10 +443,10 @@ TEST(Faults, RanksWithDifferentModelConfigsFailAtStartNamingTheRank) {
       const int code = testing::wait_exit_code(pids[rank]);
       const std::string err = read_file(dir / ("err" + std::to_string(rank)));
       EXPECT_EQ(code, kExitError) << err;
-      EXPECT_TRUE(contains_all(err, {"rank " + std::to_string(rank) +
-                                         ": the config of rank(s) 1 differs from rank 0's in " +
-                                         section,
-                                     "the same --config"}))
+      EXPECT_TRUE(
+          contains_all(err, {"rank " + std::to_string(rank) +
+                                 ": the config of rank(s) 1 differs from rank 0's in " + section,
+                             "the same --config"}))
           << err;
     }
     EXPECT_FALSE(fs::exists(run + "/checkpoints"));
