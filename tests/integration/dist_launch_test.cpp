@@ -28,10 +28,12 @@ using Clock = std::chrono::steady_clock;
 using testing::contains_all;
 using testing::quote;
 using testing::read_file;
+using testing::start_shell;
 using testing::step_folder;
 using testing::TempDir;
 using testing::tiny_pretrain_args;
 using testing::verifies;
+using testing::wait_code;
 using testing::wait_for_text;
 using testing::write_file;
 
@@ -48,34 +50,6 @@ std::string joined(const std::vector<std::string>& args) {
   std::string out;
   for (const auto& a : args) out += " " + quote(a);
   return out;
-}
-
-// Starts `command` through the shell in the source tree, its output to `log`; returns its pid.
-pid_t start_shell(const std::string& command, const std::string& log) {
-  const std::string full =
-      "cd " + quote(XLME_SOURCE_DIR) + " && exec " + command + " >" + quote(log) + " 2>&1";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::execl("/bin/sh", "sh", "-c", full.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  return pid;
-}
-
-// The exit code of `pid` (128 + the signal when a signal ended it); -1 when it is still running
-// after `seconds` (then it is killed).
-int wait_code(pid_t pid, double seconds) {
-  const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (Clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 // The pids whose parent is `parent` (from /proc).

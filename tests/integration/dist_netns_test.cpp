@@ -22,10 +22,12 @@ using Clock = std::chrono::steady_clock;
 using testing::contains_all;
 using testing::quote;
 using testing::read_file;
+using testing::start_shell;
 using testing::step_folder;
 using testing::TempDir;
 using testing::tiny_pretrain_args;
 using testing::verifies;
+using testing::wait_code;
 
 // Two namespaces "xlme<pid>a" and "...b", the veth ends "xa<pid>" (10.213.0.1/24) and "xb<pid>"
 // (10.213.0.2/24), removed with everything in them at scope exit.
@@ -85,31 +87,6 @@ class NamespacePair {
 
 std::string pretrain_binary() {
   return std::string(XLME_BINARY_DIR) + "/xlme-pretrain";
-}
-
-pid_t start_shell(const std::string& command, const std::string& log) {
-  const std::string full =
-      "cd " + quote(XLME_SOURCE_DIR) + " && exec " + command + " >" + quote(log) + " 2>&1";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::execl("/bin/sh", "sh", "-c", full.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  return pid;
-}
-
-int wait_code(pid_t pid, double seconds) {
-  const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (Clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 std::vector<std::string> run_args(const std::string& out_dir, int64_t steps) {
