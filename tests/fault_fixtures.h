@@ -57,6 +57,22 @@ inline bool verifies(const std::string& path) {
   }
 }
 
+// The step of `out_dir`'s newest complete checkpoint, or -1 when none verifies yet.
+inline int64_t newest_checkpoint_step(const std::string& out_dir) {
+  std::error_code error;
+  int64_t newest = -1;
+  for (std::filesystem::directory_iterator it(out_dir + "/checkpoints", error), end;
+       !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= 5 || name.rfind("step_", 0) != 0 ||
+        name.find_first_not_of("0123456789", 5) != std::string::npos)
+      continue;
+    const int64_t step = std::stoll(name.substr(5));
+    if (step > newest && verifies(it->path().string())) newest = step;
+  }
+  return newest;
+}
+
 // Synthetic shards for the tiny model's 64 ids, written once per process.
 inline const std::string& tiny_shards() {
   static const TempDir dir;

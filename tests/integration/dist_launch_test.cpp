@@ -77,11 +77,13 @@ bool running(pid_t pid) {
   return close != std::string::npos && stat.size() > close + 2 && stat[close + 2] != 'Z';
 }
 
-// Waits until `path` (a checkpoint folder) verifies; false at once when `pid` has ended.
-bool wait_for_checkpoint(const std::string& path, double seconds, pid_t pid = -1) {
+// Waits until `run` holds a complete checkpoint at step `step` or later; false at once when `pid`
+// has ended. (Not step `step` itself: with train.save_every=1 and keep_last=3 a fast run can prune
+// it before a poll sees it.)
+bool wait_for_checkpoint(const std::string& run, int64_t step, double seconds, pid_t pid = -1) {
   const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
   while (Clock::now() < deadline) {
-    if (verifies(path)) return true;
+    if (testing::newest_checkpoint_step(run) >= step) return true;
     if (pid > 0 && !running(pid)) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -153,7 +155,7 @@ TEST_P(TorchrunPreemption, WrapperExits75AfterTheWorkersSaved) {
                                     " scripts/xlme-torchrun --standalone " + "--nproc-per-node 2 " +
                                     quote(pretrain_binary()) + joined(run_args(run, 100000)),
                                 dir / "log");
-  ASSERT_TRUE(wait_for_checkpoint(step_folder(run, 2), 90, pid)) << read_file(dir / "log");
+  ASSERT_TRUE(wait_for_checkpoint(run, 2, 90, pid)) << read_file(dir / "log");
   ::kill(pid, GetParam());
   const int code = wait_code(pid, 60);
   const std::string log = read_file(dir / "log");
@@ -178,7 +180,7 @@ TEST_F(TorchrunTest, SigusrToTorchrunLeavesNoOrphanedWorkers) {
   const pid_t pid = start_shell(torchrun() + " --standalone --nproc-per-node 2 --no-python " +
                                     quote(pretrain_binary()) + joined(run_args(run, 100000)),
                                 dir / "log");
-  ASSERT_TRUE(wait_for_checkpoint(step_folder(run, 2), 90, pid)) << read_file(dir / "log");
+  ASSERT_TRUE(wait_for_checkpoint(run, 2, 90, pid)) << read_file(dir / "log");
   const std::vector<pid_t> workers = children_of(pid);
   ASSERT_EQ(workers.size(), 2u) << read_file(dir / "log");
   ::kill(pid, SIGUSR1);
@@ -246,11 +248,11 @@ TEST(SlurmTemplate, RunsAndRequeuesAfterThePreemptionSignal) {
   fs::remove(dir / "pids");
   const std::string stopped = dir / "stopped";
   const pid_t script = start_shell(command(stopped, 100000), dir / "log2");
-  ASSERT_TRUE(wait_for_checkpoint(step_folder(stopped, 2), 90, script)) << read_file(dir / "log2");
+  ASSERT_TRUE(wait_for_checkpoint(stopped, 2, 90, script)) << read_file(dir / "log2");
   std::istringstream pids(read_file(dir / "pids"));
   for (pid_t task; pids >> task;) ::kill(task, SIGUSR1);
-  const std::string log = read_file(dir / "log2");
-  EXPECT_EQ(wait_code(script, 60), kExitPreempted) << log;
+  const int code = wait_code(script, 60);
+  EXPECT_EQ(code, kExitPreempted) << read_file(dir / "log2");
   EXPECT_EQ(read_file(dir / "scontrol"), "requeue " + job + "\n");
   EXPECT_TRUE(contains_all(read_file(stopped + "/logs/rank1.log"), {"stopping at step"}));
 }
@@ -315,7 +317,7 @@ Noticed lose_a_rank(const TempDir& dir, int victim, int signal) {
         dir / ("log" + std::to_string(rank))));
   }
   Noticed noticed;
-  if (!wait_for_checkpoint(step_folder(run, 2), 90, pids[0])) {
+  if (!wait_for_checkpoint(run, 2, 90, pids[0])) {
     for (const pid_t pid : pids) ::kill(pid, SIGKILL);
     for (const pid_t pid : pids) wait_code(pid, 10);
     noticed.log = "no checkpoint: " + read_file(dir / "log0");
