@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace xlme::model {
@@ -28,6 +30,37 @@ ModelInputs ModelInputs::from(const data::Batch& batch) {
   return in;
 }
 
+int64_t masked_capacity(int64_t rows, int64_t length, double ratio) {
+  const auto per_row = static_cast<int64_t>(std::floor(ratio * static_cast<double>(length))) + 1;
+  return rows * std::min(length, per_row);
+}
+
+ModelInputs ModelInputs::padded_masked(int64_t capacity) const {
+  XLME_CHECK(sides.empty() && masked_index.defined() && masked_index.device().is_cpu(),
+             "padded_masked takes a host micro-batch's inputs without VECO's sides");
+  const int64_t count = masked_index.size(0);
+  const int64_t positions = labels.numel();
+  XLME_CHECK(count <= capacity && capacity <= positions,
+             "padded_masked: a capacity of {} masked positions for a micro-batch of {} positions "
+             "with {} masked (model::masked_capacity bounds them)",
+             capacity, positions, count);
+  ModelInputs out = *this;
+  out.masked_real = torch::zeros({capacity}, torch::kBool);
+  out.masked_real.narrow(0, 0, count).fill_(true);
+  if (count == capacity) {
+    out.masked_index = masked_index.clone();
+    return out;
+  }
+  // The filler: the first position that is not masked (there is one: count < capacity <= B x T).
+  const auto ascending = masked_index.contiguous();
+  const int64_t* index = ascending.data_ptr<int64_t>();
+  int64_t filler = 0;
+  for (int64_t i = 0; i < count && index[i] == filler; ++i) ++filler;
+  out.masked_index =
+      torch::cat({masked_index, torch::full({capacity - count}, filler, masked_index.options())});
+  return out;
+}
+
 ModelInputs ModelInputs::from_pair(const data::Batch& batch, const data::SpecialIds& ids) {
   const auto sides = data::split_pair(batch, ids);
   ModelInputs in;
@@ -46,6 +79,7 @@ ModelInputs ModelInputs::to(const torch::Device& device, bool non_blocking) cons
   out.padding = move(padding);
   out.positions = move(positions);
   out.masked_index = move(masked_index);
+  out.masked_real = move(masked_real);
   return out;
 }
 
@@ -58,6 +92,7 @@ ModelInputs ModelInputs::pinned() const {
   out.padding = pin(padding);
   out.positions = pin(positions);
   out.masked_index = pin(masked_index);
+  out.masked_real = pin(masked_real);
   return out;
 }
 
@@ -210,7 +245,11 @@ ModelOutput ElectraModelImpl::forward(const ModelInputs& in) {
     out.pair_predictions = {predict(hx, x), predict(sx, x), predict(hy, y), predict(sy, y)};
     return out;
   }
-  out.generator_targets = in.labels.reshape(-1).index_select(0, in.masked_index);
+  // The original tokens at the masked positions; padded_masked()'s filler entries are ignored.
+  const auto originals = in.labels.reshape(-1).index_select(0, in.masked_index);
+  out.generator_targets = in.masked_real.defined()
+                              ? originals.masked_fill(in.masked_real.logical_not(), kIgnoredTarget)
+                              : originals;
   if (architecture_ == Architecture::kMaskedLm) {
     const auto hidden = discriminator(in.input_ids, in.positions, in.padding);
     out.generator_logits = mlm_head(gather_masked(hidden, in.masked_index), table);
@@ -226,9 +265,11 @@ ModelOutput ElectraModelImpl::forward(const ModelInputs& in) {
   out.generator_correct = lm.correct;
   out.sampled = lm.sampled;
   // The discriminator sees the originals with the samples put in; a sample equal to the
-  // original is therefore labelled original.
+  // original is therefore labelled original. A filler entry puts its position's original back.
+  const auto put =
+      in.masked_real.defined() ? torch::where(in.masked_real, out.sampled, originals) : out.sampled;
   out.discriminator_input =
-      in.labels.reshape(-1).index_copy(0, in.masked_index, out.sampled).view_as(in.labels);
+      in.labels.reshape(-1).index_copy(0, in.masked_index, put).view_as(in.labels);
   out.replaced = out.discriminator_input != in.labels;
   const auto hidden = discriminator(out.discriminator_input, in.positions, in.padding);
   out.discriminator_logits = discriminator_head(hidden);

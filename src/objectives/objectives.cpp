@@ -18,14 +18,14 @@ namespace xlme::objectives {
 Term generator_term(const std::string& name, const torch::Tensor& logits,
                     const torch::Tensor& targets) {
   const auto lm = ops::masked_lm(logits, targets);
-  return generator_term(name, lm.loss_sum, lm.correct, targets.size(0));
+  return generator_term(name, lm.loss_sum, lm.correct, targets);
 }
 
 Term generator_term(const std::string& name, const torch::Tensor& loss_sum,
-                    const torch::Tensor& correct, int64_t rows) {
+                    const torch::Tensor& correct, const torch::Tensor& targets) {
   Term term;
   term.name = name;
-  term.count = torch::full({}, rows, correct.options().dtype(torch::kInt64));
+  term.count = targets.ge(0).sum();  // ignored (padding) rows have negative targets
   term.loss_sum = loss_sum;
   term.statistics["correct"] = correct;
   return term;
@@ -248,7 +248,7 @@ std::vector<Term> Objectives::compute(const model::ModelOutput& output, data::Ta
       terms.push_back(
           output.generator_loss_sum.defined()
               ? generator_term(name, output.generator_loss_sum, output.generator_correct,
-                               output.generator_targets.size(0))
+                               output.generator_targets)
               : generator_term(name, output.generator_logits, output.generator_targets));
     } else {
       XLME_CHECK(output.discriminator_logits.defined(),

@@ -181,11 +181,14 @@ MaskedLm masked_lm(const torch::Tensor& logits, const torch::Tensor& targets,
 #ifdef XLME_WITH_CUDA
   if (fused_ready(logits)) {
     const auto x = logits.contiguous();
-    const auto t = targets.contiguous();
+    // A negative (ignored) target reads column 0 in the kernel; its row's loss is then weighted
+    // out, so that its gradient is zero too.
+    const auto t = targets.clamp_min(0).contiguous();
+    const auto real = targets.ge(0);
     Forward f;
     MaskedLm out;
-    out.loss_sum = FusedMaskedLmLoss::apply(x, t, sampling, &f).sum();
-    out.correct = (f.argmax == t).sum();
+    out.loss_sum = torch::where(real, FusedMaskedLmLoss::apply(x, t, sampling, &f), 0.0).sum();
+    out.correct = (f.argmax == targets).sum();
     if (sampling != nullptr) out.sampled = f.sampled;
     return out;
   }

@@ -3,6 +3,7 @@
 #include "xlme/model/electra.h"
 
 #include "xlme/common/precision.h"
+#include "xlme/data/masking.h"
 #include "xlme/model/parameter_count.h"
 #include "xlme/objectives/objectives.h"
 
@@ -12,7 +13,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string>
 
@@ -78,6 +81,107 @@ std::set<std::string> names(const torch::nn::Module& module) {
 TEST(ModelInputs, MaskedIndexIsFlatAndAscending) {
   const auto in = tiny_inputs();
   EXPECT_TRUE(torch::equal(in.masked_index, torch::tensor({2, 5, 9, 11, 14}, torch::kInt64)));
+}
+
+// padded_masked: the real positions first, then the first position that is not masked.
+TEST(ModelInputs, PaddedMaskedRepeatsTheFirstUnmaskedPositionAfterTheRealOnes) {
+  const auto in = tiny_inputs();  // masked: 2, 5, 9, 11, 14
+  const auto padded = in.padded_masked(8);
+  EXPECT_TRUE(
+      torch::equal(padded.masked_index, torch::tensor({2, 5, 9, 11, 14, 0, 0, 0}, torch::kInt64)));
+  EXPECT_TRUE(torch::equal(
+      padded.masked_real, torch::tensor({1, 1, 1, 1, 1, 0, 0, 0}, torch::kInt64).to(torch::kBool)));
+  EXPECT_TRUE(torch::equal(in.masked_index, torch::tensor({2, 5, 9, 11, 14}, torch::kInt64)));
+  auto first_masked = in;
+  first_masked.masked_index = torch::tensor({0, 1, 3}, torch::kInt64);
+  EXPECT_TRUE(torch::equal(first_masked.padded_masked(5).masked_index,
+                           torch::tensor({0, 1, 3, 2, 2}, torch::kInt64)));
+  EXPECT_EQ(in.padded_masked(5).masked_real.sum().item<int64_t>(), 5);
+  EXPECT_TRUE(contains_all(error_message([&] { in.padded_masked(4); }),
+                           {"capacity of 4 masked positions", "20 positions with 5 masked"}));
+  EXPECT_TRUE(contains_all(error_message([&] { in.padded_masked(21); }),
+                           {"capacity of 21", "20 positions"}));
+}
+
+// The bound of data::mask_row's count, hand-computed and never exceeded by it.
+TEST(ModelInputs, MaskedCapacityBoundsWhatMaskRowMasks) {
+  EXPECT_EQ(masked_capacity(32, 512, 0.15), 32 * 77);  // floor(76.8) + 1
+  EXPECT_EQ(masked_capacity(2, 10, 1.0), 20);          // never more than B x T
+  EXPECT_EQ(masked_capacity(3, 16, 0.0), 3);
+  const auto special = data::SpecialIds::for_vocab(kVocab);
+  data::Rng rng(7);
+  data::MaskOptions options;
+  for (const double ratio : {0.15, 0.5, 0.99}) {
+    options.ratio = ratio;
+    for (int trial = 0; trial < 2000; ++trial) {
+      const int64_t length = 1 + trial % 37;
+      std::vector<int64_t> ids(static_cast<size_t>(length));
+      for (auto& id : ids) id = 5 + static_cast<int64_t>(rng.below(kVocab - 6));
+      ids[0] = special.bos;
+      const auto masked = std::make_unique<bool[]>(static_cast<size_t>(length));
+      data::mask_row(ids.data(), masked.get(), length, special, options, rng);
+      const int64_t count = std::count(masked.get(), masked.get() + length, true);
+      ASSERT_LE(count, masked_capacity(1, length, ratio)) << ratio << " " << length;
+    }
+  }
+}
+
+// The generator's rows padded to a capacity give the same terms, draws, discriminator input and
+// gradients (float64): the filler rows are ignored and put their position's original back.
+TEST(ElectraModel, PaddedMaskedRowsGiveTheSameTermsDrawsAndGradients) {
+  for (const Architecture architecture : {Architecture::kElectra, Architecture::kMaskedLm}) {
+    SCOPED_TRACE(architecture == Architecture::kElectra ? "electra" : "mlm");
+    config::ObjectivesConfig objectives_config;
+    if (architecture == Architecture::kMaskedLm) objectives_config.set = "mlm";
+    const objectives::Objectives objectives(objectives_config);
+    struct Run {
+      ModelOutput out;
+      std::vector<objectives::Term> terms;
+      torch::Tensor loss;
+      std::vector<torch::Tensor> grads;
+    };
+    auto run = [&](const ModelInputs& in) {
+      auto model = build(tiny_config(), architecture);
+      model->train();
+      torch::manual_seed(3);  // the draws
+      Run r;
+      r.out = model->forward(in);
+      r.terms = objectives.compute(r.out, data::Task::kMono);
+      std::map<std::string, torch::Tensor> norms;
+      for (const auto& t : r.terms) norms[t.name] = torch::tensor(7.0, torch::kDouble);
+      r.loss = objectives::weighted_loss(r.terms, norms);
+      r.loss.backward();
+      for (const auto& p : model->parameters()) r.grads.push_back(p.grad().clone());
+      return r;
+    };
+    const auto in = tiny_inputs();
+    const Run plain = run(in);
+    const Run padded = run(in.padded_masked(9));
+    EXPECT_EQ(padded.out.generator_logits.size(0), 9);
+    EXPECT_TRUE(torch::equal(padded.out.generator_targets.narrow(0, 5, 4),
+                             torch::full({4}, kIgnoredTarget, torch::kInt64)));
+    EXPECT_NEAR(padded.loss.item<double>(), plain.loss.item<double>(), 1e-12);
+    ASSERT_EQ(padded.terms.size(), plain.terms.size());
+    for (std::size_t i = 0; i < plain.terms.size(); ++i) {
+      SCOPED_TRACE(plain.terms[i].name);
+      EXPECT_EQ(padded.terms[i].count.item<int64_t>(), plain.terms[i].count.item<int64_t>());
+      EXPECT_NEAR(padded.terms[i].loss_sum.item<double>(), plain.terms[i].loss_sum.item<double>(),
+                  1e-12);
+      for (const auto& [name, value] : plain.terms[i].statistics) {
+        EXPECT_EQ(padded.terms[i].statistics.at(name).item<int64_t>(), value.item<int64_t>())
+            << name;
+      }
+    }
+    if (architecture == Architecture::kElectra) {
+      EXPECT_TRUE(torch::equal(padded.out.sampled.narrow(0, 0, 5), plain.out.sampled));
+      EXPECT_TRUE(torch::equal(padded.out.discriminator_input, plain.out.discriminator_input));
+      EXPECT_TRUE(torch::equal(padded.out.replaced, plain.out.replaced));
+    }
+    ASSERT_EQ(padded.grads.size(), plain.grads.size());
+    for (std::size_t i = 0; i < plain.grads.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(padded.grads[i], plain.grads[i], 1e-12, 1e-14)) << i;
+    }
+  }
 }
 
 TEST(ElectraModel, ParameterNamesAreExportKeys) {

@@ -38,6 +38,10 @@ struct ModelInputs {
   torch::Tensor padding;       // [B, T] bool: true at <pad>
   torch::Tensor positions;     // [B, T] int64: absolute position ids
   torch::Tensor masked_index;  // [N] int64: b * T + t of each masked position, ascending
+  // After padded_masked(): [N] bool, true at the masked positions; the entries after them repeat a
+  // position that is not masked, and their targets are ignored (kIgnoredTarget). Undefined: every
+  // entry of masked_index is a masked position.
+  torch::Tensor masked_real;
   // VECO (model.cross_attention): the micro-batch's two sides x and y (data::split_pair), each
   // with the fields above, which are then left undefined here; empty otherwise (the fields above
   // are then the model's input).
@@ -47,11 +51,26 @@ struct ModelInputs {
   static ModelInputs from(const data::Batch& batch);
   // The same for VECO: only `sides`, from data::split_pair of the host batch.
   static ModelInputs from_pair(const data::Batch& batch, const data::SpecialIds& ids);
+  // The same inputs with masked_index padded to `capacity` entries (masked_real says which are
+  // real), so that the generator's rows have one shape whatever the number of masked tokens (CUDA
+  // graphs replay one shape). The model computes the same losses, gradients and draws as without
+  // it. Host tensors only, not VECO's sides; `capacity` is at least the masked count and at most
+  // B x T (masked_capacity()).
+  ModelInputs padded_masked(int64_t capacity) const;
   ModelInputs to(const torch::Device& device, bool non_blocking = true) const;
   // The same tensors in pinned (page-locked) host memory: a non-blocking copy to a GPU from them
   // is queued without waiting for the device. Needs CUDA.
   ModelInputs pinned() const;
 };
+
+// The target of a generator row that padded_masked() added: the row adds nothing to the loss,
+// the accuracy or the counts (LibTorch's cross_entropy ignores it).
+constexpr int64_t kIgnoredTarget = -100;
+
+// The most masked tokens a [rows, length] micro-batch can hold when each row masks
+// floor(ratio x n + u) of its n maskable tokens (data::mask_row, u in [0, 1)): a padding capacity
+// that every such micro-batch fits.
+int64_t masked_capacity(int64_t rows, int64_t length, double ratio);
 
 // An MLM head's logits at masked positions and the original tokens there.
 struct MaskedPrediction {
@@ -62,7 +81,7 @@ struct MaskedPrediction {
 // Everything the objectives read. N = masked positions in the micro-batch.
 struct ModelOutput {
   torch::Tensor generator_logits;   // [N, V]: generator (or MLM head) at masked positions
-  torch::Tensor generator_targets;  // [N] int64: the original tokens there
+  torch::Tensor generator_targets;  // [N] int64: the original tokens there (or kIgnoredTarget)
   torch::Tensor sampled;            // [N] int64: replacements drawn from the generator
   // kElectra: the generator's summed loss and correct count, computed with the draws (one pass
   // of ops::masked_lm); undefined otherwise (the objectives compute them from the logits).

@@ -34,13 +34,14 @@ struct Term {
 };
 
 // Generator term: cross-entropy over the masked positions (ops::masked_lm).
-// logits: [N, V]; targets: [N] int64.
+// logits: [N, V]; targets: [N] int64 (a negative target, model::kIgnoredTarget, is a padding row
+// that counts nowhere).
 Term generator_term(const std::string& name, const torch::Tensor& logits,
                     const torch::Tensor& targets);
 // The same from a loss and a correct count the model already computed (ModelOutput's
-// generator_loss_sum, generator_correct over `rows` masked positions).
+// generator_loss_sum, generator_correct over the rows of `targets`).
 Term generator_term(const std::string& name, const torch::Tensor& loss_sum,
-                    const torch::Tensor& correct, int64_t rows);
+                    const torch::Tensor& correct, const torch::Tensor& targets);
 
 // Discriminator term: binary cross-entropy with logits over the real (non-pad) tokens.
 // logits: [B, T]; replaced, padding: [B, T] bool.

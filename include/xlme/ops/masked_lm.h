@@ -28,8 +28,9 @@ struct MaskedLm {
   torch::Tensor sampled;   // [N] int64 draws, without gradient; undefined without sampling
 };
 
-// logits: [N, V] floating, targets: [N] int64 in [0, V), on one device. The loss has a gradient
-// with respect to the logits.
+// logits: [N, V] floating, targets: [N] int64 in [0, V), on one device; a target of -100
+// (model::kIgnoredTarget: a padding row) adds nothing to the loss or the correct count, and its
+// row's gradient is zero. The loss has a gradient with respect to the logits.
 MaskedLm masked_lm(const torch::Tensor& logits, const torch::Tensor& targets,
                    const Sampling* sampling = nullptr);
 
