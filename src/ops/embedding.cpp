@@ -2,6 +2,10 @@
 
 #include <torch/torch.h>
 
+#ifdef XLME_WITH_CUDA
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#endif
+
 namespace xlme::ops {
 
 namespace {
@@ -25,11 +29,22 @@ struct RowsLookup : torch::autograd::Function<RowsLookup> {
   }
 };
 
+// Whether a CUDA graph is being captured on `table`'s device's current stream.
+bool capturing(const torch::Tensor& table) {
+#ifdef XLME_WITH_CUDA
+  if (table.is_cuda()) {
+    return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+  }
+#endif
+  (void)table;
+  return false;
+}
+
 }  // namespace
 
 bool embedding_gradient_is_rows(const torch::Tensor& table) {
   return torch::GradMode::is_enabled() && table.requires_grad() && table.grad().defined() &&
-         table.grad().layout() == torch::kStrided;
+         table.grad().layout() == torch::kStrided && !capturing(table);
 }
 
 torch::Tensor embedding_lookup(const torch::Tensor& table, const torch::Tensor& ids) {

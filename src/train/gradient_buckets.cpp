@@ -154,7 +154,30 @@ void GradientBuckets::release() {
              "gradient buckets released while {} are still being sent (an internal error: please "
              "report it)",
              pending_.size());
-  for (auto& bucket : buckets_) bucket.flat = torch::Tensor();
+  if (!keep_allocated_) {
+    for (auto& bucket : buckets_) bucket.flat = torch::Tensor();
+  }
+}
+
+void GradientBuckets::start_recording() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  recorded_.assign(parameters_.size(), 0);
+  recording_ = true;
+}
+
+std::vector<std::size_t> GradientBuckets::stop_recording() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  recording_ = false;
+  std::vector<std::size_t> indices;
+  for (std::size_t i = 0; i < recorded_.size(); ++i) {
+    if (recorded_[i]) indices.push_back(i);
+  }
+  return indices;
+}
+
+void GradientBuckets::mark_present(const std::vector<std::size_t>& indices) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  for (const std::size_t i : indices) present_.at(i) = 1;
 }
 
 void GradientBuckets::arm(bool overlap) {
@@ -166,6 +189,7 @@ void GradientBuckets::arm(bool overlap) {
 void GradientBuckets::on_gradient(std::size_t index) {
   const std::lock_guard<std::mutex> lock(mutex_);
   present_[index] = 1;
+  if (recording_) recorded_[index] = 1;
   if (!armed_ || counted_[index]) return;
   counted_[index] = 1;
   const std::size_t b = slots_[index].bucket;

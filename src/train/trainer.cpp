@@ -260,6 +260,10 @@ Trainer::Trainer(const config::Config& config, model::ElectraModel model, data::
               static_cast<double>(config.train.tokens_per_task));
     }
   }
+  const auto graphs = MicroBatchGraphs::choose(config, device_);
+  graphs_choice_ = graphs.reason;
+  if (graphs.on) graphs_ = std::make_unique<MicroBatchGraphs>(*buckets_);
+  if (comm_->rank() == 0) spdlog::info("cuda graphs: {}", graphs_choice_);
   bf16_ = uses_bf16(config.train.precision, device_);
   enable_tf32(device_);
   // run.seed made the model; dropout and sampling draw from this rank's own streams.
@@ -336,7 +340,9 @@ StepRecord Trainer::train_step() {
   clock.lap("data");
   counts = summed_over_ranks(*comm_, counts);
   clock.lap("communication");
-  const auto normalizers = objectives_.normalizers(counts);
+  const auto step_normalizers = objectives_.normalizers(counts);
+  // With CUDA graphs, the tensors the graphs read, holding this step's values.
+  const auto& normalizers = graphs_ ? graphs_->normalizers(step_normalizers) : step_normalizers;
 
   // 2. Forward and backward, one micro-batch at a time; gradients and term sums accumulate. A
   // stop signal on any rank abandons the step.
@@ -353,7 +359,7 @@ StepRecord Trainer::train_step() {
       // The last backward sends each gradient bucket as it completes (dist.overlap), and the
       // buckets left are sent right after it, before the stop vote's sum on every rank.
       if (last) buckets_->arm(config_.dist.overlap);
-      forward_backward(batches[b], inputs[b], normalizers, sums, clock);
+      forward_backward(batches[b], inputs[b], normalizers, sums, clock, graphs_ && !last);
       if (last) buckets_->flush();
       const bool stopping = stop.after_micro_batch(last);
       clock.lap("communication");
@@ -388,7 +394,20 @@ void Trainer::remember_state_before_step() {
 // `sums`; its activations and outputs are freed inside the backward phase.
 void Trainer::forward_backward(const data::Batch& batch, const model::ModelInputs& inputs,
                                const std::map<std::string, torch::Tensor>& normalizers,
-                               objectives::TermSums& sums, PhaseClock& clock) {
+                               objectives::TermSums& sums, PhaseClock& clock, bool graphed) {
+  if (graphed && inputs.sides.empty()) {
+    // Captured or replayed whole: the clock counts it as backward.
+    const auto pass = [&](const model::ModelInputs& in) {
+      const MicroBatchLoss micro = forward(batch, in, normalizers);
+      const AutocastPause no_autocast(device_);
+      micro.loss.backward();
+      return micro.terms;
+    };
+    const char* task = batch.task == data::Task::kMono ? "mono" : "para";
+    sums.add(graphs_->run(micro_batch_shape(task, inputs), inputs, pass));
+    clock.lap("backward");
+    return;
+  }
   {
     const MicroBatchLoss micro = forward(batch, inputs, normalizers);
     clock.lap("forward");
@@ -511,6 +530,14 @@ std::vector<model::ModelInputs> Trainer::device_inputs(
   inputs.reserve(batches.size());
   for (const auto& batch : batches) {
     auto host = model_->inputs(batch);
+    // CUDA graphs: the generator's rows padded to the most this shape can mask, so that the
+    // micro-batches of a shape repeat one graph (every micro-batch: the draws stay those of a run
+    // whose micro-batches all had graphs, eager ones included).
+    if (graphs_ && host.sides.empty()) {
+      const int64_t capacity = model::masked_capacity(host.labels.size(0), host.labels.size(1),
+                                                      config_.objectives.mask_ratio);
+      if (host.masked_index.size(0) <= capacity) host = host.padded_masked(capacity);
+    }
     if (device_.is_cuda()) host = host.pinned();
     inputs.push_back(host.to(device_, /*non_blocking=*/true));
   }

@@ -14,12 +14,15 @@
 #include "xlme/model/electra.h"
 #include "xlme/model/encoder.h"
 #include "xlme/model/relative_position.h"
+#include "xlme/objectives/objectives.h"
 #include "xlme/ops/attention.h"
 #include "xlme/ops/feed_forward.h"
 #include "xlme/ops/masked_lm.h"
 #include "xlme/ops/registry.h"
 #include "xlme/ops/residual_layernorm.h"
 #include "xlme/ops/triton.h"
+#include "xlme/train/gradient_buckets.h"
+#include "xlme/train/micro_batch_graphs.h"
 #include "xlme/train/trainer.h"
 
 #include "export_fixtures.h"
@@ -540,6 +543,28 @@ TEST(CudaOps, FusedMaskedLmEqualsTheReference) {
   }
 }
 
+// Rows padded by ModelInputs::padded_masked (target -100) add nothing, in both paths, and their
+// gradient rows are zero.
+TEST(CudaOps, FusedMaskedLmIgnoresPaddingRows) {
+  XLME_REQUIRE_CUDA();
+  const fused::OpsRestored restore;
+  torch::manual_seed(23);
+  const auto logits = (torch::randn({37, 5003}, kCuda) * 4).to(torch::kBFloat16);
+  auto targets = torch::randint(0, 5003, {37}, torch::TensorOptions(kCuda).dtype(torch::kInt64));
+  targets.narrow(0, 30, 7).fill_(model::kIgnoredTarget);
+  const auto real = targets.narrow(0, 0, 30);
+  const auto ref = fused::run_masked_lm("masked_lm=reference", logits.narrow(0, 0, 30), real);
+  for (const std::string spec : {"masked_lm=reference", "masked_lm=fused"}) {
+    const auto got = fused::run_masked_lm(spec, logits, targets);
+    EXPECT_NEAR(got.out.loss_sum.item<double>(), ref.out.loss_sum.item<double>(),
+                1e-5 * std::abs(ref.out.loss_sum.item<double>()) + 1e-4)
+        << spec;
+    EXPECT_EQ(got.out.correct.item<int64_t>(), ref.out.correct.item<int64_t>()) << spec;
+    EXPECT_EQ(got.grad.narrow(0, 30, 7).abs().max().item<double>(), 0.0) << spec;
+    EXPECT_LE(relative_error(got.grad.narrow(0, 0, 30), ref.grad), 1e-2) << spec;
+  }
+}
+
 TEST(CudaOps, FusedDrawsFollowTheSoftmaxAndRepeatWithTheGenerator) {
   XLME_REQUIRE_CUDA();
   const fused::OpsRestored restore;
@@ -646,6 +671,20 @@ TEST(CudaOps, AStepWithEveryFusedOpMatchesTheReferenceStep) {
   EXPECT_NEAR(losses[1], losses[0], 1e-4 * std::abs(losses[0]));
 }
 
+// The error of one train_step() with XLME_CUDA_SYNC_DEBUG=error (every host wait inside the
+// micro-batch loop an error), or "".
+std::string step_error_with_sync_debug(train::Trainer& trainer) {
+  ::setenv("XLME_CUDA_SYNC_DEBUG", "error", 1);
+  std::string error;
+  try {
+    trainer.train_step();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  ::unsetenv("XLME_CUDA_SYNC_DEBUG");
+  return error;
+}
+
 TEST(CudaTrainer, TheMicroBatchLoopNeverWaitsForTheDevice) {
   XLME_REQUIRE_CUDA();
   // XLME_CUDA_SYNC_DEBUG=error makes every host wait inside the micro-batch loop an error (the
@@ -656,15 +695,7 @@ TEST(CudaTrainer, TheMicroBatchLoopNeverWaitsForTheDevice) {
                          xlme::testing::single_process(kCuda));
   trainer.train_step();
   trainer.train_step();
-  ::setenv("XLME_CUDA_SYNC_DEBUG", "error", 1);
-  std::string error;
-  try {
-    trainer.train_step();
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  ::unsetenv("XLME_CUDA_SYNC_DEBUG");
-  EXPECT_EQ(error, "") << "a host wait inside the micro-batch loop";
+  EXPECT_EQ(step_error_with_sync_debug(trainer), "") << "a host wait inside the micro-batch loop";
 }
 
 TEST(CudaOps, FusedAttentionEqualsTheFloat64MathPath) {
@@ -897,6 +928,116 @@ TEST(CudaOps, FusedFeedForwardEqualsTheFloat64Block) {
       EXPECT_LE(fused_error, std::max(2.0 * unfused_error, 1e-2)) << names[i];
     }
   }
+}
+
+// --- (g) CUDA graphs of the micro-batch (train.cuda_graphs)
+// ---------------------------------------
+
+// Five micro-batches of one padded shape through MicroBatchGraphs (two eager, one captured and
+// replayed, two replays) against the same five as plain eager passes on a twin model, from the
+// same generator state: every micro-batch's terms and the accumulated gradients agree (dropout
+// 0.1: a replay draws the eager pass's dropout masks; argmax sampling, whose draws the atomics'
+// rounding cannot flip), and a replay marks the parameters it gives gradients as present.
+TEST(CudaGraphs, ReplaysEqualEagerPassesTermsAndGradients) {
+  XLME_REQUIRE_CUDA();
+  auto c = on_cuda(xlme::testing::tiny_train_config(4, 1, /*dropout=*/0.1));
+  c.train.precision = "fp32";
+  c.model.generator.sampling_temperature = 1e-6;
+  const objectives::Objectives objectives(c.objectives, c.distill);
+  auto batches = cuda_test_batches(c);
+  std::vector<model::ModelInputs> inputs;
+  auto shape_model = xlme::testing::make_tiny_model(c, 5);
+  for (int i = 0; i < 5; ++i) {
+    const auto host = shape_model->inputs(batches.next(data::Task::kMono));
+    const int64_t capacity =
+        model::masked_capacity(host.labels.size(0), host.labels.size(1), c.objectives.mask_ratio);
+    inputs.push_back(host.padded_masked(capacity).to(kCuda, /*non_blocking=*/false));
+  }
+  struct Run {
+    std::vector<double> losses;
+    std::vector<torch::Tensor> grads;
+    std::vector<char> present;
+    int64_t captured = 0, replays = 0;
+  };
+  auto run = [&](bool graphed) {
+    auto model = xlme::testing::make_tiny_model(c, 5);
+    model->to(kCuda);
+    model->train();
+    auto parameters = model->parameters();
+    auto comm = xlme::testing::single_process(kCuda);
+    train::GradientBuckets buckets(parameters, 1 << 20, *comm,
+                                   train::GradientBuckets::Reduction::kAllReduce);
+    train::MicroBatchGraphs graphs(buckets);
+    std::map<std::string, torch::Tensor> step;
+    for (const auto& name : objectives.term_names()) {
+      step[name] = torch::full({}, 50.0, torch::TensorOptions(kCuda).dtype(torch::kFloat64));
+    }
+    const auto& normalizers = graphs.normalizers(step);
+    const auto pass = [&](const model::ModelInputs& in) {
+      auto terms = objectives.compute(model->forward(in), data::Task::kMono);
+      objectives::weighted_loss(terms, normalizers).backward();
+      return terms;
+    };
+    Run r;
+    torch::manual_seed(7);
+    buckets.attach();
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (i == 4) buckets.attach();  // a new step: the last replay alone marks the presence
+      const auto terms = graphed ? graphs.run("mono", inputs[i], pass) : pass(inputs[i]);
+      double loss = 0;
+      for (const auto& t : terms) loss += t.weight * t.loss_sum.item<double>();
+      r.losses.push_back(loss);
+    }
+    torch::cuda::synchronize();
+    for (const auto& p : parameters) r.grads.push_back(p.grad().detach().cpu().clone());
+    for (std::size_t i = 0; i < parameters.size(); ++i) r.present.push_back(buckets.present(i));
+    r.captured = graphs.captured();
+    r.replays = graphs.replays();
+    return r;
+  };
+  const Run eager = run(false);
+  const Run graphed = run(true);
+  EXPECT_EQ(graphed.captured, 1);
+  EXPECT_EQ(graphed.replays, 3);
+  for (std::size_t i = 0; i < eager.losses.size(); ++i) {
+    EXPECT_NEAR(graphed.losses[i], eager.losses[i], 1e-4 * std::abs(eager.losses[i]) + 1e-5)
+        << "micro-batch " << i;
+  }
+  ASSERT_EQ(graphed.grads.size(), eager.grads.size());
+  for (std::size_t i = 0; i < eager.grads.size(); ++i) {
+    EXPECT_LE(relative_error(graphed.grads[i], eager.grads[i]), 1e-4) << "parameter " << i;
+    EXPECT_EQ(graphed.present[i], eager.present[i]) << "parameter " << i;
+  }
+}
+
+// A trainer with train.cuda_graphs=on: four micro-batches per task, so that the mono shape is
+// warmed up, captured and replayed and the para one captured; finite losses, no host wait in the
+// micro-batch loop once the graphs exist, and a checkpoint that resumes (graphs captured anew).
+TEST(CudaGraphs, ATrainerWithGraphsTrainsWithoutHostWaitsAndResumes) {
+  XLME_REQUIRE_CUDA();
+  auto c = on_cuda(xlme::testing::tiny_train_config(4, 4, /*dropout=*/0.1));
+  c.train.cuda_graphs = "on";
+  auto source = cuda_test_batches(c);
+  train::Trainer trainer(c, xlme::testing::make_tiny_model(c, 5), source,
+                         xlme::testing::single_process(kCuda));
+  ASSERT_NE(trainer.cuda_graphs(), nullptr) << trainer.cuda_graphs_choice();
+  trainer.train_step();
+  const auto second = trainer.train_step();
+  EXPECT_GE(trainer.cuda_graphs()->captured(), 2);
+  EXPECT_GE(trainer.cuda_graphs()->replays(), 2);
+  EXPECT_TRUE(std::isfinite(second.loss));
+  EXPECT_EQ(step_error_with_sync_debug(trainer), "")
+      << "a host wait inside the micro-batch loop with graphs";
+  TempDir dir;
+  const auto checkpoint =
+      trainer.save_checkpoint(checkpoint::CheckpointManager(dir / "ckpt", 2, 0));
+  auto resumed_source = cuda_test_batches(c);
+  train::Trainer resumed(c, xlme::testing::make_tiny_model(c, 6), resumed_source,
+                         xlme::testing::single_process(kCuda));
+  resumed.load_checkpoint(checkpoint::CheckpointManager::verify(checkpoint));
+  const auto after = resumed.train_step();
+  EXPECT_TRUE(std::isfinite(after.loss));
+  EXPECT_EQ(resumed.step(), 4);
 }
 
 }  // namespace

@@ -338,6 +338,7 @@ struct TrainConfig {
   std::string batch_rounding = "error";
   int64_t zero = 0;
   std::string precision = "auto";
+  std::string cuda_graphs = "auto";
   int64_t log_every = 100;
   int64_t validate_every = 5000;
   bool validate_at_start = true;
@@ -376,6 +377,10 @@ struct TrainConfig {
             "resume on any number of ranks either way");
     v.field("precision", precision, Choices{"auto", "fp32", "bf16"},
             "auto = bf16 autocast on CUDA, fp32 on CPU");
+    v.field("cuda_graphs", cuda_graphs, Choices{"auto", "on", "off"},
+            "CUDA graphs of the micro-batch forward and backward, captured per shape and replayed "
+            "(every micro-batch of a step but the last; the generator's rows padded to one "
+            "count): on, off, or auto = off until a GPU run has verified them (said at start)");
     v.field("log_every", log_every, IntRange{1, kNoLimit}, "steps between log lines");
     v.field("validate_every", validate_every, IntRange{0, kNoLimit},
             "steps between validations on data.heldout; 0 = never");

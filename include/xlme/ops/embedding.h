@@ -8,7 +8,9 @@
 // .grad is already a dense buffer (the trainer's gradient buckets attach it before the first
 // backward), this lookup's backward gives those rows alone, as a coalesced sparse tensor (rows
 // sorted and summed in a fixed order: the same bits every run), which autograd adds into the
-// buffer in place. Elsewhere (no .grad yet, fine-tuning, evaluation) it is torch::embedding.
+// buffer in place. Elsewhere (no .grad yet, fine-tuning, evaluation) it is torch::embedding; so it
+// is while a CUDA graph is captured (train.cuda_graphs): coalescing reads the number of distinct
+// rows on the host, which a capture forbids, and LibTorch's dense backward does not.
 #pragma once
 
 #include <torch/types.h>
@@ -19,7 +21,8 @@ namespace xlme::ops {
 torch::Tensor embedding_lookup(const torch::Tensor& table, const torch::Tensor& ids);
 
 // Whether embedding_lookup() gives `table` its rows alone as gradient: autograd is recording, the
-// table takes a gradient, and its .grad is a dense tensor already.
+// table takes a gradient, its .grad is a dense tensor already, and no CUDA graph is being captured
+// on the current stream.
 bool embedding_gradient_is_rows(const torch::Tensor& table);
 
 }  // namespace xlme::ops

@@ -41,8 +41,17 @@ class GradientBuckets {
   void attach();
   // After the optimizer step (the parameters' .grad dropped): frees the buckets, so that the
   // forward passes of the next step have that memory, as when the gradients were separate
-  // tensors set to none after each step.
+  // tensors set to none after each step; kept (only detached) after keep_allocated(true).
   void release();
+  // CUDA graphs (micro_batch_graphs.h) add into the buckets' memory at the addresses it had when
+  // they were captured: with `keep`, release() keeps the buffers and attach() zeroes them.
+  void keep_allocated(bool keep) { keep_allocated_ = keep; }
+  // Between these two calls, which parameters' hooks ran (a backward that a CUDA graph captures:
+  // its replays run no hook), in parameter order.
+  void start_recording();
+  std::vector<std::size_t> stop_recording();
+  // Marks parameters as having got a gradient since attach() (after a graph's replay).
+  void mark_present(const std::vector<std::size_t>& indices);
   // Before the step's last backward: with `overlap`, each bucket is sent from the hook that
   // completes it (once those before it are sent).
   void arm(bool overlap);
@@ -94,9 +103,12 @@ class GradientBuckets {
   dist::Communicator& comm_;
   Reduction reduction_;
   std::vector<Bucket> buckets_;
-  std::vector<Slot> slots_;            // per parameter (untrained ones: unused)
-  std::vector<char> present_;          // per parameter, since attach()
-  std::vector<char> counted_;          // per parameter, in the armed backward
+  std::vector<Slot> slots_;     // per parameter (untrained ones: unused)
+  std::vector<char> present_;   // per parameter, since attach()
+  std::vector<char> counted_;   // per parameter, in the armed backward
+  std::vector<char> recorded_;  // per parameter, since start_recording()
+  bool recording_ = false;
+  bool keep_allocated_ = false;
   std::vector<std::size_t> complete_;  // per bucket: parameters counted in the armed backward
   std::vector<dist::PendingWork> pending_;
   std::size_t next_ = 0;  // the first bucket not sent yet

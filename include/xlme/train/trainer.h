@@ -22,6 +22,7 @@
 #include "xlme/optim/schedule.h"
 #include "xlme/optim/zero.h"
 #include "xlme/train/gradient_buckets.h"
+#include "xlme/train/micro_batch_graphs.h"
 #include "xlme/train/rng.h"
 
 #include <torch/optim/adamw.h>
@@ -71,9 +72,10 @@ struct StepRecord {
   // sums and summarize them to report an interval.
   objectives::TermSums sums;
   // Wall-clock seconds per phase: data (reading and counting), forward, backward (freeing the
-  // micro-batch's tensors included), communication (collectives, stop-signal agreement and the
-  // step's one host read), optimizer (clipping, AdamW). On CUDA they are exact only with
-  // set_phase_timing(true), which synchronizes at each boundary.
+  // micro-batch's tensors included; a micro-batch run by a CUDA graph counts whole as backward),
+  // communication (collectives, stop-signal agreement and the step's one host read), optimizer
+  // (clipping, AdamW). On CUDA they are exact only with set_phase_timing(true), which
+  // synchronizes at each boundary.
   std::map<std::string, double> seconds;
 };
 
@@ -118,6 +120,10 @@ class Trainer {
   int64_t tokens_per_step() const { return tokens_per_step_; }
   // The gradient buckets (how many, how many were sent during the last step's backward).
   const GradientBuckets& gradient_buckets() const { return *buckets_; }
+  // train.cuda_graphs: the graphs of the micro-batches, or null when off (cuda_graphs_choice()
+  // says why).
+  const MicroBatchGraphs* cuda_graphs() const { return graphs_.get(); }
+  const std::string& cuda_graphs_choice() const { return graphs_choice_; }
   // Synchronize the device at phase boundaries so that StepRecord::seconds is exact (benchmarks).
   void set_phase_timing(bool on) { phase_timing_ = on; }
   model::ElectraModel& model() { return model_; }
@@ -135,9 +141,10 @@ class Trainer {
   std::vector<data::Batch> next_micro_batches();
   torch::Tensor count_micro_batches(const std::vector<data::Batch>& batches) const;
   std::vector<model::ModelInputs> device_inputs(const std::vector<data::Batch>& batches) const;
+  // With `graphed` (train.cuda_graphs, not the step's last micro-batch) through graphs_.
   void forward_backward(const data::Batch& batch, const model::ModelInputs& inputs,
                         const std::map<std::string, torch::Tensor>& normalizers,
-                        objectives::TermSums& sums, PhaseClock& clock);
+                        objectives::TermSums& sums, PhaseClock& clock, bool graphed);
   // One micro-batch's terms and its share of the step's normalized L ([], differentiable).
   struct MicroBatchLoss {
     std::vector<objectives::Term> terms;
@@ -167,6 +174,8 @@ class Trainer {
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<GradientBuckets> buckets_;
   std::unique_ptr<optim::ShardedAdamW> sharded_;  // train.zero=1
+  std::unique_ptr<MicroBatchGraphs> graphs_;      // train.cuda_graphs, when on
+  std::string graphs_choice_;
   // Per parameter, after the step's reduction: whether some rank got a gradient for it.
   std::vector<char> present_everywhere_;
   optim::LinearSchedule schedule_;
