@@ -14,39 +14,36 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <array>
 #include <optional>
-#include <utility>
 
 namespace xlme::train {
 
 namespace {
 
-// Each defined tensor of `from` copied into `to`'s (the graph's inputs), queued on the current
-// stream.
-void copy_inputs(model::ModelInputs& to, const model::ModelInputs& from) {
-  const auto copy = [](torch::Tensor& dst, const torch::Tensor& src) {
-    XLME_CHECK(dst.defined() == src.defined() && (!dst.defined() || dst.sizes() == src.sizes()),
-               "a CUDA graph's inputs changed shape (an internal error: please report it)");
-    if (dst.defined()) dst.copy_(src, /*non_blocking=*/true);
-  };
-  copy(to.input_ids, from.input_ids);
-  copy(to.labels, from.labels);
-  copy(to.padding, from.padding);
-  copy(to.positions, from.positions);
-  copy(to.masked_index, from.masked_index);
-  copy(to.masked_real, from.masked_real);
+// The tensors of a micro-batch's inputs that a graph reads (VECO's sides never reach a graph).
+std::array<torch::Tensor*, 6> input_tensors(model::ModelInputs& in) {
+  return {&in.input_ids, &in.labels, &in.padding, &in.positions, &in.masked_index, &in.masked_real};
 }
 
-model::ModelInputs clone_inputs(const model::ModelInputs& from) {
-  const auto clone = [](const torch::Tensor& t) { return t.defined() ? t.clone() : t; };
-  model::ModelInputs to;
-  to.input_ids = clone(from.input_ids);
-  to.labels = clone(from.labels);
-  to.padding = clone(from.padding);
-  to.positions = clone(from.positions);
-  to.masked_index = clone(from.masked_index);
-  to.masked_real = clone(from.masked_real);
-  return to;
+// Each defined tensor of `from` copied into `to`'s (the graph's inputs), queued on the current
+// stream.
+void copy_inputs(model::ModelInputs& to, model::ModelInputs from) {
+  const auto dst = input_tensors(to);
+  const auto src = input_tensors(from);
+  for (std::size_t i = 0; i < dst.size(); ++i) {
+    XLME_CHECK(dst[i]->defined() == src[i]->defined() &&
+                   (!dst[i]->defined() || dst[i]->sizes() == src[i]->sizes()),
+               "a CUDA graph's inputs changed shape (an internal error: please report it)");
+    if (dst[i]->defined()) dst[i]->copy_(*src[i], /*non_blocking=*/true);
+  }
+}
+
+model::ModelInputs clone_inputs(model::ModelInputs from) {
+  for (torch::Tensor* t : input_tensors(from)) {
+    if (t->defined()) *t = t->clone();
+  }
+  return from;
 }
 
 // The first line of an error message.
