@@ -30,6 +30,8 @@
 #              flash kernel without bias (the ceiling), Base's shapes, TFLOP/s forward and backward
 #   bench_base_fused  the Base benchmark with XLME_OPS=fused (every Triton kernel on)
 #   bench_base_graphs the Base benchmark with train.cuda_graphs=on (against bench_base_sdpa)
+#   bench_base_weight_grad  the Base benchmark with XLME_OPS=weight_grad=fused (the products add
+#                     into the fp32 gradient buffers; against bench_base_sdpa)
 #   profile_base  --benchmark 2 --profile: Base's device time per operator, into bench.log
 #   peer_base_*   scripts/peer_hf_electra.py (HuggingFace ELECTRA, Base shapes), plain and with
 #              the fused AdamW
@@ -495,6 +497,8 @@ elif [ "$built_ok" = 1 ]; then
   echo "### attn_bench" >>"$out/bench.log"
   run_step attn_bench 90 "$out/bench.log" -- "$build/tests/xlme-bench-attn" --steps "$ops_steps"
   XLME_OPS=fused bench bench_base_fused "$steps" "${base[0]}" "${base[@]:1}" model.attention=sdpa
+  XLME_OPS=weight_grad=fused bench bench_base_weight_grad "$steps" "${base[0]}" "${base[@]:1}" \
+    model.attention=sdpa
   # CUDA graphs of the micro-batches (docs/gpu.md#cuda-graphs), against bench_base_sdpa.
   bench bench_base_graphs "$steps" "${base[0]}" "${base[@]:1}" model.attention=sdpa \
     train.cuda_graphs=on

@@ -231,9 +231,9 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Te
   };
   // The three projections as one product, [B, T, hidden] -> [B, T, 3 * hidden], whose thirds the
   // heads read through strides: one larger matrix product instead of three.
-  const auto qkv = linear(x, torch::cat({query->weight, key->weight, value->weight}),
-                          torch::cat({query->bias, key->bias, value->bias}))
-                       .chunk(3, -1);
+  const auto qkv =
+      linear(x, {query->weight, key->weight, value->weight}, {query->bias, key->bias, value->bias})
+          .chunk(3, -1);
   const auto q = split(qkv[0]), k = split(qkv[1]), v = split(qkv[2]);
   PositionBias bias;
   bias.table = table;

@@ -33,9 +33,8 @@ torch::Tensor CrossAttentionImpl::forward(const torch::Tensor& x, const torch::T
   };
   const auto q = split(linear(query, x));
   // Keys and values as one product whose halves the heads read through strides.
-  const auto kv = linear(context, torch::cat({key->weight, value->weight}),
-                         torch::cat({key->bias, value->bias}))
-                      .chunk(2, -1);
+  const auto kv =
+      linear(context, {key->weight, value->weight}, {key->bias, value->bias}).chunk(2, -1);
   const auto kernel = resolve_attention_kernel(options_.kernel, x.device());
   const auto attended = attention(q, split(kv[0]), split(kv[1]), context_padding, PositionBias{},
                                   options_.attention_dropout, is_training(), kernel);

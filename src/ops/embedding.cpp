@@ -1,5 +1,7 @@
 #include "xlme/ops/embedding.h"
 
+#include "xlme/ops/weight_gradient.h"
+
 #include <torch/torch.h>
 
 #ifdef XLME_WITH_CUDA
@@ -14,18 +16,22 @@ struct RowsLookup : torch::autograd::Function<RowsLookup> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& table,
                                const torch::Tensor& ids) {
     ctx->save_for_backward({ids});
-    ctx->saved_data["rows"] = table.size(0);
+    ctx->saved_data["table"] = table;
     return torch::embedding(table, ids);
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
+    const auto table = ctx->saved_data["table"].toTensor();
     const auto ids = ctx->get_saved_variables()[0].reshape({1, -1});
     const int64_t width = grads[0].size(-1);
     const auto rows = grads[0].reshape({-1, width});
-    const auto sparse =
-        torch::sparse_coo_tensor(ids, rows, {ctx->saved_data["rows"].toInt(), width}).coalesce();
-    return {sparse, torch::Tensor()};
+    const auto sparse = torch::sparse_coo_tensor(ids, rows, table.sizes()).coalesce();
+    auto buffer = table.grad();
+    if (!buffer.defined() || buffer.layout() != torch::kStrided) return {sparse, torch::Tensor()};
+    // Distinct rows: one add per element, the same bits every run.
+    buffer.index_add_(0, sparse._indices().select(0, 0), sparse._values());
+    return {gradient_added_in_place(table), torch::Tensor()};
   }
 };
 

@@ -4,6 +4,7 @@
 #include "xlme/common/shape_text.h"
 #include "xlme/ops/registry.h"
 #include "xlme/ops/triton.h"
+#include "xlme/ops/weight_gradient.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
@@ -38,10 +39,14 @@ std::array<uint32_t, 3> tiles(const tk::KernelImage& image, int64_t m, int64_t n
 }
 
 struct FusedFeedForward : torch::autograd::Function<FusedFeedForward> {
-  // x [M, K], w1 [F, K], b1 [F] fp32, w2 [H, F], b2 [H]: bf16 but b1; contiguous.
+  // x [M, K], w1 [F, K], b1 [F] fp32, w2 [H, F], b2 [H]: bf16 but b1; contiguous. `leaves`: the
+  // two weights that w1 and w2 are autocast's copies of; where adds_into_buffer() holds
+  // for one, the backward adds its gradient into its .grad (and w1's or w2's gradient is none).
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& w1, const torch::Tensor& b1,
-                               const torch::Tensor& w2, const torch::Tensor& b2) {
+                               const torch::Tensor& w2, const torch::Tensor& b2,
+                               torch::TensorList leaves) {
+    ctx->saved_data["leaves"] = leaves.vec();
     const int64_t m = x.size(0), k = x.size(1), f = w1.size(0);
     auto h = torch::empty({m, f}, x.options()), a = torch::empty({m, f}, x.options());
     const auto& image = tk::image_for(kForward, x.device());
@@ -67,7 +72,18 @@ struct FusedFeedForward : torch::autograd::Function<FusedFeedForward> {
         kBackward, x.device(), tiles(image, m, f),
         {tk::Arg::pointer(dout), tk::Arg::pointer(w2), tk::Arg::pointer(h), tk::Arg::pointer(dh),
          tk::Arg::pointer(part), tk::Arg::i32(m), tk::Arg::i32(f), tk::Arg::i32(hidden)});
-    return {dh.mm(w1), dh.t().mm(x), part.sum(0), dout.t().mm(a), dout.sum(0)};
+    const auto leaves = ctx->saved_data["leaves"].toTensorVector();
+    // A weight's gradient: into its .grad by the product, or to its bf16 copy for autograd.
+    const auto weight = [](const torch::Tensor& leaf, const torch::Tensor& dy,
+                           const torch::Tensor& in) -> std::pair<torch::Tensor, torch::Tensor> {
+      if (!adds_into_buffer(leaf)) return {dy.t().mm(in), torch::Tensor()};
+      auto buffer = leaf.grad();
+      accumulate_weight_gradient(buffer, dy, in);
+      return {torch::Tensor(), gradient_added_in_place(leaf)};
+    };
+    const auto [dw1, leaf1] = weight(leaves[0], dh, x);
+    const auto [dw2, leaf2] = weight(leaves[1], dout, a);
+    return {dh.mm(w1), dw1, part.sum(0), dw2, dout.sum(0), leaf1, leaf2};
   }
 };
 
@@ -111,7 +127,7 @@ torch::Tensor fused_feed_forward(const torch::Tensor& x, const torch::nn::Linear
   const auto out = FusedFeedForward::apply(
       bf16(x).reshape({-1, k}).contiguous(), bf16(intermediate->weight).contiguous(),
       bf16(intermediate->bias).to(torch::kFloat32).contiguous(), bf16(output->weight).contiguous(),
-      bf16(output->bias));
+      bf16(output->bias), torch::TensorList{intermediate->weight, output->weight});
   auto sizes = x.sizes().vec();
   sizes.back() = output->weight.size(0);
   return out.view(sizes);

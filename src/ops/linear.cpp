@@ -1,10 +1,14 @@
 #include "xlme/ops/linear.h"
 
 #include "xlme/ops/registry.h"
+#include "xlme/ops/weight_gradient.h"
 
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
+
+#include <algorithm>
+#include <optional>
 
 namespace xlme::ops {
 
@@ -36,10 +40,101 @@ torch::Tensor bf16_emulated_linear(const torch::Tensor& x, const torch::Tensor& 
       .to(torch::kBFloat16);
 }
 
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
-                     const torch::Tensor& bias) {
+namespace {
+
+// x W^T + b as LibTorch computes it under the current autocast state, or emulated.
+torch::Tensor product(const torch::Tensor& x, const torch::Tensor& weight,
+                      const torch::Tensor& bias) {
   if (emulate_bf16_products(x)) return bf16_emulated_linear(x, weight, bias);
   return torch::linear(x, weight, bias);
+}
+
+torch::Tensor stacked(const std::vector<torch::Tensor>& parts) {
+  if (parts.empty()) return {};
+  return parts.size() == 1 ? parts.front() : torch::cat(parts);
+}
+
+// A linear product whose backward adds the weights' gradients into their .grad buffers where
+// weight_gradient_in_place() holds (ops/weight_gradient.h). x: the input as the product reads it
+// (autocast's dtype); w [rows, in] and b [rows]: the weights and biases stacked as it reads them
+// (autocast's cached copies, detached); weights and biases: the leaves they stack. The biases'
+// gradients are the column sums of dy in fp32 (or wider), for autograd to add.
+struct AccumulatingLinear : torch::autograd::Function<AccumulatingLinear> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& w, const std::optional<torch::Tensor>& b,
+                               torch::TensorList weights, torch::TensorList biases, bool emulate) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["weights"] = weights.vec();
+    ctx->saved_data["biases"] = biases.vec();
+    ctx->saved_data["emulate"] = emulate;
+    const auto bias = b.value_or(torch::Tensor());
+    return emulate ? bf16_emulated_linear(x, w, bias) : torch::linear(x, w, bias);
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &w = saved[1];
+    const auto weights = ctx->saved_data["weights"].toTensorVector();
+    const auto biases = ctx->saved_data["biases"].toTensorVector();
+    const bool emulate = ctx->saved_data["emulate"].toBool();
+    const auto dy = grads[0].reshape({-1, w.size(0)});
+    const auto x2 = x.reshape({-1, x.size(-1)});
+    // x, w, b, then one per weight and bias, then `emulate`.
+    torch::autograd::tensor_list out(3 + weights.size() + biases.size() + 1);
+    if (ctx->needs_input_grad(0)) {
+      out[0] = (emulate ? bf16_emulated_matmul(dy, w) : dy.mm(w)).view(x.sizes());
+    }
+    // In fp32 at least (bf16's sums), in float64 for float64.
+    const auto sum_type = at::promote_types(dy.scalar_type(), torch::kFloat32);
+    const auto db = biases.empty() ? torch::Tensor() : dy.sum({0}, false, sum_type);
+    // Converted once for all the stacked weights (on the CPU: to fp32).
+    const auto dy_operand = gradient_operand(dy, weights.front());
+    const auto x_operand = gradient_operand(x2, weights.front());
+    int64_t row = 0;
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+      const int64_t rows = weights[i].size(0);
+      out[3 + i] = weight_gradient(weights[i], dy_operand.narrow(1, row, rows), x_operand);
+      if (!biases.empty() && biases[i].requires_grad()) {
+        out[3 + weights.size() + i] = db.narrow(0, row, rows).to(biases[i].scalar_type());
+      }
+      row += rows;
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
+                     const std::vector<torch::Tensor>& biases) {
+  const bool in_place = std::any_of(weights.begin(), weights.end(), weight_gradient_in_place);
+  if (!in_place) return product(x, stacked(weights), stacked(biases));
+  const auto type = x.device().type();
+  // What the product reads: autocast's casts (its cached copies of the weights), as torch::linear
+  // would get them.
+  const bool autocast = at::autocast::is_autocast_enabled(type);
+  const auto operand = [&](const torch::Tensor& t) {
+    return autocast ? at::autocast::cached_cast(at::autocast::get_autocast_dtype(type), t, type)
+                    : t;
+  };
+  const auto detached = [&](const std::vector<torch::Tensor>& leaves) {
+    std::vector<torch::Tensor> copies;
+    copies.reserve(leaves.size());
+    for (const auto& leaf : leaves) copies.push_back(operand(leaf).detach());
+    return stacked(copies);
+  };
+  std::optional<torch::Tensor> b;
+  if (!biases.empty()) b = detached(biases);
+  // As TensorLists, so that autograd takes them as inputs (a std::vector would not be).
+  return AccumulatingLinear::apply(operand(x), detached(weights), b, torch::TensorList(weights),
+                                   torch::TensorList(biases), emulate_bf16_products(x));
+}
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
+                     const torch::Tensor& bias) {
+  if (!bias.defined()) return linear(x, std::vector<torch::Tensor>{weight}, {});
+  return linear(x, std::vector<torch::Tensor>{weight}, std::vector<torch::Tensor>{bias});
 }
 
 torch::Tensor bf16_emulated_matmul(const torch::Tensor& a, const torch::Tensor& b) {

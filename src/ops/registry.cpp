@@ -28,7 +28,7 @@ struct Row {
   bool auto_cuda;
 };
 
-constexpr std::array<Row, 7> kOps{{
+constexpr std::array<Row, 8> kOps{{
     {"dropout", "cpu kernel", nullptr, true, false},
     {"masked_lm", nullptr, "triton", false, false},           // unverified on a GPU yet
     {"residual_layernorm", nullptr, "triton", false, false},  // unverified on a GPU yet
@@ -38,6 +38,8 @@ constexpr std::array<Row, 7> kOps{{
     {"feed_forward", nullptr, "triton", false, false},  // unverified on a GPU yet
     // ~20x faster than LibTorch 1.13's scalar bf16 loop on a CPU without AVX512 (performance.md).
     {"linear", "bf16 emulation", nullptr, true, false},
+    // CPU: fewer passes per weight and micro-batch (docs/ops.md#weight_grad has the figures).
+    {"weight_grad", "in-place fp32 product", "cuBLAS bf16 x bf16 -> fp32, beta 1", true, false},
 }};
 
 std::vector<Choice> parse(const std::string& spec) {

@@ -6,11 +6,13 @@
 // reference alone.
 //
 //   xlme-bench-ops [--device auto|cpu|cuda] [--shape base|small] [--steps 10] [--ops a,b]
+//   (--ops takes the registry's names: masked_lm, ..., weight_grad)
 //
 // Shapes: base = XLM-E Base on a 32 x 512 micro-batch (masked_lm: 2,458 masked rows x 250,002 ids;
 // residual_layernorm: 16,384 rows x 768; feed_forward: 16,384 x 768 -> 3,072 -> 768; attention:
-// 32 x 12 heads x 512 x 64); small = cpu_small's (614 x 16,000; 4,096 x 256; 4,096 x 256 -> 1,024
-// -> 256; 16 x 4 x 128 x 64).
+// 32 x 12 heads x 512 x 64; weight_grad: 2,458 x 768 -> 250,002 and 16,384 x 768 -> 768); small =
+// cpu_small's (614 x 16,000; 4,096 x 256; 4,096 x 256 -> 1,024 -> 256; 16 x 4 x 128 x 64;
+// 614 x 256 -> 16,000 and 4,096 x 256 -> 256).
 #include "timing.h"
 #include "xlme/common/precision.h"
 #include "xlme/common/runtime.h"
@@ -18,6 +20,7 @@
 #include "xlme/model/encoder.h"
 #include "xlme/model/relative_position.h"
 #include "xlme/ops/dropout.h"
+#include "xlme/ops/linear.h"
 #include "xlme/ops/masked_lm.h"
 #include "xlme/ops/registry.h"
 #include "xlme/ops/residual_layernorm.h"
@@ -85,7 +88,7 @@ Ceilings measure_ceilings(const torch::Device& device, int steps) {
 }
 
 struct Case {
-  std::string op;
+  std::string op;  // the row's label
   xlme::ops::Op id;
   double bytes;  // an ideal one-pass forward + backward: what it must read and write
   std::function<void()> run;
@@ -220,14 +223,44 @@ int main(int argc, char** argv) {
                       },
                       3.5 * 4.0 * ab * ah * at * at * ad};
   cases.push_back(attention_case);
+  // weight_grad: the generator's tied output projection ([vocab, E] from the masked rows) and one
+  // encoder product (tokens x width -> width), forward + backward as a training step runs them
+  // (bf16 autocast on CUDA), into .grad buffers that stay (as the trainer's gradient buckets):
+  // 6 M K N FLOPs against the matmul ceiling; what the fused form saves is the passes after dW.
+  auto tied = torch::randn({vocab, width}, opts).mul_(0.02).requires_grad_();
+  auto layer = torch::randn({width, width}, opts).mul_(0.02).requires_grad_();
+  for (auto* w : {&tied, &layer}) w->mutable_grad() = torch::zeros_like(*w);
+  const auto tied_in = torch::randn({rows, width}, opts).requires_grad_();
+  const auto layer_in = torch::randn({tokens, width}, opts).requires_grad_();
+  const auto tied_dout = torch::randn({rows, vocab}, opts).to(half);
+  const auto layer_dout = torch::randn({tokens, width}, opts).to(half);
+  const auto product_case = [&](const char* label, const torch::Tensor& w, const torch::Tensor& in,
+                                const torch::Tensor& grad) {
+    return Case{label, xlme::ops::Op::kWeightGradient, 0.0,
+                [&device, cuda, w, in, grad] {
+                  torch::Tensor out;
+                  {
+                    xlme::AutocastScope scope(device, cuda);
+                    out = xlme::ops::linear(in, w, torch::Tensor());
+                  }
+                  out.backward(grad);
+                },
+                6.0 * in.size(0) * w.size(0) * w.size(1)};
+  };
+  cases.push_back(product_case("weight_grad tied", tied, tied_in, tied_dout));
+  cases.push_back(product_case("weight_grad layer", layer, layer_in, layer_dout));
+  const auto& names = xlme::ops::op_names();
   for (const auto& c : cases) {
-    if (!only.empty() && ("," + only + ",").find("," + c.op + ",") == std::string::npos) continue;
+    const std::string name = names[static_cast<size_t>(c.id)];
+    if (!only.empty() && ("," + only + ",").find("," + name + ",") == std::string::npos) continue;
     report(device, ceilings, c, steps);
     for (const auto* t : {&aq, &ak, &av}) t->mutable_grad() = torch::Tensor();
     logits.mutable_grad() = torch::Tensor();
     x.mutable_grad() = torch::Tensor();
     y.mutable_grad() = torch::Tensor();
     fx.mutable_grad() = torch::Tensor();
+    tied_in.mutable_grad() = torch::Tensor();
+    layer_in.mutable_grad() = torch::Tensor();
     block->zero_grad();
   }
   return 0;

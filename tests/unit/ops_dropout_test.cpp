@@ -137,12 +137,12 @@ TEST(OpsRegistry, AFusedFormRunsOnlyWhereOneExists) {
   EXPECT_EQ(describe(cpu),
             "dropout=fused (cpu kernel), masked_lm=reference, residual_layernorm=reference, "
             "attention=reference, toeplitz_bias=reference, feed_forward=reference, "
-            "linear=fused (bf16 emulation)");
+            "linear=fused (bf16 emulation), weight_grad=fused (in-place fp32 product)");
   set_ops("masked_lm=fused,feed_forward=fused");
   EXPECT_EQ(describe(cuda),
             "dropout=reference, masked_lm=fused (triton), residual_layernorm=reference, "
             "attention=reference, toeplitz_bias=fused (one-hot backward), "
-            "feed_forward=fused (triton), linear=reference");
+            "feed_forward=fused (triton), linear=reference, weight_grad=reference");
 }
 
 TEST(OpsRegistry, ModelAttentionAutoIsSdpaOnCudaAndTheMathPathOnTheCpu) {
@@ -155,7 +155,7 @@ TEST(OpsRegistry, AnUnknownNameOrValueListsTheValidOnes) {
   EXPECT_EQ(error_message([] { set_ops("dropout=reference,sampler=fused"); }),
             "XLME_OPS: unknown op 'sampler' in 'dropout=reference,sampler=fused'; the ops are "
             "dropout, masked_lm, residual_layernorm, attention, toeplitz_bias, feed_forward, "
-            "linear");
+            "linear, weight_grad");
   EXPECT_EQ(error_message([] { set_ops("masked_lm=fast"); }),
             "XLME_OPS: 'fast' in 'masked_lm=fast' is not auto, reference or fused");
 }

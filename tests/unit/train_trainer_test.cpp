@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 
 namespace xlme::train {
 namespace {
@@ -245,7 +246,9 @@ TEST(Trainer, NonFiniteGradientSkipsTheUpdateAndCounts) {
   c.train.max_bad_steps = 2;
   auto source = make_source(c, 4);
   Trainer trainer(c, make_model(c, 7), source, single_process());
-  auto& weight = trainer.model()->discriminator_head->output->weight;
+  // A tensor hook on a bias (a weight's hook would see the empty gradient that weight_grad's
+  // fused form hands autograd after adding the real one into .grad: ops/weight_gradient.h).
+  auto& weight = trainer.model()->discriminator_head->output->bias;
   std::vector<torch::Tensor> before;
   for (const auto& p : trainer.model()->parameters()) before.push_back(p.detach().clone());
 
@@ -292,16 +295,21 @@ TEST(Trainer, AllFourLossesFallOnALearnableStream) {
 // Casts of a parameter (a leaf that requires a gradient) to another dtype during one train_step.
 int64_t parameter_casts_in_one_step(Trainer& trainer) {
   std::atomic<int64_t> casts{0};
-  static std::atomic<int64_t>* counter = nullptr;  // the callback is a plain function
+  // The callback is a plain function: what it reads is static. Only the model's parameters count
+  // (the backward's casts of activations, e.g. weight_grad's fp32 operands on the CPU, do not).
+  static std::atomic<int64_t>* counter = nullptr;
+  static std::set<const void*> parameters;
   counter = &casts;
+  parameters.clear();
+  for (const auto& p : trainer.model()->parameters()) parameters.insert(p.unsafeGetTensorImpl());
   const auto counting = at::addThreadLocalCallback(
       at::RecordFunctionCallback(
           [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
             if (std::string(fn.name()) != "aten::_to_copy") return nullptr;
             const auto inputs = fn.inputs();
-            if (!inputs.empty() && inputs[0].isTensor()) {
-              const auto& t = inputs[0].toTensor();
-              if (t.is_leaf() && t.requires_grad()) ++*counter;
+            if (!inputs.empty() && inputs[0].isTensor() &&
+                parameters.count(inputs[0].toTensor().unsafeGetTensorImpl()) != 0) {
+              ++*counter;
             }
             return nullptr;
           })

@@ -6,11 +6,14 @@
 // tensor, zeros but for the rows read, which autograd then adds to the table's gradient: per
 // micro-batch two 768 MB tensors written and added, for a few thousand rows. Where the table's
 // .grad is already a dense buffer (the trainer's gradient buckets attach it before the first
-// backward), this lookup's backward gives those rows alone, as a coalesced sparse tensor (rows
-// sorted and summed in a fixed order: the same bits every run), which autograd adds into the
-// buffer in place. Elsewhere (no .grad yet, fine-tuning, evaluation) it is torch::embedding; so it
-// is while a CUDA graph is captured (train.cuda_graphs): coalescing reads the number of distinct
-// rows on the host, which a capture forbids, and LibTorch's dense backward does not.
+// backward), this lookup's backward adds those rows alone into the buffer itself, coalesced first
+// (rows sorted and summed in a fixed order, then one add per element: the same bits every run),
+// and hands autograd an empty gradient (ops::gradient_added_in_place), as the tied projection's
+// product does with the weight_grad op: the table's three uses then meet in autograd as empty
+// tensors, with no [vocab, E] sum and no concatenation of rows. Elsewhere (no .grad yet,
+// fine-tuning, evaluation) it is torch::embedding; so it is while a CUDA graph is captured
+// (train.cuda_graphs): coalescing reads the number of distinct rows on the host, which a capture
+// forbids, and LibTorch's dense backward does not.
 #pragma once
 
 #include <torch/types.h>

@@ -11,9 +11,16 @@
 // rounded to bf16 and the result is rounded to bf16: what a bf16 product with float32 accumulation
 // computes (the products of bf16 values are exact in float32), up to the order of the sums.
 // Gradients take the same path. No CUDA form: CUDA's bf16 products are cuBLAS's.
+//
+// Where weight_gradient_in_place() holds for a weight (the weight_grad op, ops/weight_gradient.h),
+// the product's backward adds that weight's gradient into its .grad buffer itself (one product,
+// fp32 accumulation, no bf16 dW, no cast and no add after it); the biases' gradients are then
+// summed in fp32.
 #pragma once
 
 #include <torch/types.h>
+
+#include <vector>
 
 namespace xlme::ops {
 
@@ -28,6 +35,12 @@ bool emulate_bf16_products(const torch::Tensor& x);
 // where emulate_bf16_products(x).
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
                      const torch::Tensor& bias);
+
+// The same for several layers reading x, as one product: their weights stacked along the output
+// rows (and their biases, one per weight or none), e.g. attention's query, key and value. Each
+// weight keeps its own gradient (in place where weight_gradient_in_place() holds for it).
+torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
+                     const std::vector<torch::Tensor>& biases);
 
 // alpha a [..., M, K] x b [..., K, N] -> [..., M, N]: torch::matmul(a * alpha, b) under the
 // current autocast state, or emulated where emulate_bf16_products(a).

@@ -29,6 +29,9 @@ enum class Op {
   kFeedForward,        // ops/feed_forward.h: CUDA: Triton products with GELU epilogues
   kLinear,             // ops/linear.h: CPU: bf16 products emulated in float32 (CPUs without
                        // AVX512, under bf16 autocast); CUDA: none (cuBLAS)
+  kWeightGradient,     // ops/weight_gradient.h: the products of linear layers and the feed-forward
+                       // block add weight gradients into the fp32 .grad buffers (beta 1); CPU:
+                       // fp32 product; CUDA: cuBLAS bf16 x bf16 -> fp32
 };
 
 enum class Impl { kReference, kFused };
