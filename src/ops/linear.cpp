@@ -108,8 +108,6 @@ struct AccumulatingLinear : torch::autograd::Function<AccumulatingLinear> {
 
 torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
                      const std::vector<torch::Tensor>& biases) {
-  const bool in_place = std::any_of(weights.begin(), weights.end(), weight_gradient_in_place);
-  if (!in_place) return product(x, stacked(weights), stacked(biases));
   const auto type = x.device().type();
   // What the product reads: autocast's casts (its cached copies of the weights), as torch::linear
   // would get them.
@@ -118,17 +116,28 @@ torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& w
     return autocast ? at::autocast::cached_cast(at::autocast::get_autocast_dtype(type), t, type)
                     : t;
   };
-  const auto detached = [&](const std::vector<torch::Tensor>& leaves) {
+  // The leaves' casts stacked (detached: outside autograd). Stacked after autocast's cast of each
+  // (cached once per step), not cast after stacking (a new tensor every micro-batch, which
+  // autocast's cache does not keep): the same values.
+  const auto operands = [&](const std::vector<torch::Tensor>& leaves, bool detach) {
     std::vector<torch::Tensor> copies;
     copies.reserve(leaves.size());
-    for (const auto& leaf : leaves) copies.push_back(operand(leaf).detach());
+    for (const auto& leaf : leaves) {
+      copies.push_back(detach ? operand(leaf).detach() : operand(leaf));
+    }
     return stacked(copies);
   };
+  const bool in_place = std::any_of(weights.begin(), weights.end(), weight_gradient_in_place);
+  if (!in_place) {
+    if (weights.size() == 1) return product(x, weights.front(), stacked(biases));
+    return product(x, operands(weights, false), operands(biases, false));
+  }
   std::optional<torch::Tensor> b;
-  if (!biases.empty()) b = detached(biases);
+  if (!biases.empty()) b = operands(biases, true);
   // As TensorLists, so that autograd takes them as inputs (a std::vector would not be).
-  return AccumulatingLinear::apply(operand(x), detached(weights), b, torch::TensorList(weights),
-                                   torch::TensorList(biases), emulate_bf16_products(x));
+  return AccumulatingLinear::apply(operand(x), operands(weights, true), b,
+                                   torch::TensorList(weights), torch::TensorList(biases),
+                                   emulate_bf16_products(x));
 }
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,

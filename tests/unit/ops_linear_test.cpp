@@ -7,9 +7,15 @@
 
 #include "xlme/common/precision.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <gtest/gtest.h>
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
 
 namespace xlme::ops {
 namespace {
@@ -79,6 +85,44 @@ TEST(Bf16Products, EmulatedOnlyUnderBf16AutocastOnCpusWithoutFastBf16) {
   EXPECT_EQ(linear(x, torch::randn({3, 4}), torch::randn({3})).scalar_type(), torch::kBFloat16);
   EXPECT_EQ(batched_matmul(torch::randn({2, 3, 4}), torch::randn({2, 4, 5})).scalar_type(),
             torch::kBFloat16);
+}
+
+// Casts (aten::_to_copy) while `fn` runs.
+int64_t casts_during(const std::function<void()>& fn) {
+  static std::atomic<int64_t> casts{0};  // the callback is a plain function
+  casts = 0;
+  const auto counting = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& f)
+                                     -> std::unique_ptr<at::ObserverContext> {
+        if (std::string(f.name()) == "aten::_to_copy") ++casts;
+        return nullptr;
+      }).scopes({at::RecordScope::FUNCTION}));
+  fn();
+  at::removeCallback(counting);
+  return casts.load();
+}
+
+TEST(Bf16Products, StackedWeightsAreCastOncePerAutocastScope) {
+  // Attention's query, key and value as one product under bf16 autocast: in a scope's second
+  // micro-batch only the input is cast; the weights and biases come from autocast's cache (before,
+  // their concatenation was a new tensor to cast in every micro-batch).
+  for (const std::string ops : {"weight_grad=reference", "weight_grad=fused"}) {
+    set_ops(ops);
+    std::vector<torch::Tensor> weights, biases;
+    for (int i = 0; i < 3; ++i) {
+      weights.push_back(torch::randn({8, 8}).requires_grad_());
+      biases.push_back(torch::randn({8}).requires_grad_());
+      weights.back().mutable_grad() = torch::zeros({8, 8});
+      biases.back().mutable_grad() = torch::zeros({8});
+    }
+    const auto x = torch::randn({2, 5, 8});
+    AutocastScope autocast(torch::kCPU, /*enabled=*/true);
+    const auto first = linear(x, weights, biases);
+    EXPECT_EQ(first.scalar_type(), torch::kBFloat16) << ops;
+    const auto second = casts_during([&] { linear(x, weights, biases).sum(); });
+    EXPECT_EQ(second, 1) << ops << ": the input alone";
+  }
+  set_ops("");
 }
 
 }  // namespace
