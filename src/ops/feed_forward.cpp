@@ -73,13 +73,12 @@ struct FusedFeedForward : torch::autograd::Function<FusedFeedForward> {
         {tk::Arg::pointer(dout), tk::Arg::pointer(w2), tk::Arg::pointer(h), tk::Arg::pointer(dh),
          tk::Arg::pointer(part), tk::Arg::i32(m), tk::Arg::i32(f), tk::Arg::i32(hidden)});
     const auto leaves = ctx->saved_data["leaves"].toTensorVector();
-    // A weight's gradient: into its .grad by the product, or to its bf16 copy for autograd.
+    // A weight's gradient: into its .grad by the product (weight_gradient), or to its bf16 copy
+    // for autograd.
     const auto weight = [](const torch::Tensor& leaf, const torch::Tensor& dy,
                            const torch::Tensor& in) -> std::pair<torch::Tensor, torch::Tensor> {
       if (!adds_into_buffer(leaf)) return {dy.t().mm(in), torch::Tensor()};
-      auto buffer = leaf.grad();
-      accumulate_weight_gradient(buffer, dy, in);
-      return {torch::Tensor(), gradient_added_in_place(leaf)};
+      return {torch::Tensor(), weight_gradient(leaf, dy, in)};
     };
     const auto [dw1, leaf1] = weight(leaves[0], dh, x);
     const auto [dw2, leaf2] = weight(leaves[1], dout, a);
