@@ -51,7 +51,7 @@ done
 # two-host test in network namespaces (tests/integration/dist_netns_test.cpp); procps (ps):
 # scripts/xlme-torchrun.
 packages=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config ccache mold
   libgloo-dev libtcmalloc-minimal4
   libsentencepiece-dev sentencepiece
   zlib1g-dev liblzma-dev gettext

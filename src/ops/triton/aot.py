@@ -13,8 +13,11 @@ scratch pointers), or when a kernel needs scratch memory the launcher does not p
 """
 
 import argparse
+import hashlib
+import importlib.metadata
 import os
 import re
+import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -79,10 +82,45 @@ def cpp_bytes(data):
     return "\n".join(rows)
 
 
+def inputs_hash():
+    """What the output depends on: every kernel source beside this file (this one included), the
+    Triton version and the architectures."""
+    digest = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            digest.update(name.encode() + b"\0")
+            with open(os.path.join(here, name), "rb") as f:
+                digest.update(f.read() + b"\0")
+    digest.update(importlib.metadata.version("triton").encode() + repr(ARCHS).encode())
+    return digest.hexdigest()[:32]
+
+
+def write_atomically(path, write):
+    """write(tmp) fills a temporary file that then replaces `path`: a killed run leaves no half."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_text(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="the C++ source to write")
+    parser.add_argument("--cache-dir", help="reuse the output of an earlier run with the same "
+                        "kernel sources, Triton version and architectures (a file per hash)")
     args = parser.parse_args()
+    cached = os.path.join(args.cache_dir, inputs_hash() + ".cpp") if args.cache_dir else None
+    if cached and os.path.exists(cached):
+        write_atomically(args.out, lambda tmp: shutil.copyfile(cached, tmp))
+        print(f"aot.py: {len(VARIANTS)} kernels x {len(ARCHS)} architectures -> {args.out} "
+              f"(unchanged inputs: reused {cached})")
+        return
     arrays, entries = [], []
     for index, (name, fn, signature, constexprs, num_warps, *more) in enumerate(VARIANTS):
         options = more[0] if more else {}
@@ -108,11 +146,10 @@ def main():
             "\n  };\n  return images;\n}\n\n"
             f'const char* triton_version() {{ return "{triton.__version__}"; }}\n\n'
             "}  // namespace xlme::ops::triton\n")
-    tmp = args.out + ".tmp"
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, args.out)
+    write_atomically(args.out, lambda tmp: write_text(tmp, text))
+    if cached:
+        os.makedirs(args.cache_dir, exist_ok=True)
+        write_atomically(cached, lambda tmp: write_text(tmp, text))
     print(f"aot.py: {len(VARIANTS)} kernels x {len(ARCHS)} architectures -> {args.out}")
 
 
