@@ -106,6 +106,10 @@ MetricsRecord metrics_of(const StepRecord& r, const objectives::TermSummaries& t
 //  layer 1: 0.052 (en->x 0.048, x->en 0.056) | 1.9 s"
 std::string validation_line(const ValidationResult& v) {
   std::string line = fmt::format("validation step {}", v.step) + objectives::log_text(v.terms);
+  for (const auto& [term, accuracy] : v.unigram_accuracy) {
+    line += fmt::format(" | {} unigram floor {:.3f} acc {:.3f}", term, v.unigram_loss.at(term),
+                        accuracy);
+  }
   if (!v.retrieval.empty()) {
     line += fmt::format(" | retrieval@1 layer {}: {:.3f} ({} pairs; a->b {:.3f}, b->a {:.3f})",
                         v.probe_layer, v.retrieval_mean.mean, v.retrieval.size(),
@@ -118,6 +122,10 @@ MetricsRecord validation_metrics(const ValidationResult& v) {
   MetricsRecord m;
   m.add("step", v.step).add("kind", std::string("validation"));
   for (const auto& [key, value] : objectives::log_fields(v.terms)) m.add(key, value);
+  for (const auto& [term, accuracy] : v.unigram_accuracy) {
+    m.add("unigram_accuracy/" + term, accuracy)
+        .add("unigram_loss/" + term, v.unigram_loss.at(term));
+  }
   if (!v.retrieval.empty()) {
     m.add("probe_layer", v.probe_layer)
         .add("retrieval/mean", v.retrieval_mean.mean)

@@ -548,7 +548,9 @@ Trainer::MicroBatchLoss Trainer::forward(const data::Batch& batch, const model::
                                          const std::map<std::string, torch::Tensor>& normalizers) {
   AutocastScope autocast(device_, bf16_);
   MicroBatchLoss micro;
-  micro.terms = objectives_.compute(model_->forward(inputs), batch.task);
+  const model::ModelOutput output = model_->forward(inputs);
+  if (observer_) observer_(batch, output);
+  micro.terms = objectives_.compute(output, batch.task);
   micro.loss = objectives::weighted_loss(micro.terms, normalizers);
   return micro;
 }

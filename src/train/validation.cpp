@@ -7,7 +7,10 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <map>
 
 namespace xlme::train {
 
@@ -22,6 +25,32 @@ Validator::Validator(const config::Config& config, const std::vector<data::Heldo
   options.mono.enabled = !objectives_.term_names(data::Task::kMono).empty();
   options.para.enabled = !objectives_.term_names(data::Task::kPara).empty();
   batches_ = data::heldout_batches(pairs, options, seed_);
+  // The unigram floors: per task, the share of its masked originals that the most frequent of
+  // them makes up, and the entropy of their distribution.
+  for (const data::Task task : {data::Task::kMono, data::Task::kPara}) {
+    std::map<int64_t, int64_t> counts;
+    int64_t total = 0;
+    for (const auto& b : batches_) {
+      if (b.task != task) continue;
+      const auto targets = b.labels.masked_select(b.masked).contiguous();
+      const int64_t* t = targets.data_ptr<int64_t>();
+      for (int64_t i = 0; i < targets.numel(); ++i) ++counts[t[i]];
+      total += targets.numel();
+    }
+    int64_t most = 0;
+    double entropy = 0;
+    for (const auto& [id, n] : counts) {
+      most = std::max(most, n);
+      const double p = static_cast<double>(n) / static_cast<double>(total);
+      entropy -= p * std::log(p);
+    }
+    for (const auto& name : objectives_.term_names(task)) {
+      if (objectives::is_generator_term(name) && total > 0) {
+        unigram_accuracy_[name] = static_cast<double>(most) / static_cast<double>(total);
+        unigram_loss_[name] = entropy;
+      }
+    }
+  }
   for (const auto& pair : pairs) {
     ProbePair probe{pair.name, data::framed_sentences(pair.a, config.data.mono.max_len, special),
                     data::framed_sentences(pair.b, config.data.mono.max_len, special)};
@@ -63,6 +92,8 @@ ValidationResult Validator::run(model::ElectraModel& model, dist::Communicator& 
   std::vector<torch::Tensor> reduced{sums.flatten(device)};
   comm.all_reduce_sum(reduced);
   result.terms = sums.unflatten(reduced[0].cpu()).summary();
+  result.unigram_accuracy = unigram_accuracy_;
+  result.unigram_loss = unigram_loss_;
 
   if (comm.rank() == 0 && !probe_.empty()) {
     eval::EmbeddingOptions options;

@@ -11,6 +11,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -165,6 +167,42 @@ TEST(ValidationBatches, TruncateTrtdPairsAsTrainingDoesAndHonourTooLong) {
       {0, 10, 11, 12, 13, 14, 15, 16, 17, 2, 20, 21, 22, 23, 24, 25, 26, 2}};
   EXPECT_EQ(para_rows("truncate"), truncated);
   EXPECT_EQ(para_rows("drop"), std::vector<std::vector<int64_t>>{truncated[0]});
+}
+
+TEST_F(Validation, UnigramFloorsAreTheMostFrequentShareAndTheEntropyOfTheMaskedOriginals) {
+  const auto c = config();
+  const Validator validator(c, data::read_heldout(c.data.heldout, *tokenizer_),
+                            tokenizer_->special_ids());
+  // Counted here position by position over the validator's own micro-batches.
+  for (const auto& [task, term] : {std::pair{data::Task::kMono, std::string("mlm")},
+                                   std::pair{data::Task::kPara, std::string("tlm")}}) {
+    std::map<int64_t, int> counts;
+    int total = 0;
+    for (const auto& b : validator.batches()) {
+      if (b.task != task) continue;
+      for (int64_t r = 0; r < b.labels.size(0); ++r) {
+        for (int64_t i = 0; i < b.labels.size(1); ++i) {
+          if (!b.masked[r][i].item<bool>()) continue;
+          ++counts[b.labels[r][i].item<int64_t>()];
+          ++total;
+        }
+      }
+    }
+    ASSERT_GT(total, 20) << term;
+    int most = 0;
+    double entropy = 0;
+    for (const auto& [id, n] : counts) {
+      most = std::max(most, n);
+      entropy -= n / static_cast<double>(total) * std::log(n / static_cast<double>(total));
+    }
+    EXPECT_DOUBLE_EQ(validator.unigram_accuracy().at(term), static_cast<double>(most) / total)
+        << term;
+    EXPECT_NEAR(validator.unigram_loss().at(term), entropy, 1e-12) << term;
+    // A model no better than the frequencies: its loss on these targets is that entropy exactly.
+    EXPECT_GT(entropy, 1.0) << term;
+  }
+  EXPECT_EQ(validator.unigram_accuracy().count("mrtd"), 0u);  // generator terms only
+  EXPECT_EQ(validator.unigram_loss().count("trtd"), 0u);
 }
 
 TEST_F(Validation, EqualsADirectComputationAndLeavesTrainingUntouched) {

@@ -28,10 +28,12 @@
 #include <torch/optim/adamw.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace xlme::train {
@@ -124,6 +126,11 @@ class Trainer {
   // says why).
   const MicroBatchGraphs* cuda_graphs() const { return graphs_.get(); }
   const std::string& cuda_graphs_choice() const { return graphs_choice_; }
+  // Called after each micro-batch's forward with the micro-batch and the model's output (the
+  // generator's draws, the discriminator's input): what the parity trace records
+  // (tests/tools/parity_trace.cpp). Not called for micro-batches replayed by a CUDA graph.
+  using ForwardObserver = std::function<void(const data::Batch&, const model::ModelOutput&)>;
+  void set_forward_observer(ForwardObserver observer) { observer_ = std::move(observer); }
   // Synchronize the device at phase boundaries so that StepRecord::seconds is exact (benchmarks).
   void set_phase_timing(bool on) { phase_timing_ = on; }
   model::ElectraModel& model() { return model_; }
@@ -188,6 +195,7 @@ class Trainer {
   int64_t skipped_steps_ = 0;
   int64_t bad_in_a_row_ = 0;
   bool phase_timing_ = false;
+  ForwardObserver observer_;
   bool bf16_ = false;
   // The reader and RNG state before the current step, for a checkpoint after an interruption.
   std::string reader_before_step_;

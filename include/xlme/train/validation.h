@@ -33,6 +33,12 @@ struct ValidationResult {
   int64_t step = 0;
   // Per term (mlm, mrtd, tlm, trtd): the summary of its sums over the held-out set.
   objectives::TermSummaries terms;
+  // Per generator term (mlm, tlm), the unigram floors on the held-out set's masked originals: the
+  // accuracy of the best constant prediction (their most frequent token) and the cross-entropy of
+  // the best context-free prediction (their own frequencies: the entropy of that distribution,
+  // nats). A model below the loss floor uses context, even while its argmax is still that token.
+  std::map<std::string, double> unigram_accuracy;
+  std::map<std::string, double> unigram_loss;
   int64_t probe_layer = 0;
   // Per pair, and their mean: rank 0 only (empty elsewhere).
   std::map<std::string, eval::RetrievalAccuracy> retrieval;
@@ -55,6 +61,8 @@ class Validator {
                        const torch::Device& device, bool bf16) const;
 
   int64_t micro_batches() const { return static_cast<int64_t>(batches_.size()); }
+  const std::map<std::string, double>& unigram_accuracy() const { return unigram_accuracy_; }
+  const std::map<std::string, double>& unigram_loss() const { return unigram_loss_; }
   int64_t tokens() const;
   int64_t probe_layer() const { return probe_layer_; }
   const std::vector<data::Batch>& batches() const { return batches_; }
@@ -62,6 +70,8 @@ class Validator {
  private:
   objectives::Objectives objectives_;
   std::vector<data::Batch> batches_;  // MRTD then TRTD, host tensors
+  std::map<std::string, double> unigram_accuracy_;
+  std::map<std::string, double> unigram_loss_;
   struct ProbePair {
     std::string name;
     std::vector<std::vector<int64_t>> a, b;  // <s> pieces </s>
