@@ -85,44 +85,4 @@ fi
 
 stage "8/8 loss curves" "$logs/8-plots.log" "$python" scripts/plot_metrics.py runs/demo
 
-"$python" - runs/demo "$data" <<'PY'
-import json, os, sys
-run, data = sys.argv[1], sys.argv[2]
-records = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
-train = [r for r in records if r.get("kind", "train") == "train"]
-valid = [r for r in records if r.get("kind") == "validation"]
-first, last = train[0], train[-1]
-shards = os.path.join(data, "shards")
-size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(shards) for f in fs)
-print()
-print(f"data: {data} ({size / 1e6:.0f} MB of shards)")
-print(f"steps: {last['step']}, tokens seen: {last.get('tokens_seen', 0):,}, "
-      f"last tokens/s: {last.get('tokens_per_s', 0):,.0f}")
-print(f"{'training batches':22}{'step ' + str(first['step']):>12}{'step ' + str(last['step']):>12}")
-keys = ("loss/mlm", "loss/tlm", "loss/mrtd", "loss/trtd", "accuracy/mlm", "accuracy/tlm",
-        "f1/mrtd", "f1/trtd")
-for key in keys:
-    if key in first and key in last:
-        print(f"  {key:20}{first[key]:12.4f}{last[key]:12.4f}")
-if len(valid) >= 2:
-    a, b = valid[0], valid[-1]
-    print(f"{'held-out validation':22}{'step ' + str(a['step']):>12}{'step ' + str(b['step']):>12}")
-    for key in keys + ("retrieval/mean",):
-        if key in a and key in b and a[key] is not None and b[key] is not None:
-            print(f"  {key:20}{a[key]:12.4f}{b[key]:12.4f}")
-results = json.load(open(os.path.join(run, "retrieval", "results.json")))
-layer = "layer " + str(next(l for l in results["config"].splitlines()
-                             if l.strip().startswith("layer:")).split(":")[1].strip())
-trained = results["trained"]["layers"][layer]
-untrained = results["untrained"]["layers"][layer]
-print()
-print(f"retrieval accuracy@1 on the held-out test pairs ({layer}, mean of both directions):")
-print(f"  {'pair':12}{'trained':>10}{'untrained':>11}")
-for pair in trained:
-    print(f"  {pair:12}{trained[pair]['accuracy']:10.2f}{untrained[pair]['accuracy']:11.2f}")
-print()
-print(f"curves: {run}/plots/summary.png; export: {run}/export/; retrieval: {run}/retrieval/results.json")
-print("A ~12M-token CPU run is far too small for cross-lingual transfer: expect the trained")
-print("model's retrieval at or below the untrained one, whose random embeddings already match")
-print("shared sub-words (docs/finetuning.md, \"The demo retrieval evaluation\", has a GPU command that trains enough).")
-PY
+"$python" scripts/demo_summary.py runs/demo "$data"

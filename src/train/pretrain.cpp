@@ -88,8 +88,9 @@ std::string log_line(const StepRecord& r, const objectives::TermSummaries& terms
   return line;
 }
 
+// `flops`: the model FLOPs of the log interval's steps, all ranks.
 MetricsRecord metrics_of(const StepRecord& r, const objectives::TermSummaries& terms,
-                         const Throughput& speed, int64_t tokens_seen) {
+                         const Throughput& speed, int64_t tokens_seen, double flops) {
   MetricsRecord m;
   m.add("step", r.step).add("kind", std::string("train")).add("lr", r.lr).add("total_loss", r.loss);
   for (const auto& [key, value] : objectives::log_fields(terms)) m.add(key, value);
@@ -98,6 +99,7 @@ MetricsRecord metrics_of(const StepRecord& r, const objectives::TermSummaries& t
       .add("mfu", speed.mfu ? *speed.mfu : std::nan(""))
       .add("peak_memory_mib", speed.peak_memory_mib)
       .add("tokens_seen", tokens_seen)
+      .add("flops", flops)
       .add("skipped", static_cast<int64_t>(r.skipped));
   return m;
 }
@@ -517,7 +519,9 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
       if (const std::string table = source.language_report(); !table.empty()) {
         spdlog::info("data: language, shard tokens, target / realized share{}", table);
       }
-      if (metrics) metrics->write(metrics_of(record, terms, speed, trainer.tokens_seen()));
+      if (metrics) {
+        metrics->write(metrics_of(record, terms, speed, trainer.tokens_seen(), window_flops));
+      }
       window_start = now;
       window_tokens = 0;
       window_flops = 0;

@@ -109,7 +109,13 @@ TEST(PretrainRun, DemoConfigLearnsOnARealPipeline) {
   EXPECT_TRUE(contains_all(validations.front(),
                            {"{\"step\": 0,", "\"f1/mrtd\": ", "\"retrieval/en-de/a_to_b\": ",
                             "\"retrieval/mean\": ", "\"probe_layer\": 1"}));
+  EXPECT_TRUE(
+      contains_all(validations.front(), {"\"unigram_accuracy/mlm\": ", "\"unigram_loss/mlm\": ",
+                                         "\"unigram_accuracy/tlm\": ", "\"unigram_loss/tlm\": "}));
   EXPECT_TRUE(contains_all(lines.back(), {"\"peak_memory_mib\": ", "\"mfu\": null"}));
+  // The interval's model FLOPs: step 1 alone, then 5 steps a line.
+  EXPECT_GT(metric(lines.front(), "flops"), 0);
+  EXPECT_GT(metric(lines.back(), "flops"), 3 * metric(lines.front(), "flops"));
   for (const char* loss : {"loss/mlm", "loss/tlm", "loss/mrtd", "loss/trtd"}) {
     EXPECT_LT(metric(validations.back(), loss), metric(validations.front(), loss)) << loss;
   }

@@ -1,6 +1,6 @@
 // Learnability: tasks a working encoder learns in seconds and one that ignores context cannot.
 // Every micro-batch is new (random tokens), so the accuracies are held-out figures; their chance
-// level, what the best predictor without context gets, is about 1 / 58 (the 58 ordinary ids).
+// level, what the best predictor without context gets, is about 1 / 59 (the 59 ordinary ids).
 //   - mono rows are <s> a a a a b b b b ... </s>, runs of four: a masked token equals its
 //     neighbours (but at the edges of a run, where one of them does);
 //   - para rows are <s> e </s> e </s>: a masked token of one side equals the token at the same
