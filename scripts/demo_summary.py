@@ -15,6 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bag_of_subwords_retrieval  # noqa: E402
+import sentencepiece  # noqa: E402
 
 
 def main():
@@ -52,8 +53,7 @@ def main():
     data_dir = next(line for line in results["config"].splitlines()
                     if line.strip().startswith("data_dir:")).split(":", 1)[1].strip().strip('"')
     pairs = [p for p in trained if p != "mean"]
-    processor = bag_of_subwords_retrieval.sentencepiece.SentencePieceProcessor(
-        model_file=os.path.join(data, "spm.model"))
+    processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(data, "spm.model"))
     floor = {p: bag_of_subwords_retrieval.pair_accuracy(processor, data_dir, p)["accuracy"]
              for p in pairs}
     floor["mean"] = sum(floor.values()) / len(pairs)
