@@ -3,6 +3,8 @@
 
 #include "xlme/common/error.h"
 
+#include "test_paths.h"
+
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <spawn.h>

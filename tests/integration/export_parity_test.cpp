@@ -32,7 +32,7 @@ using xlme::testing::run_tool;
 using xlme::testing::shell;
 using xlme::testing::TempDir;
 
-constexpr const char* kReferencePython = XLME_PYTHON;
+const char* const kReferencePython = XLME_PYTHON;
 constexpr double kParityTolerance = 1e-4;
 
 class ExportParity : public ::testing::Test {

@@ -40,7 +40,7 @@ using xlme::testing::write_raw_safetensors;
 // sized by a hostile config does not, and fails inside the test instead of taking the machine.
 constexpr int64_t kHostileExportLimitKiB = 6 * 1024 * 1024;
 
-constexpr const char* kHostileReferencePython = XLME_PYTHON;
+const char* const kHostileReferencePython = XLME_PYTHON;
 
 class HostileExport : public xlme::testing::TinyCheckpointSuite<HostileExport> {
  public:
