@@ -23,7 +23,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${XLME_BUILD_DIR:-$root/build}
 python=${XLME_VENV:-$root/.venv}/bin/python3
-steps=800
+steps=2000
 seeds="1 2 3"
 sets="xlme xlme-mono mlm+tlm mlm"
 out=runs/ablation

@@ -3,11 +3,13 @@
 
     scripts/demo_summary.py RUN_DIR DATA_DIR
 
-RUN_DIR holds metrics.jsonl and retrieval/results.json (xlme-finetune's retrieval with
-compare_untrained); DATA_DIR the corpus (shards/, spm.model). Prints the training and held-out
+RUN_DIR holds metrics.jsonl, retrieval/results.json (xlme-finetune's retrieval with
+compare_untrained) and, when present, pos/ and pos-untrained/results.json (the silver POS task,
+pre-trained and random weights); DATA_DIR the corpus (shards/, spm.model). Prints the training and held-out
 figures at the first and last step with the generator's unigram floors beside them, and retrieval
 accuracy@1 per pair for the trained model, the untrained one and the bag-of-sub-words floor
-(scripts/bag_of_subwords_retrieval.py: what shared pieces alone give).
+(scripts/bag_of_subwords_retrieval.py: what shared pieces alone give), then the POS test F1 of
+both.
 """
 import json
 import os
@@ -63,9 +65,21 @@ def main():
     for pair in trained:
         print(f"  {pair:12}{trained[pair]['accuracy']:10.2f}{untrained[pair]['accuracy']:11.2f}"
               f"{floor[pair]:18.2f}")
+    pos = {}
+    for name, folder in (("trained", "pos"), ("untrained", "pos-untrained")):
+        path = os.path.join(run, folder, "results.json")
+        if os.path.exists(path):
+            pos[name] = json.load(open(path))["test"]["average"]
+    if pos:
+        print()
+        print("silver English POS (scripts/silver_udpos.sh), test F1 over fine-tuning seeds, "
+              "mean ± std:")
+        for name, result in pos.items():
+            values = ", ".join(f"{v:.2f}" for v in result["values"])
+            print(f"  {name:12}{result['mean']:6.2f} ± {result['std']:.2f}   ({values})")
     print()
     print(f"curves: {run}/plots/summary.png; export: {run}/export/; "
-          f"retrieval: {run}/retrieval/results.json")
+          f"retrieval: {run}/retrieval/results.json; POS: {run}/pos*/results.json")
     print("The bag-of-sub-words column is what shared pieces alone give (names, numbers and")
     print("placeholders of the translation catalogs): random weights keep part of it, and a small")
     print("CPU run that spreads representations by language loses it before cross-lingual")

@@ -37,29 +37,29 @@ stage() {
   echo "    ($name: $((SECONDS - start)) s)"
 }
 
-stage "1/8 install and build" "$logs/1-setup.log" scripts/setup.sh --binaries
+stage "1/10 install and build" "$logs/1-setup.log" scripts/setup.sh --binaries
 python=${XLME_VENV:-$root/.venv}/bin/python3  # made by setup.sh: matplotlib for the curves
 
 if [ -f "$data/counts.tsv" ]; then
-  echo "==> 2/8 demo corpus: $data exists, reused"
+  echo "==> 2/10 demo corpus: $data exists, reused"
 else
-  stage "2/8 demo corpus (Debian's translation catalogs and man pages)" "$logs/2-corpus.log" \
+  stage "2/10 demo corpus (Debian's translation catalogs and man pages)" "$logs/2-corpus.log" \
     scripts/prepare_demo_corpus.sh "$data"
 fi
 
 if [ -f "$data/spm.model" ]; then
-  echo "==> 3/8 tokenizer: $data/spm.model exists, reused"
+  echo "==> 3/10 tokenizer: $data/spm.model exists, reused"
 else
-  stage "3/8 SentencePiece tokenizer" "$logs/3-tokenizer.log" \
+  stage "3/10 SentencePiece tokenizer" "$logs/3-tokenizer.log" \
     "$build_dir/xlme-data" train-spm --config "$config" --input "$data" --out "$data/spm.model"
 fi
 
 # binarize itself skips shards that are up to date and resumes interrupted ones.
-stage "4/8 binarize into memory-mapped shards" "$logs/4-binarize.log" \
+stage "4/10 binarize into memory-mapped shards" "$logs/4-binarize.log" \
   "$build_dir/xlme-data" binarize --config "$config" --input "$data"
 
 # --resume auto (the default) continues an interrupted run and finishes at once a finished one.
-stage "5/8 pre-train (MRTD + TRTD, tiny model, CPU)" "$logs/5-pretrain.log" \
+stage "5/10 pre-train (MRTD + TRTD, tiny model, CPU)" "$logs/5-pretrain.log" \
   "$build_dir/xlme-pretrain" --config "$config"
 
 # The run's newest valid checkpoint (xlme-export picks it from the run folder, as finetune.init
@@ -69,20 +69,48 @@ if [ ! -d runs/demo/checkpoints ]; then
   exit 1
 fi
 if [ runs/demo/export/config.json -nt runs/demo/checkpoints ]; then
-  echo "==> 6/8 export: runs/demo/export is newer than the run's checkpoints, reused"
+  echo "==> 6/10 export: runs/demo/export is newer than the run's checkpoints, reused"
 else
-  stage "6/8 export the newest valid checkpoint (safetensors + config + tokenizer)" \
+  stage "6/10 export the newest valid checkpoint (safetensors + config + tokenizer)" \
     "$logs/6-export.log" "$build_dir/xlme-export" --checkpoint runs/demo --out runs/demo/export --force
 fi
 
 if [ runs/demo/retrieval/results.json -nt runs/demo/export/config.json ]; then
-  echo "==> 7/8 retrieval: runs/demo/retrieval/results.json is newer than the export, reused"
+  echo "==> 7/10 retrieval: runs/demo/retrieval/results.json is newer than the export, reused"
 else
-  stage "7/8 retrieval on held-out test pairs, trained vs untrained" "$logs/7-retrieval.log" \
+  stage "7/10 retrieval on held-out test pairs, trained vs untrained" "$logs/7-retrieval.log" \
     "$build_dir/xlme-finetune" --config configs/finetune/demo_retrieval.yaml \
     --set finetune.init=runs/demo/export --set run.out_dir=runs/demo/retrieval
 fi
 
-stage "8/8 loss curves" "$logs/8-plots.log" "$python" scripts/plot_metrics.py runs/demo
+if [ -f data/silver_udpos/download/udpos/test-en.tsv ]; then
+  echo "==> 8/10 silver POS task: data/silver_udpos exists, reused"
+else
+  stage "8/10 silver English POS task from the demo corpus (a tagger's tags)" "$logs/8-silver-pos.log" \
+    scripts/silver_udpos.sh "$data" data/silver_udpos
+fi
+
+# Fine-tuning on the silver POS task, 3 seeds, the pre-trained model and the same architecture with
+# random weights side by side (one thread each): where pre-training helps even at this size.
+pos() {
+  "$build_dir/xlme-finetune" --config configs/finetune/demo_silver_udpos.yaml --set run.threads=1 \
+    --set finetune.init=runs/demo/export "$@"
+}
+pos_both() {
+  pos --set run.out_dir=runs/demo/pos >"$logs/9-pos-trained.log" 2>&1 &
+  local trained=$!
+  pos --set run.out_dir=runs/demo/pos-untrained --set finetune.untrained=true \
+    >"$logs/9-pos-untrained.log" 2>&1 || { wait "$trained"; return 1; }
+  wait "$trained"
+  grep -h -A2 "^test f1" "$logs/9-pos-trained.log" "$logs/9-pos-untrained.log"
+}
+if [ runs/demo/pos/results.json -nt runs/demo/export/config.json ] &&
+  [ runs/demo/pos-untrained/results.json -nt runs/demo/export/config.json ]; then
+  echo "==> 9/10 silver POS: runs/demo/pos*/results.json are newer than the export, reused"
+else
+  stage "9/10 silver POS fine-tuning, trained vs untrained, 3 seeds each" "$logs/9-pos.log" pos_both
+fi
+
+stage "10/10 loss curves" "$logs/10-plots.log" "$python" scripts/plot_metrics.py runs/demo
 
 "$python" scripts/demo_summary.py runs/demo "$data"
