@@ -82,8 +82,8 @@ def main():
           f"retrieval: {run}/retrieval/results.json; POS: {run}/pos*/results.json")
     print("The bag-of-sub-words column is what shared pieces alone give (names, numbers and")
     print("placeholders of the translation catalogs): random weights keep part of it, and a small")
-    print("CPU run that spreads representations by language loses it before cross-lingual")
-    print("alignment forms. docs/learning.md has what this run can and cannot show.")
+    print("CPU run loses it long before cross-lingual alignment forms. The POS task is where")
+    print("pre-training helps at this size. docs/learning.md has what this run can and cannot show.")
     return 0
 
 

@@ -5,7 +5,8 @@
 
 Each line of RUN_DIR/metrics.jsonl is a JSON object with a "step", an optional "kind" ("train",
 "validation") and numeric metrics, as xlme-pretrain writes them. The panels, each on its own scale:
-  generator: the generator's (MLM/TLM) loss and accuracy per task
+  generator: the generator's (MLM/TLM) loss and accuracy per task, with the held-out unigram
+    floor (always predicting the most frequent masked piece) beside the accuracy
   discriminator: the discriminator's (MRTD/TRTD) loss and replaced-token F1 per task
   retrieval: the held-out pairs' accuracy@1, the mean bold and each pair and direction faint
   optimization: learning rate and gradient norm (two y axes), and the total loss
@@ -142,10 +143,15 @@ def panel_rows(metrics):
     terms = sorted({k.split("/", 1)[1] for k in metrics if k.startswith("loss/")})
     discriminator = [t for t in terms if t.endswith("rtd") or f"f1/{t}" in metrics]
     generator = [t for t in terms if t not in discriminator]
+    accuracy = per_task_panel("generator accuracy", "accuracy", metrics, "accuracy", generator)
+    for i, task in enumerate(generator):
+        floor = metrics.get(f"unigram_accuracy/{task}", {}).get("validation")
+        if floor:  # always predicting the held-out set's most frequent masked piece
+            accuracy.curves.append((floor, dict(color=COLOURS[i % len(COLOURS)], linestyle=":",
+                                                linewidth=1.2), f"{task} unigram floor"))
     rows = [
         ("generator", [per_task_panel("generator loss", "cross-entropy", metrics, "loss", generator),
-                       per_task_panel("generator accuracy", "accuracy", metrics, "accuracy",
-                                      generator)]),
+                       accuracy]),
         ("discriminator", [
             per_task_panel("discriminator loss", "binary cross-entropy", metrics, "loss",
                            discriminator),

@@ -2,14 +2,16 @@
 # The main job, from a fresh Debian 12 machine: install and build, build the offline demo corpus
 # from Debian's translation catalogs, train a SentencePiece model, binarize, pre-train the tiny
 # XLM-E of configs/pretrain/demo.yaml on the CPU, export it, evaluate retrieval on the held-out
-# test pairs for the trained and the untrained model, and plot the curves (about 12 minutes on 2
-# cores after the build). A second run reuses every finished stage.
+# test pairs and fine-tune a silver English POS task for the trained and the untrained model, and
+# plot the curves (about 15 minutes on 2 cores after the build). A second run reuses every
+# finished stage.
 #
 #   scripts/quickstart.sh
 #
 # Environment: XLME_BUILD_DIR (default: build). Outputs: data/demo/ (corpus, tokenizer, shards),
 # runs/demo/ (logs, metrics.jsonl, checkpoints, plots/), runs/demo/export/ (the portable model),
-# runs/demo/retrieval/results.json, runs/quickstart/*.log (one per stage).
+# runs/demo/retrieval/results.json, runs/demo/pos*/results.json, data/silver_udpos/,
+# runs/quickstart/*.log (one per stage).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -98,10 +100,14 @@ pos() {
 }
 pos_both() {
   pos --set run.out_dir=runs/demo/pos >"$logs/9-pos-trained.log" 2>&1 &
-  local trained=$!
+  local trained=$! failed=""
   pos --set run.out_dir=runs/demo/pos-untrained --set finetune.untrained=true \
-    >"$logs/9-pos-untrained.log" 2>&1 || { wait "$trained"; return 1; }
-  wait "$trained"
+    >"$logs/9-pos-untrained.log" 2>&1 || failed="$logs/9-pos-untrained.log"
+  wait "$trained" || failed="$logs/9-pos-trained.log $failed"
+  if [ -n "$failed" ]; then
+    echo "fine-tuning failed; see $failed" >&2
+    return 1
+  fi
   grep -h -A2 "^test f1" "$logs/9-pos-trained.log" "$logs/9-pos-untrained.log"
 }
 if [ runs/demo/pos/results.json -nt runs/demo/export/config.json ] &&
