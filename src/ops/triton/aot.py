@@ -8,11 +8,14 @@ the shared memory, and the kernel's parameter types in order (what the launcher 
 arguments against). The build fails here, naming the variant, when a cubin's parameters differ
 from the signature (the compiled kernel has one per non-constexpr argument, then Triton's two
 scratch pointers), or when a kernel needs scratch memory the launcher does not provide.
+With --table it also writes each cubin's static figures (registers, spills, shared memory, load
+widths, atomics: kernel_table.py), which tests/python/kernel_checks.py checks.
 
-    python src/ops/triton/aot.py --out build/generated/triton_kernels.cpp
+    python src/ops/triton/aot.py --out build/generated/triton_kernels.cpp --table build/kernels.tsv
 """
 
 import argparse
+import concurrent.futures
 import hashlib
 import importlib.metadata
 import os
@@ -27,6 +30,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 import attention  # noqa: E402
 import gemm_gelu  # noqa: E402
+import kernel_table  # noqa: E402
 import masked_lm  # noqa: E402
 import residual_layernorm  # noqa: E402
 
@@ -112,16 +116,23 @@ def write_text(path, text):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="the C++ source to write")
-    parser.add_argument("--cache-dir", help="reuse the output of an earlier run with the same "
-                        "kernel sources, Triton version and architectures (a file per hash)")
+    parser.add_argument("--table", help="the table of every cubin's static figures to write "
+                        "(src/ops/triton/kernel_table.py prints it)")
+    parser.add_argument("--cache-dir", help="reuse the outputs of an earlier run with the same "
+                        "kernel sources, Triton version and architectures (files per hash)")
     args = parser.parse_args()
-    cached = os.path.join(args.cache_dir, inputs_hash() + ".cpp") if args.cache_dir else None
-    if cached and os.path.exists(cached):
-        write_atomically(args.out, lambda tmp: shutil.copyfile(cached, tmp))
-        print(f"aot.py: {len(VARIANTS)} kernels x {len(ARCHS)} architectures -> {args.out} "
-              f"(unchanged inputs: reused {cached})")
+    cached = os.path.join(args.cache_dir, inputs_hash()) if args.cache_dir else None
+    outputs = [(args.out, ".cpp")] + ([(args.table, ".tsv")] if args.table else [])
+    if cached and all(os.path.exists(cached + suffix) for _, suffix in outputs):
+        for path, suffix in outputs:
+            write_atomically(path, lambda tmp: shutil.copyfile(cached + suffix, tmp))
+        print(f"aot.py: {len(VARIANTS)} kernels x {len(ARCHS)} architectures -> "
+              f"{' and '.join(path for path, _ in outputs)} (unchanged inputs: reused {cached}.*)")
         return
-    arrays, entries = [], []
+    # cuobjdump disassembles each cubin on a thread of its own while the next one compiles.
+    cuobjdump = triton.knobs.nvidia.cuobjdump.path
+    disassembler = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    arrays, entries, rows = [], [], []
     for index, (name, fn, signature, constexprs, num_warps, *more) in enumerate(VARIANTS):
         options = more[0] if more else {}
         for capability, arch in ARCHS:
@@ -129,6 +140,9 @@ def main():
                                      capability)
             meta = kernel.metadata
             cubin = kernel.asm["cubin"]
+            dump = disassembler.submit(kernel_table.disassemble, cubin, cuobjdump)
+            rows.append((name, arch, signature, meta.name, meta.num_warps, meta.shared,
+                         kernel.asm["ptx"], dump))
             symbol = f"k{index}_sm{capability}"
             arrays.append(f"const unsigned char {symbol}[] = {{\n{cpp_bytes(cubin)}\n}};\n")
             types = ",".join(signature.values())
@@ -146,11 +160,17 @@ def main():
             "\n  };\n  return images;\n}\n\n"
             f'const char* triton_version() {{ return "{triton.__version__}"; }}\n\n'
             "}  // namespace xlme::ops::triton\n")
+    table = [kernel_table.row(*fields, dump.result()) for *fields, dump in rows]
+    disassembler.shutdown()
     write_atomically(args.out, lambda tmp: write_text(tmp, text))
+    if args.table:
+        write_atomically(args.table, lambda tmp: kernel_table.write(tmp, table))
     if cached:
         os.makedirs(args.cache_dir, exist_ok=True)
-        write_atomically(cached, lambda tmp: write_text(tmp, text))
-    print(f"aot.py: {len(VARIANTS)} kernels x {len(ARCHS)} architectures -> {args.out}")
+        write_atomically(cached + ".cpp", lambda tmp: write_text(tmp, text))
+        write_atomically(cached + ".tsv", lambda tmp: kernel_table.write(tmp, table))
+    print(f"aot.py: {len(VARIANTS)} kernels x {len(ARCHS)} architectures -> "
+          f"{' and '.join(path for path, _ in outputs)}")
 
 
 if __name__ == "__main__":
