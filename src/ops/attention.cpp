@@ -1,6 +1,7 @@
 #include "xlme/ops/attention.h"
 
 #include "xlme/common/error.h"
+#include "xlme/common/shape_text.h"
 #include "xlme/ops/registry.h"
 #include "xlme/ops/triton.h"
 
@@ -17,6 +18,22 @@ torch::Tensor distance_table(const torch::Tensor& table) {
   const auto first_row = table.select(1, 0).flip(-1);  // delta = -(Tk - 1) .. 0
   const auto first_column = table.select(2, 0).narrow(1, 1, table.size(1) - 1);  // 1 .. Tq - 1
   return torch::cat({first_row, first_column}, 1).to(torch::kFloat32).contiguous();
+}
+
+torch::Tensor attention_table_gradient(const torch::Tensor& sums, int64_t batch, int64_t heads,
+                                       int64_t tq, int64_t tk, int64_t far, int64_t block) {
+  const int64_t q_blocks = (tq + block - 1) / block, k_blocks = (tk + block - 1) / block;
+  const int64_t width = (q_blocks + k_blocks) * block + 2;
+  XLME_CHECK(sums.dim() == 3 && sums.size(0) == batch * heads && sums.size(1) == q_blocks &&
+                 sums.size(2) == width,
+             "attention_table_gradient: sums are {}, expected [{}, {}, {}]",
+             shape_text(sums.sizes()), batch * heads, q_blocks, width);
+  const auto total =
+      sums.view({batch, heads, q_blocks, width}).sum(std::vector<int64_t>{0, 2});  // [H, width]
+  auto dtable = total.narrow(1, k_blocks * block - (tk - 1), tq + tk - 1).clone();
+  if (far > 0 && far < tq) dtable.select(1, tk - 1 + far) += total.select(1, width - 2);
+  if (far > 0 && far < tk) dtable.select(1, tk - 1 - far) += total.select(1, width - 1);
+  return dtable;
 }
 
 #ifdef XLME_WITH_CUDA
@@ -48,13 +65,12 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
     auto out = torch::empty({batch, heads, tq, d}, q.options());
     auto lse = torch::empty({batch, heads, tq}, q.options().dtype(torch::kFloat32));
     const auto name = variant("forward", d, bias, gated, dropout);
-    const auto block = block_of(name, q.device());
+    const auto block = constant_of(name, "BM", q.device());
     auto args = pointers({q, k, v, out, lse, factor, distance, lengths});
     append_scalars(args, q, k, v, heads, tq, tkeys, far, d, p, seed, offset);
-    tk::launch(
-        name, q.device(),
-        {static_cast<uint32_t>((tq + block - 1) / block), static_cast<uint32_t>(batch * heads), 1},
-        std::move(args));
+    tk::launch(name, q.device(), {(tq + block - 1) / block, batch * heads, 1}, std::move(args),
+               fmt::format("{} queries in blocks of {} x {} sequences x {} heads", tq, block, batch,
+                           heads));
     ctx->save_for_backward({q, k, v, out, lse, factor, distance, lengths});
     ctx->saved_data["p"] = p;
     ctx->saved_data["far"] = far;
@@ -82,33 +98,41 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
     auto dv = torch::empty({batch, heads, tkeys, d}, v.options());
     const auto f32 = q.options().dtype(torch::kFloat32);
     auto df = gated ? torch::zeros({batch, heads, tq}, f32) : torch::empty({0}, f32);
-    auto dt = bias ? torch::zeros({heads, tq + tkeys - 1}, f32) : torch::empty({0}, f32);
     const auto dkdv_name = variant("backward_dkdv", d, bias, gated, dropout);
-    const auto block = block_of(dkdv_name, q.device());
+    const auto dq_name = variant("backward_dq", d, bias, gated, dropout);
+    // dK/dV: a program per BN keys; dQ: a program per `block` queries, its tiles square.
+    const int64_t keys_per_program = constant_of(dkdv_name, "BN", q.device());
+    const int64_t block = constant_of(dq_name, "BM", q.device());
+    const int64_t q_blocks = (tq + block - 1) / block, k_blocks = (tkeys + block - 1) / block;
+    auto sums =
+        bias ? torch::zeros({batch * heads, q_blocks, (q_blocks + k_blocks) * block + 2}, f32)
+             : torch::empty({0}, f32);
     auto dkdv = pointers({q, k, v, dout, lse, delta, factor, distance, lengths, dk, dv});
     append_scalars(dkdv, q, k, v, heads, tq, tkeys, far, d, p, seed, offset);
     tk::launch(dkdv_name, q.device(),
-               {static_cast<uint32_t>((tkeys + block - 1) / block),
-                static_cast<uint32_t>(batch * heads), 1},
-               std::move(dkdv));
-    auto dq_args = pointers({q, k, v, dout, lse, delta, factor, distance, lengths, dq, df, dt});
+               {(tkeys + keys_per_program - 1) / keys_per_program, batch * heads, 1},
+               std::move(dkdv),
+               fmt::format("{} keys in blocks of {} x {} sequences x {} heads", tkeys,
+                           keys_per_program, batch, heads));
+    auto dq_args = pointers({q, k, v, dout, lse, delta, factor, distance, lengths, dq, df, sums});
     append_scalars(dq_args, q, k, v, heads, tq, tkeys, far, d, p, seed, offset);
-    tk::launch(
-        variant("backward_dq", d, bias, gated, dropout), q.device(),
-        {static_cast<uint32_t>((tq + block - 1) / block), static_cast<uint32_t>(batch * heads), 1},
-        std::move(dq_args));
+    tk::launch(dq_name, q.device(), {q_blocks, batch * heads, 1}, std::move(dq_args),
+               fmt::format("{} queries in blocks of {} x {} sequences x {} heads", tq, block, batch,
+                           heads));
     return {dq,
             dk,
             dv,
             gated ? df : torch::Tensor(),
-            bias ? dt : torch::Tensor(),
+            bias ? attention_table_gradient(sums, batch, heads, tq, tkeys, far, block)
+                 : torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
             torch::Tensor()};
   }
 
-  static int64_t block_of(const std::string& name, const torch::Device& device) {
-    return tk::constant(tk::image_for(name, device), "BM");
+  static int64_t constant_of(const std::string& name, const char* constant,
+                             const torch::Device& device) {
+    return tk::constant(tk::image_for(name, device), constant);
   }
 
   // An empty tensor stands for an absent input: the kernel never reads it (its constexpr is off),

@@ -33,9 +33,9 @@ constexpr const char* kForward = "gemm_bias_gelu_bf16";
 constexpr const char* kBackward = "gemm_dgelu_bgrad_bf16";
 
 // The grid of a gemm_gelu variant over an [m, n] output: one program per BM x BN tile.
-std::array<uint32_t, 3> tiles(const tk::KernelImage& image, int64_t m, int64_t n) {
+tk::Grid tiles(const tk::KernelImage& image, int64_t m, int64_t n) {
   const int64_t bm = tk::constant(image, "BM"), bn = tk::constant(image, "BN");
-  return {static_cast<uint32_t>(((m + bm - 1) / bm) * ((n + bn - 1) / bn)), 1, 1};
+  return {((m + bm - 1) / bm) * ((n + bn - 1) / bn), 1, 1};
 }
 
 struct FusedFeedForward : torch::autograd::Function<FusedFeedForward> {

@@ -129,7 +129,8 @@ Forward fused_forward(const torch::Tensor& logits, const torch::Tensor& targets,
   }
   const std::string variant =
       "masked_lm_forward_" + dtype_suffix(logits) + (sampling != nullptr ? "_sample" : "");
-  tk::launch(variant, logits.device(), {static_cast<uint32_t>(rows), 1, 1}, std::move(args));
+  tk::launch(variant, logits.device(), {rows, 1, 1}, std::move(args),
+             fmt::format("{} masked rows", rows));
   return out;
 }
 
@@ -155,11 +156,11 @@ struct FusedMaskedLmLoss : torch::autograd::Function<FusedMaskedLmLoss> {
     const int64_t rows = logits.size(0), vocab = logits.size(1);
     const std::string variant = "masked_lm_backward_" + dtype_suffix(logits);
     const int64_t block = tk::constant(tk::image_for(variant, logits.device()), "BLOCK");
-    tk::launch(variant, logits.device(),
-               {static_cast<uint32_t>(rows), static_cast<uint32_t>((vocab + block - 1) / block), 1},
+    tk::launch(variant, logits.device(), {rows, (vocab + block - 1) / block, 1},
                {tk::Arg::pointer(logits), tk::Arg::i64(logits.stride(0)), tk::Arg::pointer(targets),
                 tk::Arg::pointer(lse), tk::Arg::pointer(grad_rows), tk::Arg::pointer(grad),
-                tk::Arg::i64(grad.stride(0)), tk::Arg::i32(rows), tk::Arg::i32(vocab)});
+                tk::Arg::i64(grad.stride(0)), tk::Arg::i32(rows), tk::Arg::i32(vocab)},
+               fmt::format("{} masked rows x {} ids in blocks of {}", rows, vocab, block));
     return {grad, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };

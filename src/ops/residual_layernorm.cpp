@@ -56,7 +56,7 @@ struct FusedResidualLayerNorm : torch::autograd::Function<FusedResidualLayerNorm
     const auto f32 = x.options().dtype(torch::kFloat32);
     auto mean = torch::empty({rows}, f32), rstd = torch::empty({rows}, f32);
     tk::launch(
-        variant, x.device(), {static_cast<uint32_t>((rows + per_program - 1) / per_program), 1, 1},
+        variant, x.device(), {(rows + per_program - 1) / per_program, 1, 1},
         {tk::Arg::pointer(x), tk::Arg::pointer(y), tk::Arg::pointer(weight), tk::Arg::pointer(bias),
          tk::Arg::pointer(out), tk::Arg::pointer(mean), tk::Arg::pointer(rstd), tk::Arg::i32(rows),
          tk::Arg::i32(width), tk::Arg::f32(eps), tk::Arg::u64(seed),
@@ -88,7 +88,7 @@ struct FusedResidualLayerNorm : torch::autograd::Function<FusedResidualLayerNorm
     const auto f32 = x.options().dtype(torch::kFloat32);
     auto dw = torch::empty({programs, width}, f32), db = torch::empty({programs, width}, f32);
     tk::launch(
-        variant, x.device(), {static_cast<uint32_t>(programs), 1, 1},
+        variant, x.device(), {programs, 1, 1},
         {tk::Arg::pointer(x), tk::Arg::pointer(y), tk::Arg::pointer(weight), tk::Arg::pointer(mean),
          tk::Arg::pointer(rstd), tk::Arg::pointer(dout), tk::Arg::pointer(dx), tk::Arg::pointer(dy),
          tk::Arg::pointer(dw), tk::Arg::pointer(db), tk::Arg::i32(rows), tk::Arg::i32(width),

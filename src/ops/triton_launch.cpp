@@ -46,6 +46,18 @@ long long constant(const KernelImage& image, const std::string& name) {
             image.constants);
 }
 
+void check_grid(const std::string& variant, const Grid& grid, const std::string& what) {
+  static constexpr std::array<int64_t, 3> kLimit{2147483647, 65535, 65535};
+  static constexpr std::array<const char*, 3> kName{"x", "y", "z"};
+  for (size_t i = 0; i < grid.size(); ++i) {
+    XLME_CHECK(grid[i] >= 0 && grid[i] <= kLimit[i],
+               "Triton kernel {}: a grid of ({}, {}, {}) programs{} does not fit CUDA's limit in "
+               "{} ({} up to {}): use smaller micro-batches or sequences, or XLME_OPS=reference",
+               variant, grid[0], grid[1], grid[2], what.empty() ? "" : " (" + what + ")", kName[i],
+               grid[i], kLimit[i]);
+  }
+}
+
 uint32_t dropout_threshold(double p) {
   XLME_CHECK(p >= 0.0 && p < 1.0, "dropout probability must be in [0, 1), got {}", p);
   return static_cast<uint32_t>(std::min(std::llround(std::ldexp(p, 32)), 0xFFFFFFFFLL));
@@ -228,11 +240,12 @@ bool available(const std::string& variant, const torch::Device& device) {
   return find_image(variant, properties->major, properties->minor) != nullptr;
 }
 
-void launch(const std::string& variant, const torch::Device& device, std::array<uint32_t, 3> grid,
-            std::vector<Arg> args) {
+void launch(const std::string& variant, const torch::Device& device, const Grid& grid,
+            std::vector<Arg> args, const std::string& what) {
   XLME_CHECK(device.is_cuda() && device.has_index(),
              "Triton kernel {} launches on a CUDA device with an index, not {}", variant,
              device.str());
+  check_grid(variant, grid, what);
   if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return;
   const c10::cuda::CUDAGuard guard(device);
   const Loaded kernel = load(variant, device);
@@ -246,11 +259,13 @@ void launch(const std::string& variant, const torch::Device& device, std::array<
   params.push_back(&global_scratch);
   params.push_back(&profile_scratch);
   const auto stream = c10::cuda::getCurrentCUDAStream(device.index());
-  check_driver(driver().launch_kernel(kernel.function, grid[0], grid[1], grid[2],
-                                      32 * static_cast<unsigned>(kernel.image->num_warps), 1, 1,
-                                      static_cast<unsigned>(kernel.image->shared_bytes),
-                                      stream.stream(), params.data(), nullptr),
-               "cuLaunchKernel", *kernel.image);
+  check_driver(
+      driver().launch_kernel(kernel.function, static_cast<unsigned>(grid[0]),
+                             static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2]),
+                             32 * static_cast<unsigned>(kernel.image->num_warps), 1, 1,
+                             static_cast<unsigned>(kernel.image->shared_bytes), stream.stream(),
+                             params.data(), nullptr),
+      "cuLaunchKernel", *kernel.image);
 }
 
 #else  // a LibTorch without CUDA: nothing launches
@@ -267,8 +282,8 @@ bool available(const std::string&, const torch::Device&) {
   return false;
 }
 
-void launch(const std::string& variant, const torch::Device& device, std::array<uint32_t, 3>,
-            std::vector<Arg>) {
+void launch(const std::string& variant, const torch::Device& device, const Grid&, std::vector<Arg>,
+            const std::string&) {
   XLME_FAIL("Triton kernel {} cannot launch on {}: this xlme was built without CUDA", variant,
             device.str());
 }

@@ -74,3 +74,19 @@ def _patch_interpreter_bf16_rounding():
 
 
 _patch_interpreter_bf16_rounding()
+
+
+def philox4x32_10(seed, c0, c1, c2, c3):
+    """Philox4x32-10 (Salmon et al. 2011) in NumPy, independent of Triton's tl.philox: the four
+    32-bit words for key (seed's low and high halves) and counters c0 .. c3 (arrays broadcast
+    together). Checked against Random123's known-answer vectors in tests/python/test_kernels.py."""
+    mask = np.uint64(0xFFFFFFFF)
+    c = [np.asarray(x, dtype=np.uint64) & mask for x in np.broadcast_arrays(c0, c1, c2, c3)]
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
+    round_a, round_b = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+    for _ in range(10):
+        p0, p2 = round_b * c[2], round_a * c[0]
+        c = [((p0 >> np.uint64(32)) ^ c[1] ^ k0) & mask, p0 & mask,
+             ((p2 >> np.uint64(32)) ^ c[3] ^ k1) & mask, p2 & mask]
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & mask, (k1 + np.uint64(0xBB67AE85)) & mask
+    return [word.astype(np.uint32) for word in c]

@@ -7,12 +7,16 @@ share their weights (ALBERT). Run by CTest (tests/CMakeLists.txt):
 """
 
 import collections
+import contextlib
 import unittest
 
 import kernel_interpreter  # noqa: F401  (TRITON_INTERPRET=1 and the kernels' folder, before triton)
+import numpy as np
 import torch
+from kernel_interpreter import philox4x32_10
 
 import attention
+from triton.runtime import interpreter
 
 # One case: batch, heads, query and key lengths, head size, bias, gate, dropout, tile size; the
 # far distance (0: no shortcut) and each sequence's key length (None: Tk, then Tk - 5).
@@ -168,6 +172,20 @@ class GatedBiasAttention(unittest.TestCase):
         self.assertFalse(torch.equal(keep[0, 0], keep[0, 1]))
         self.assertFalse(torch.equal(keep[0, 0, 0], keep[0, 0, 1]))
 
+    def test_dropout_mask_is_each_keys_own_philox_word(self):
+        # Key j of query i in head bh keeps word j % 4 of Philox4x32-10(seed; i * ceil(Tk / 4) +
+        # j / 4, bh, offset), computed here without Triton: four keys a call, none sharing a
+        # word; Tk not a multiple of four, more than one key tile, seed and offset over 32 bits.
+        seed, offset, p, b, h, tq, tk = (9 << 32) | 77, (5 << 32) | 12, 0.3, 2, 2, 5, 37
+        keep = attention.keep_mask(b, h, tq, tk, p, seed=seed, offset=offset, block=16)
+        bh, rows, cols = np.meshgrid(np.arange(b * h), np.arange(tq), np.arange(tk), indexing="ij")
+        words = philox4x32_10(seed, rows * ((tk + 3) // 4) + cols // 4, bh, offset & 0xFFFFFFFF,
+                              offset >> 32)
+        threshold = min(int(round(p * 2.0**32)), 2**32 - 1)
+        want = np.choose(cols % 4, words) >= threshold
+        want = torch.from_numpy(want.astype(np.float32)).view(b, h, tq, tk)
+        self.assertTrue(torch.equal(keep, want), f"{(keep != want).sum().item()} differ")
+
     def test_dropout_same_seed_same_output(self):
         torch.manual_seed(1)
         q, k, v = (torch.randn(2, 2, 17, 32) for _ in range(3))
@@ -179,6 +197,51 @@ class GatedBiasAttention(unittest.TestCase):
         self.assertTrue(torch.equal(first, run(4, 8)))
         self.assertFalse(torch.equal(first, run(4, 12)))
         self.assertFalse(torch.equal(first, run(5, 8)))
+
+
+@contextlib.contextmanager
+def programs_in_reverse():
+    """Runs every grid of Triton's interpreter from its last program to its first. The interpreter
+    otherwise runs programs one after another in a fixed order, so that results which depend on
+    the order in which programs add into shared memory (atomics) are the same in every run; on a
+    GPU that order changes from run to run."""
+    builder = interpreter.InterpreterBuilder
+    original = builder.set_grid_idx
+
+    def reversed_idx(self, x, y, z):
+        nx, ny, nz = self.grid_dim
+        original(self, nx - 1 - x, ny - 1 - y, nz - 1 - z)
+
+    builder.set_grid_idx = reversed_idx
+    try:
+        yield
+    finally:
+        builder.set_grid_idx = original
+
+
+class Deterministic(unittest.TestCase):
+    """The backward gives the same bits whatever order its programs run in, so that a resumed run
+    with the fused attention equals the uninterrupted one (the table and gate gradients reduce
+    across programs; a sum in arrival order would change with the schedule)."""
+
+    def test_program_order_does_not_change_a_bit(self):
+        # Gated bias with dropout; two sequences and three 16-wide query tiles, so that programs of
+        # different sequences and tiles add into the same table entries; far tiles on both sides.
+        for far in (0, 10):
+            torch.manual_seed(3)
+            b, h, t, d = 2, 2, 50, 32
+            q, k, v, do = (torch.randn(b, h, t, d) for _ in range(4))
+            lengths = torch.tensor([t, t - 7], dtype=torch.int32)
+            table = far_table(h, t, t, far, 16) if far else torch.randn(h, 2 * t - 1)
+            f = torch.rand(b, h, t) + 0.5
+            kw = dict(p=0.1, seed=2, offset=4, far=far, bm=16, bn=16)
+            o, lse = attention.forward(q, k, v, lengths, table, f, **kw)
+            first = attention.backward(q, k, v, o, lse, do, lengths, table, f, **kw)
+            with programs_in_reverse():
+                second = attention.backward(q, k, v, o, lse, do, lengths, table, f, **kw)
+            for name, a, z in zip(("dq", "dk", "dv", "df", "dtable"), first, second):
+                self.assertTrue(torch.equal(a, z), f"{name} (far {far}) differs in "
+                                f"{(a != z).sum().item()} of {a.numel()} elements")
 
 
 class KernelAttention(torch.autograd.Function):

@@ -9,7 +9,9 @@ awkward sizes: the masked-LM loss and sampler, and residual + dropout + LayerNor
 import unittest
 
 import kernel_interpreter  # noqa: F401  (TRITON_INTERPRET=1 and the kernels' folder, before triton)
+import numpy as np
 import torch
+from kernel_interpreter import philox4x32_10
 
 import masked_lm
 import residual_layernorm as rln
@@ -172,6 +174,29 @@ class ResidualLayerNorm(unittest.TestCase):
         pairs = (keep[:, :-1] * keep[:, 1:]).mean().item()
         self.assertAlmostEqual(pairs, 0.81, delta=0.006)
         self.assertEqual(rln.keep_mask(4, 10, 0.0).min().item(), 1.0)
+
+    def test_the_mask_is_each_features_own_philox_word(self):
+        # Feature c of row r keeps word c % 4 of Philox4x32-10(seed; c / 4, r, offset), computed
+        # here without Triton: four features a call, none sharing a word; a width that is not a
+        # multiple of four and a seed and offset with both 32-bit halves set.
+        seed, offset, p, n, width = (7 << 32) | 12345, (3 << 32) | 40, 0.3, 5, 70
+        keep = rln.keep_mask(n, width, p, seed=seed, offset=offset)
+        cols, rows = np.meshgrid(np.arange(width), np.arange(n))
+        words = philox4x32_10(seed, cols // 4, rows, offset & 0xFFFFFFFF, offset >> 32)
+        word = np.choose(cols % 4, words)
+        want = torch.from_numpy((word >= rln.threshold_of(p)).astype(np.float32))
+        self.assertTrue(torch.equal(keep, want), f"{(keep != want).sum().item()} differ")
+
+
+class Philox(unittest.TestCase):
+    def test_the_reference_gives_random123s_known_answers(self):
+        # Philox4x32-10's known-answer vectors from Random123 (kat_vectors).
+        cases = [(0, (0, 0, 0, 0), (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8)),
+                 (2**64 - 1, (2**32 - 1, ) * 4, (0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd)),
+                 ((0x299f31d0 << 32) | 0xa4093822, (0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344),
+                  (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1))]
+        for seed, counter, want in cases:
+            self.assertEqual(tuple(int(w) for w in philox4x32_10(seed, *counter)), want)
 
 
 if __name__ == "__main__":

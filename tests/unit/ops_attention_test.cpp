@@ -84,6 +84,43 @@ TEST(FusedAttentionInputs, TheTableGradientReachesTheBucketsSummedPerBucket) {
   EXPECT_TRUE(torch::allclose(d.grad(), want, 1e-6, 1e-6));
 }
 
+// The dQ programs' rows of sums (one per sequence, head and query block; by distance, then the
+// far sums) added into the table's gradient, against a loop over every row and distance in
+// float64; Tq != Tk both ways, far entries inside and beyond the table.
+TEST(FusedAttentionInputs, TheTableGradientAddsEveryProgramsRow) {
+  torch::manual_seed(6);
+  for (const auto& [tq, tk, far] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {50, 50, 10}, {17, 40, 20}, {40, 17, 20}, {33, 33, 0}, {5, 9, 12}}) {
+    const int64_t batch = 2, heads = 3, block = 16;
+    const int64_t q_blocks = (tq + block - 1) / block, k_blocks = (tk + block - 1) / block;
+    const int64_t width = (q_blocks + k_blocks) * block + 2;
+    const auto sums = torch::randn({batch * heads, q_blocks, width});
+    const auto got = ops::attention_table_gradient(sums, batch, heads, tq, tk, far, block);
+    ASSERT_EQ(got.sizes(), (std::vector<int64_t>{heads, tq + tk - 1}));
+    const auto s = sums.to(torch::kDouble);
+    auto want = torch::zeros({heads, tq + tk - 1}, torch::kDouble);
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t q = 0; q < q_blocks; ++q) {
+          const auto row = s[b * heads + h][q];
+          for (int64_t delta = -(tk - 1); delta < tq; ++delta) {
+            want[h][delta + tk - 1] += row[delta + k_blocks * block];
+          }
+          if (far > 0 && far < tq) want[h][tk - 1 + far] += row[width - 2];
+          if (far > 0 && far < tk) want[h][tk - 1 - far] += row[width - 1];
+        }
+      }
+    }
+    EXPECT_TRUE(torch::allclose(got.to(torch::kDouble), want, 1e-5, 1e-5))
+        << tq << " " << tk << " " << far;
+  }
+  EXPECT_TRUE(testing::contains_all(
+      testing::error_message([] {
+        ops::attention_table_gradient(torch::zeros({6, 2, 10}), 2, 3, 17, 17, 0, 16);
+      }),
+      {"attention_table_gradient", "[6, 2, 10]", "[6, 2, 66]"}));
+}
+
 TEST(FusedAttentionInputs, AFarDistanceBelowZeroIsRefused) {
   const auto q = torch::zeros({1, 1, 4, 32}, torch::kBFloat16);
 #ifdef XLME_WITH_CUDA

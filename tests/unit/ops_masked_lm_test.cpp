@@ -156,6 +156,30 @@ TEST(TritonImages, LaunchArgumentsAreCheckedAgainstTheSignature) {
   EXPECT_FALSE(triton::available("masked_lm_forward_bf16", torch::Device(torch::kCPU)));
 }
 
+// A grid past CUDA's limits is refused before the launch, naming the variant, the grid, the
+// dimension and what the grid covers; the limits themselves pass.
+TEST(TritonImages, GridsPastCudasLimitsAreRefusedBeforeTheLaunch) {
+  EXPECT_NO_THROW(triton::check_grid("k", {2147483647, 65535, 65535}, ""));
+  EXPECT_NO_THROW(triton::check_grid("k", {0, 1, 1}, ""));
+  EXPECT_EQ(error_message([] {
+              triton::check_grid("attention_forward_bf16_d64_gated", {8, 70000, 1},
+                                 "512 queries in blocks of 64 x 5834 sequences x 12 heads");
+            }),
+            "Triton kernel attention_forward_bf16_d64_gated: a grid of (8, 70000, 1) programs "
+            "(512 queries in blocks of 64 x 5834 sequences x 12 heads) does not fit CUDA's limit "
+            "in y (70000 up to 65535): use smaller micro-batches or sequences, or "
+            "XLME_OPS=reference");
+  EXPECT_TRUE(testing::contains_all(
+      error_message([] {
+        triton::check_grid("k", {2147483648LL, 1, 1}, "");
+      }),
+      {"(2147483648, 1, 1) programs does not fit", "in x (2147483648 up to 2147483647)"}));
+  EXPECT_TRUE(testing::contains_all(error_message([] {
+                                      triton::check_grid("k", {1, 1, -1}, "");
+                                    }),
+                                    {"in z (-1 up to 65535)"}));
+}
+
 TEST(TritonImages, TheSixteenHintsAreCheckedAtLaunch) {
   // The feed-forward products were compiled assuming 16-byte aligned pointers and N, K multiples
   // of 16: a launch that breaks it would read wrong addresses, so it is refused, named.

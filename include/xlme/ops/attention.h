@@ -34,4 +34,13 @@ torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& k,
 // below the corner). Differentiable; any device.
 torch::Tensor distance_table(const torch::Tensor& table);
 
+// The table's gradient [H, Tq + Tk - 1] float32 from the rows of partial sums the kernel's dQ
+// programs write, without atomics so that it has the same bits in every run: `sums` is
+// [B * H, Q, (Q + K) * block + 2] (Q, K: the query and key blocks of `block` rows), program
+// (b, h, q)'s row holding its tiles' sums by distance delta at index delta + K * block, and the
+// sums of its far tiles at +far and -far in the last two entries. Adds the rows of every sequence
+// and query block in a fixed order; any device.
+torch::Tensor attention_table_gradient(const torch::Tensor& sums, int64_t batch, int64_t heads,
+                                       int64_t tq, int64_t tk, int64_t far, int64_t block);
+
 }  // namespace xlme::ops

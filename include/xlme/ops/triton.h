@@ -67,8 +67,17 @@ bool available(const std::string& variant, const torch::Device& device);
 // graph capture, where the offset lives on the device.
 std::pair<uint64_t, uint64_t> philox_inputs(const torch::Device& device);
 
-// Launches `variant` on `device`'s current stream with a grid of `grid` blocks.
-void launch(const std::string& variant, const torch::Device& device, std::array<uint32_t, 3> grid,
-            std::vector<Arg> args);
+// A grid of programs (x, y, z), as the callers compute it from their shapes.
+using Grid = std::array<int64_t, 3>;
+
+// Throws unless every dimension of `grid` is within CUDA's limits (x up to 2^31 - 1, y and z up
+// to 65,535; none negative); the message names the variant, the grid, the dimension, what `what`
+// says the grid covers (e.g. "64 queries x 384 sequence-heads") and what to do.
+void check_grid(const std::string& variant, const Grid& grid, const std::string& what);
+
+// Launches `variant` on `device`'s current stream with a grid of `grid` blocks (check_grid first;
+// `what` is for its message). An empty grid launches nothing.
+void launch(const std::string& variant, const torch::Device& device, const Grid& grid,
+            std::vector<Arg> args, const std::string& what = "");
 
 }  // namespace xlme::ops::triton

@@ -14,15 +14,20 @@ buckets' last boundary shares its direction's last bucket). A tile whose keys al
 per element, and the backward adds its table gradient to that one entry as a sum, instead of one
 atomic add per element. far = 0: every tile gathers.
 
-Dropout on the probabilities: element (i, j) of head (b, h) is kept when the first Philox4x32-10
-word of (key = seed; counter = (i * Tk + j, b * H + h, offset_lo, offset_hi)) is at least
-threshold = round(p * 2^32), in the forward and again in the backward.
+Dropout on the probabilities: element (i, j) of head (b, h) is kept when word j % 4 of
+Philox4x32-10(key = seed; counter = (i * ceil(Tk / 4) + j / 4, b * H + h, offset_lo, offset_hi))
+is at least threshold = round(p * 2^32), in the forward and again in the backward: one Philox call
+gives four neighbouring keys their words.
 
 Backward: dK and dV per key block (looping over the queries), dQ per query block (looping over
 the keys), both from one tile function (_backward_tile), with the bias' gradients reduced on the
-fly in the dQ kernel: df_i = sum_j dS_ij t[h, i - j + Tk - 1] per query, and
-dt[h, i - j + Tk - 1] += dS_ij f_i by atomic adds into an fp32 [H, Tq + Tk - 1] (far tiles: the
-tile's sum of dS_ij f_i, added once per program and direction).
+fly in the dQ kernel: df_i = sum_j dS_ij t[h, i - j + Tk - 1] per query, and the table's gradient
+dt[h, delta] = sum over (b, i, j) with i - j = delta of dS_ij f_i without atomics, so that it has
+the same bits in every run whatever order the programs run in: each dQ program sums its tiles
+along their diagonals and writes its own row of partial sums by distance (plain stores, each
+entry once), and the caller adds the rows of all sequences and query blocks in a fixed order
+(table_gradient). Far tiles add their whole sum into two per-program slots instead, one per
+direction, which the caller adds to the entries at +-far.
 
 Same source on the GPU (ahead-of-time compiled) and on the CPU through Triton's interpreter
 (tests/python/test_attention_kernel.py).
@@ -33,11 +38,19 @@ import triton.language as tl
 
 
 @triton.jit
-def _keep(rows, cols, tk, bh, seed, offset_lo, offset_hi, threshold):
-    c0 = (rows * tk + cols).to(tl.uint32)
+def _keep(rows, start, tk, bh, seed, offset_lo, offset_hi, threshold, BN: tl.constexpr):
+    """[len(rows), BN]: which of the keys start .. start + BN - 1 (start a multiple of 4) each
+    query row keeps."""
+    tl.static_assert(BN % 4 == 0, "one Philox call draws four keys: BN a multiple of 4")
+    groups = start // 4 + tl.arange(0, BN // 4)
+    c0 = (rows[:, None] * ((tk + 3) // 4) + groups[None, :]).to(tl.uint32)
     zero = c0 * 0
-    r, _, _, _ = tl.philox(seed, c0, zero + bh.to(tl.uint32), zero + offset_lo, zero + offset_hi)
-    return r >= threshold
+    r0, r1, r2, r3 = tl.philox(seed, c0, zero + bh.to(tl.uint32), zero + offset_lo,
+                               zero + offset_hi)
+    # join() adds a last dimension: [.., g, y, x] is word 2y + x of group g, so that the reshape
+    # puts words 0 .. 3 of group g at 4g .. 4g + 3.
+    words = tl.join(tl.join(r0, r2), tl.join(r1, r3))
+    return tl.reshape(words, (rows.shape[0], BN)) >= threshold
 
 
 @triton.jit
@@ -70,23 +83,56 @@ def _scores(q, kt, rows, cols, row_ok, col_ok, side, far, table_row, fi, scale,
 
 
 @triton.jit
-def _backward_tile(q, kt, vt, do, lse, dlt, fi, rows, cols, row_ok, col_ok, side, far, table_row,
-                   scale, tk, bh, seed, offset_lo, offset_hi, threshold, drop_scale,
-                   BIAS: tl.constexpr, GATED: tl.constexpr, DROPOUT: tl.constexpr,
-                   PRECISION: tl.constexpr):
-    """One tile of the backward: the probabilities as dropout left them (for dV), dS (for dQ,
-    dK and the bias' gradients) and the tile's table values."""
+def _backward_tile(q, kt, vt, do, lse, dlt, fi, rows, c0, cols, row_ok, col_ok, side, far,
+                   table_row, scale, tk, bh, seed, offset_lo, offset_hi, threshold, drop_scale,
+                   BN: tl.constexpr, BIAS: tl.constexpr, GATED: tl.constexpr,
+                   DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+    """One tile of the backward (keys c0 .. c0 + BN - 1): the probabilities as dropout left them
+    (for dV), dS (for dQ, dK and the bias' gradients) and the tile's table values."""
     s, bias = _scores(q, kt, rows, cols, row_ok, col_ok, side, far, table_row, fi, scale, BIAS,
                       GATED, PRECISION)
     p = tl.exp(s - lse[:, None])
     dp = tl.dot(do, vt, input_precision=PRECISION)
     kept = p
     if DROPOUT:
-        keep = _keep(rows[:, None], cols[None, :], tk, bh, seed, offset_lo, offset_hi, threshold)
+        keep = _keep(rows, c0, tk, bh, seed, offset_lo, offset_hi, threshold, BN)
         kept = tl.where(keep, p * drop_scale, 0.0)
         dp = tl.where(keep, dp * drop_scale, 0.0)
     ds = p * (dp - dlt[:, None])
     return kept, ds, bias
+
+
+@triton.jit
+def _diagonal_sums(x, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr):
+    """The sums of a BN x BN tile along its diagonals, in two halves: for local rows ii and
+    columns jj with u = ii - jj + BN, `lo` holds the sums for u = 0 .. BN - 1 and `hi` for
+    u = BN .. 2 BN - 1 (u = 0 never occurs). With square tiles the `lo` of the tile at keys
+    start .. start + BN - 1 covers the same distances as the `hi` of the tile before it.
+
+    By four small products with 0/1 matrices, not by gathering (which spills registers): with
+    BN = S * S, ii = S a + b and jj = S c + e, so i - j = S (a - c) + (b - e). The tile regrouped
+    with rows (a, c) and columns (b, e) times E[(b, e), r] = [b - e = r] sums over b - e; [a - c]
+    is summed by the second product. Distance S A + r (0 <= r < S) gathers b - e = r with
+    a - c = A, and b - e = r - S with a - c = A + 1."""
+    tl.static_assert(BM == BN, "the diagonal sums pair tiles of equal sides")
+    S: tl.constexpr = 8 if BN == 64 else 4
+    tl.static_assert(S * S == BN, "the diagonal sums regroup tiles of 16 or 64 columns")
+    regrouped = tl.reshape(tl.permute(tl.reshape(x, (S, S, S, S)), (0, 2, 1, 3)), (BN, BN))
+    pairs = tl.arange(0, BN)  # (b, e) as rows of E, (a, c) as columns of the second products
+    step = (pairs // S - pairs % S)  # b - e, or a - c
+    r = tl.arange(0, S)
+    # (Through fp32: Triton's interpreter turns a bool into a bf16 bit pattern, not a value.)
+    same = (step[:, None] == r[None, :]).to(tl.float32).to(x.dtype)  # [(b, e), r]: b - e = r
+    wrapped = (step[:, None] == r[None, :] - S).to(tl.float32).to(x.dtype)  # b - e = r - S
+    by_step = tl.dot(regrouped, same, input_precision=PRECISION)  # [(a, c), r]
+    by_wrapped = tl.dot(regrouped, wrapped, input_precision=PRECISION)
+    rows = tl.arange(0, 2 * S) - S  # A = a - c for the row A + S of the result
+    at = (rows[:, None] == step[None, :]).to(tl.float32)  # [A + S, (a, c)]
+    after = (rows[:, None] + 1 == step[None, :]).to(tl.float32)
+    sums = (tl.dot(at, by_step, input_precision=PRECISION) +
+            tl.dot(after, by_wrapped, input_precision=PRECISION))  # [A + S, r]: u = S (A + S) + r
+    lo, hi = tl.split(tl.permute(tl.reshape(sums, (2, S, S)), (1, 2, 0)))
+    return tl.reshape(lo, (BN, )), tl.reshape(hi, (BN, ))
 
 
 @triton.jit
@@ -126,8 +172,7 @@ def attention_forward(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, f_ptr, table_ptr, len
         alpha = tl.exp(m - safe)
         l = l * alpha + tl.sum(p, axis=1)
         if DROPOUT:
-            keep = _keep(rows[:, None], cols[None, :], tk, bh, seed, offset_lo, offset_hi,
-                         threshold)
+            keep = _keep(rows, start, tk, bh, seed, offset_lo, offset_hi, threshold, BN)
             p = tl.where(keep, p * drop_scale, 0.0)
         v = tl.load(v_ptr + b * svb + h * svh + cols[:, None] * svt + dims[None, :],
                     mask=col_ok[:, None], other=0.0)
@@ -176,12 +221,12 @@ def attention_backward_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, f_p
         if GATED:
             fi = tl.load(f_ptr + bh * tq + rows, mask=row_ok, other=0.0)
         side = _far_side(start, c0, far, BM, BN)
-        kept, ds, _ = _backward_tile(q, kt, vt, do, lse, dlt, fi, rows, cols, row_ok, col_ok,
+        kept, ds, _ = _backward_tile(q, kt, vt, do, lse, dlt, fi, rows, c0, cols, row_ok, col_ok,
                                      side, far, table_row, scale, tk, bh, seed, offset_lo,
-                                     offset_hi, threshold, drop_scale, BIAS, GATED, DROPOUT,
+                                     offset_hi, threshold, drop_scale, BN, BIAS, GATED, DROPOUT,
                                      PRECISION)
-        dv += tl.dot(tl.trans(kept).to(do.dtype), do, input_precision=PRECISION)
-        dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+        dv += tl.dot(tl.trans(kept.to(do.dtype)), do, input_precision=PRECISION)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
     at = (bh * tk + cols[:, None]) * D + dims[None, :]
     tl.store(dk_ptr + at, (dk * scale).to(dk_ptr.dtype.element_ty), mask=(cols < tk)[:, None])
     tl.store(dv_ptr + at, dv.to(dv_ptr.dtype.element_ty), mask=(cols < tk)[:, None])
@@ -194,6 +239,8 @@ def attention_backward_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, f_ptr
                           threshold, drop_scale, D: tl.constexpr, BM: tl.constexpr,
                           BN: tl.constexpr, BIAS: tl.constexpr, GATED: tl.constexpr,
                           DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+    """dQ, df, and for the table this program's row of partial sums (see table_gradient):
+    dtable_ptr is [B * H, cdiv(Tq, BM), (cdiv(Tq, BM) + cdiv(Tk, BN)) * BN + 2] fp32, zeroed."""
     bh = tl.program_id(1)
     b = bh // heads
     h = bh % heads
@@ -202,7 +249,12 @@ def attention_backward_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, f_ptr
     dims = tl.arange(0, D)
     row_ok = rows < tq
     table_row = table_ptr + h * (tq + tk - 1) + tk - 1
-    dtable_row = dtable_ptr + h * (tq + tk - 1) + tk - 1
+    # This program's row of table sums, at the entry of distance 0; its far sums in the last two.
+    q_blocks = tl.cdiv(tq, BM)
+    k_blocks = tl.cdiv(tk, BN)
+    width = (q_blocks + k_blocks) * BN + 2
+    sums_row = dtable_ptr + (bh * q_blocks + tl.program_id(0)).to(tl.int64) * width
+    sums_at = sums_row + k_blocks * BN
     q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqt + dims[None, :],
                 mask=row_ok[:, None], other=0.0)
     do = tl.load(do_ptr + (bh * tq + rows[:, None]) * D + dims[None, :], mask=row_ok[:, None],
@@ -217,6 +269,8 @@ def attention_backward_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, f_ptr
     df = tl.zeros((BM, ), tl.float32)
     far_after = 0.0  # the sum of dS_ij f_i over the far tiles at distances >= far
     far_before = 0.0  # and at distances <= -far
+    carried = tl.zeros((BN, ), tl.float32)  # the previous tile's `lo` diagonal sums
+    span = tl.arange(0, BN)
     for start in range(0, tk, BN):
         cols = start + tl.arange(0, BN)
         col_ok = cols < length
@@ -225,20 +279,24 @@ def attention_backward_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, f_ptr
         vt = tl.load(v_ptr + b * svb + h * svh + cols[None, :] * svt + dims[:, None],
                      mask=col_ok[None, :], other=0.0)
         side = _far_side(r0, start, far, BM, BN)
-        _, ds, bias = _backward_tile(q, kt, vt, do, lse, dlt, fi, rows, cols, row_ok, col_ok,
-                                     side, far, table_row, scale, tk, bh, seed, offset_lo,
-                                     offset_hi, threshold, drop_scale, BIAS, GATED, DROPOUT,
-                                     PRECISION)
+        _, ds, _ = _backward_tile(q, kt, vt, do, lse, dlt, fi, rows, start, cols, row_ok, col_ok,
+                                  side, far, table_row, scale, tk, bh, seed, offset_lo, offset_hi,
+                                  threshold, drop_scale, BN, BIAS, GATED, DROPOUT, PRECISION)
         dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PRECISION)
         if BIAS:
+            # dS is 0 outside the rows and keys (p = 0 there), so whole tiles are summed.
+            lo = tl.zeros((BN, ), tl.float32)
+            hi = tl.zeros((BN, ), tl.float32)
             if side == 0:
                 if GATED:
-                    df += tl.sum(ds * bias, axis=1)
-                    tl.atomic_add(dtable_row + rows[:, None] - cols[None, :], ds * fi[:, None],
-                                  mask=row_ok[:, None] & col_ok[None, :])
+                    # The tile's table values again (from cache): keeping the ones the scores
+                    # read alive through the products would spill registers.
+                    near = tl.load(table_row + rows[:, None] - cols[None, :],
+                                   mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+                    df += tl.sum(ds * near, axis=1)
+                    lo, hi = _diagonal_sums((ds * fi[:, None]).to(kt.dtype), BM, BN, PRECISION)
                 else:
-                    tl.atomic_add(dtable_row + rows[:, None] - cols[None, :], ds,
-                                  mask=row_ok[:, None] & col_ok[None, :])
+                    lo, hi = _diagonal_sums(ds.to(kt.dtype), BM, BN, PRECISION)
             else:  # one table entry: df_i = t_far sum_j dS_ij, dt[far] += sum_i f_i sum_j dS_ij
                 row_sums = tl.sum(ds, axis=1)
                 if GATED:
@@ -250,15 +308,18 @@ def attention_backward_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, f_ptr
                     far_after += total
                 else:
                     far_before += total
+            # Distances r0 - start .. + BN - 1: this tile's `hi` and the previous tile's `lo`.
+            tl.store(sums_at + r0 - start + span, hi + carried)
+            carried = lo
     tl.store(dq_ptr + (bh * tq + rows[:, None]) * D + dims[None, :],
              (dq * scale).to(dq_ptr.dtype.element_ty), mask=row_ok[:, None])
     if GATED:
         tl.store(df_ptr + bh * tq + rows, df, mask=row_ok)
     if BIAS:
-        # Only where a far tile can exist (far < Tq: distance +far; far < Tk: -far), so that the
-        # entry is inside the table.
-        tl.atomic_add(dtable_row + far, far_after, mask=(far > 0) & (far < tq))
-        tl.atomic_add(dtable_row - far, far_before, mask=(far > 0) & (far < tk))
+        # The last tile's `lo`: distances r0 - k_blocks * BN .. + BN - 1.
+        tl.store(sums_at + r0 - k_blocks * BN + span, carried)
+        tl.store(sums_row + width - 2, far_after)
+        tl.store(sums_row + width - 1, far_before)
 
 
 @triton.jit
@@ -269,7 +330,7 @@ def attention_keep_mask(out_ptr, heads, tq, tk, seed, offset_lo, offset_hi, thre
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     for start in range(0, tk, BN):
         cols = start + tl.arange(0, BN)
-        keep = _keep(rows[:, None], cols[None, :], tk, bh, seed, offset_lo, offset_hi, threshold)
+        keep = _keep(rows, start, tk, bh, seed, offset_lo, offset_hi, threshold, BN)
         tl.store(out_ptr + (bh * tq + rows[:, None]) * tk + cols[None, :], keep.to(tl.float32),
                  mask=(rows < tq)[:, None] & (cols < tk)[None, :])
 
@@ -277,6 +338,8 @@ def attention_keep_mask(out_ptr, heads, tq, tk, seed, offset_lo, offset_hi, thre
 # --- Launches from Python (the interpreter tests; C++ launches the compiled kernels itself) -----
 
 BLOCK = 64  # queries and keys per tile on the GPU
+DKDV_QUERY_BLOCK = 32  # queries per step of the dK/dV kernel on the GPU (its tiles: 32 x 64)
+WARPS = 8  # per program on the GPU
 
 
 def _common(q, k, v, lengths, table, f, p, seed, offset, far):
@@ -309,6 +372,8 @@ def forward(q, k, v, lengths, table=None, f=None, p=0.0, seed=0, offset=0, far=0
 
 def backward(q, k, v, o, lse, do, lengths, table=None, f=None, p=0.0, seed=0, offset=0, far=0,
              bm=BLOCK, bn=BLOCK):
+    """The dK/dV kernel steps through the queries in half as many rows as the tiles have keys, as
+    on the GPU (DKDV_QUERY_BLOCK of BLOCK)."""
     import torch
     b, heads, tq, tk, d, args, scalars, strides, (f_, t_, len_) = _common(
         q, k, v, lengths, table, f, p, seed, offset, far)
@@ -317,13 +382,29 @@ def backward(q, k, v, o, lse, do, lengths, table=None, f=None, p=0.0, seed=0, of
     dq = q.new_empty(b, heads, tq, d)
     dk, dv = k.new_empty(b, heads, tk, d), v.new_empty(b, heads, tk, d)
     df = q.new_zeros(b, heads, tq, dtype=torch.float32)
-    dtable = q.new_zeros(heads, tq + tk - 1, dtype=torch.float32)
+    q_blocks, k_blocks = triton.cdiv(tq, bm), triton.cdiv(tk, bn)
+    sums = q.new_zeros(b * heads, q_blocks, (q_blocks + k_blocks) * bn + 2, dtype=torch.float32)
     attention_backward_dkdv[(triton.cdiv(tk, bn), b * heads)](
-        q, k, v, do, lse, delta, f_, t_, len_, dk, dv, *strides, *scalars, BM=bm, BN=bn, **args)
-    attention_backward_dq[(triton.cdiv(tq, bm), b * heads)](
-        q, k, v, do, lse, delta, f_, t_, len_, dq, df, dtable, *strides, *scalars, BM=bm, BN=bn,
+        q, k, v, do, lse, delta, f_, t_, len_, dk, dv, *strides, *scalars,
+        BM=bm * DKDV_QUERY_BLOCK // BLOCK, BN=bn, **args)
+    attention_backward_dq[(q_blocks, b * heads)](
+        q, k, v, do, lse, delta, f_, t_, len_, dq, df, sums, *strides, *scalars, BM=bm, BN=bn,
         **args)
-    return dq, dk, dv, (df if f is not None else None), (dtable if table is not None else None)
+    dtable = table_gradient(sums, b, heads, tq, tk, far, bn) if table is not None else None
+    return dq, dk, dv, (df if f is not None else None), dtable
+
+
+def table_gradient(sums, b, heads, tq, tk, far, bn):
+    """[H, Tq + Tk - 1]: the table's gradient from the dQ programs' rows of sums, added in a fixed
+    order (src/ops/attention.cpp does the same on the GPU)."""
+    k_blocks = triton.cdiv(tk, bn)
+    total = sums.view(b, heads, -1, sums.shape[-1]).sum((0, 2))  # [H, width]
+    dtable = total[:, k_blocks * bn - (tk - 1):k_blocks * bn + tq].clone()
+    if 0 < far < tq:
+        dtable[:, tk - 1 + far] += total[:, -2]
+    if 0 < far < tk:
+        dtable[:, tk - 1 - far] += total[:, -1]
+    return dtable
 
 
 def keep_mask(b, heads, tq, tk, p, seed=0, offset=0, block=64):
@@ -356,10 +437,11 @@ def aot_variants():
                                   ("nobias", False, False)):
             for dropout in (True, False):
                 tag = f"bf16_d{d}_{mode}{'_dropout' if dropout else ''}"
-                constants = {"D": d, "BM": BLOCK, "BN": BLOCK, "BIAS": bias,
-                             "GATED": gated, "DROPOUT": dropout, "PRECISION": "tf32"}
-                for kind, fn, signature in (("forward", attention_forward, forward),
-                                            ("backward_dkdv", attention_backward_dkdv,
-                                             dkdv),
-                                            ("backward_dq", attention_backward_dq, dq)):
-                    yield f"attention_{kind}_{tag}", fn, signature, constants, 4
+                flags = {"D": d, "BIAS": bias, "GATED": gated, "DROPOUT": dropout,
+                         "PRECISION": "tf32"}
+                for kind, fn, signature, bm in (
+                        ("forward", attention_forward, forward, BLOCK),
+                        ("backward_dkdv", attention_backward_dkdv, dkdv, DKDV_QUERY_BLOCK),
+                        ("backward_dq", attention_backward_dq, dq, BLOCK)):
+                    yield (f"attention_{kind}_{tag}", fn, signature,
+                           {**flags, "BM": bm, "BN": BLOCK}, WARPS)

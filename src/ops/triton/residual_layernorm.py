@@ -6,9 +6,10 @@ keeps LayerNorm's output), y the sub-layer's output (bf16 under autocast), out i
 statistics in fp32. The forward reads x and y once and writes out and the row's mean and 1/std;
 the backward recomputes x + dropout(y) and gives dx, dy and per-program partial sums of dw and db.
 
-Dropout's keep mask is not stored: element (row, col) is kept when the first word of
-Philox4x32-10(key = seed, counter = (col, row, offset_lo, offset_hi)) is at least
-threshold = round(p * 2^32), and the backward draws the same words again. seed and offset come
+Dropout's keep mask is not stored: element (row, col) is kept when word col % 4 of
+Philox4x32-10(key = seed, counter = (col / 4, row, offset_lo, offset_hi)) is at least
+threshold = round(p * 2^32) (one Philox call for four neighbouring features), and the backward
+draws the same words again. seed and offset come
 from LibTorch's CUDA generator (a resumed run draws the same masks).
 
 Same source on the GPU (src/ops/triton/aot.py) and on the CPU through Triton's interpreter
@@ -20,23 +21,27 @@ import triton.language as tl
 
 
 @triton.jit
-def _keep(rows, cols, seed, offset_lo, offset_hi, threshold):
-    c0 = cols.to(tl.uint32)
-    c1 = rows.to(tl.uint32)
-    zero = c0 * 0
-    r, _, _, _ = tl.philox(seed, c0 + c1 * 0, c1 + c0 * 0, zero + offset_lo, zero + offset_hi)
-    return r >= threshold
+def _keep(rows, seed, offset_lo, offset_hi, threshold, BLOCK: tl.constexpr):
+    """[len(rows), BLOCK]: which features 0 .. BLOCK - 1 of each row the dropout keeps."""
+    tl.static_assert(BLOCK % 4 == 0, "one Philox call draws four features: BLOCK >= 4")
+    groups = tl.arange(0, BLOCK // 4).to(tl.uint32)[None, :]
+    c1 = rows.to(tl.uint32)[:, None]
+    zero = groups * 0 + c1 * 0
+    r0, r1, r2, r3 = tl.philox(seed, groups + zero, c1 + zero, zero + offset_lo, zero + offset_hi)
+    # join() adds a last dimension: [.., g, y, x] is word 2y + x of group g, so that the reshape
+    # puts words 0 .. 3 of group g at 4g .. 4g + 3.
+    words = tl.join(tl.join(r0, r2), tl.join(r1, r3))
+    return tl.reshape(words, (rows.shape[0], BLOCK)) >= threshold
 
 
 @triton.jit
 def _summed(x_ptr, y_ptr, rows, cols, ok, width, seed, offset_lo, offset_hi, threshold, scale,
-            DROPOUT: tl.constexpr):
+            BLOCK: tl.constexpr, DROPOUT: tl.constexpr):
     at = rows.to(tl.int64)[:, None] * width + cols
     h = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
     y = tl.load(y_ptr + at, mask=ok, other=0.0).to(tl.float32)
     if DROPOUT:
-        y = tl.where(_keep(rows[:, None], cols, seed, offset_lo, offset_hi, threshold), y * scale,
-                     0.0)
+        y = tl.where(_keep(rows, seed, offset_lo, offset_hi, threshold, BLOCK), y * scale, 0.0)
     return h + y
 
 
@@ -49,7 +54,7 @@ def residual_layernorm_forward(x_ptr, y_ptr, w_ptr, b_ptr, out_ptr, mean_ptr, rs
     row_ok = rows < n_rows
     ok = row_ok[:, None] & (cols < width)
     h = _summed(x_ptr, y_ptr, rows, cols, ok, width, seed, offset_lo, offset_hi, threshold, scale,
-                DROPOUT)
+                BLOCK, DROPOUT)
     mean = tl.sum(h, axis=1) / width
     centred = tl.where(ok, h - mean[:, None], 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / width + eps)
@@ -79,7 +84,7 @@ def residual_layernorm_backward(x_ptr, y_ptr, w_ptr, mean_ptr, rstd_ptr, dout_pt
         row_ok = (rows < n_rows) & (rows < first + rows_per_program)
         ok = row_ok[:, None] & col_ok
         h = _summed(x_ptr, y_ptr, rows, cols, ok, width, seed, offset_lo, offset_hi, threshold,
-                    scale, DROPOUT)
+                    scale, BLOCK, DROPOUT)
         mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
         at = rows.to(tl.int64)[:, None] * width + cols
@@ -92,8 +97,8 @@ def residual_layernorm_backward(x_ptr, y_ptr, w_ptr, mean_ptr, rstd_ptr, dout_pt
         tl.store(dx_ptr + at, dh.to(dx_ptr.dtype.element_ty), mask=ok)
         dy = dh
         if DROPOUT:
-            dy = tl.where(_keep(rows[:, None], cols, seed, offset_lo, offset_hi, threshold),
-                          dh * scale, 0.0)
+            dy = tl.where(_keep(rows, seed, offset_lo, offset_hi, threshold, BLOCK), dh * scale,
+                          0.0)
         tl.store(dy_ptr + at, dy.to(dy_ptr.dtype.element_ty), mask=ok)
         dw += dout * xhat
         db += dout
@@ -110,7 +115,7 @@ def dropout_keep_mask(out_ptr, n_rows, width, seed, offset_lo, offset_hi, thresh
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)[None, :]
     rows = tl.zeros((1, ), tl.int32) + row
-    keep = _keep(rows[:, None], cols, seed, offset_lo, offset_hi, threshold)
+    keep = _keep(rows, seed, offset_lo, offset_hi, threshold, BLOCK)
     tl.store(out_ptr + row * width + cols, keep.to(tl.float32), mask=cols < width)
 
 
@@ -120,6 +125,12 @@ ROWS = 4  # rows per forward program and per backward step
 BACKWARD_PROGRAMS = 256  # dw/db partial sums: at most this many rows of [H] to add up after
 
 
+def _block(width):
+    """The features one program covers: the row's width rounded up to a power of two, at least
+    four (one Philox call draws four features' words)."""
+    return max(4, triton.next_power_of_2(width))
+
+
 def threshold_of(p):
     return min(int(round(p * 2.0**32)), 2**32 - 1)
 
@@ -127,7 +138,7 @@ def threshold_of(p):
 def forward(x, y, w, b, eps, p=0.0, seed=0, offset=0, rows=ROWS):
     import torch
     n, width = x.shape
-    block = triton.next_power_of_2(width)
+    block = _block(width)
     out = torch.empty_like(x)
     mean = x.new_empty(n, dtype=torch.float32)
     rstd = x.new_empty(n, dtype=torch.float32)
@@ -141,7 +152,7 @@ def backward(x, y, w, mean, rstd, dout, p=0.0, seed=0, offset=0, rows=ROWS,
              programs=BACKWARD_PROGRAMS):
     import torch
     n, width = x.shape
-    block = triton.next_power_of_2(width)
+    block = _block(width)
     per_program = triton.cdiv(triton.cdiv(n, programs), rows) * rows
     grid = triton.cdiv(n, per_program)
     dx, dy = torch.empty_like(x), torch.empty_like(y)
@@ -158,7 +169,7 @@ def keep_mask(n, width, p, seed=0, offset=0):
     import torch
     out = torch.empty(n, width)
     dropout_keep_mask[(n, )](out, n, width, seed, offset & 0xFFFFFFFF, offset >> 32,
-                             threshold_of(p), BLOCK=triton.next_power_of_2(width))
+                             threshold_of(p), BLOCK=_block(width))
     return out
 
 
