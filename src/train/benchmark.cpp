@@ -37,16 +37,22 @@ std::string run_benchmark(const config::Config& config, int64_t steps,
   trainer.set_phase_timing(true);
   spdlog::info("benchmark: {} parameters, micro-batches of {} x {} tokens, {} per task and step",
                parameters, batch, length, trainer.micro_batches_per_task());
-  for (int i = 0; i < 2; ++i) trainer.train_step();
+  // The loss and the skipped steps go with the figures: a run gone non-finite (every update
+  // skipped) would otherwise still report its speed.
+  int64_t skipped = 0;
+  for (int i = 0; i < 2; ++i) skipped += trainer.train_step().skipped ? 1 : 0;
 
   std::map<std::string, double> seconds;
   int64_t tokens = 0;
-  double flops = 0;
+  double flops = 0, first_loss = 0, last_loss = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) {
     const StepRecord record = trainer.train_step();
     tokens += record.tokens;
     flops += record.flops;
+    skipped += record.skipped ? 1 : 0;
+    if (i == 0) first_loss = record.loss;
+    last_loss = record.loss;
     for (const auto& [phase, s] : record.seconds) seconds[phase] += s;
   }
   const double total =
@@ -78,7 +84,10 @@ std::string run_benchmark(const config::Config& config, int64_t steps,
   out.add("benchmark", std::string("xlme-pretrain"))
       .add("steps", steps)
       .add("tokens_per_s", tokens / total)
-      .add("step_ms", 1000 * total / steps);
+      .add("step_ms", 1000 * total / steps)
+      .add("loss_first", first_loss)
+      .add("loss_last", last_loss)
+      .add("skipped_steps", skipped);
   for (const auto& [phase, s] : seconds) out.add(phase + "_ms", 1000 * s / steps);
   out.add("objectives", config.objectives.set)
       .add("sequences_per_micro_batch", batch)

@@ -2,6 +2,9 @@
 // configs that reproduce the reference shapes.
 #include "test_util.h"
 
+#include <cmath>
+#include <string>
+
 namespace xlme {
 namespace {
 
@@ -18,7 +21,13 @@ TEST(PretrainBenchmark, PrintsOneJsonLineWithTheTimeSplit) {
       r.out, {"\"benchmark\": \"xlme-pretrain\"", "\"steps\": 1", "\"tokens_per_s\": ",
               "\"data_ms\": ", "\"forward_ms\": ", "\"backward_ms\": ", "\"communication_ms\": ",
               "\"optimizer_ms\": ", "\"sequences_per_micro_batch\": 16", "\"sequence_length\": 64",
-              "\"objectives\": \"xlme-mono\"", "\"peak_memory_mib\": "}));
+              "\"objectives\": \"xlme-mono\"", "\"peak_memory_mib\": ", "\"skipped_steps\": 0",
+              "\"loss_first\": ", "\"loss_last\": "}));
+  // The step's loss, finite and of the size of ln(vocabulary) terms (a few nats times lambda).
+  const auto at = r.out.find("\"loss_last\": ");
+  ASSERT_NE(at, std::string::npos);
+  const double loss = std::stod(r.out.substr(at + 13));
+  EXPECT_TRUE(std::isfinite(loss) && loss > 1.0) << r.out;
 }
 
 TEST(PretrainBenchmark, ProfileWritesTheTimePerOperator) {
