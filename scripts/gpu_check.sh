@@ -6,8 +6,20 @@
 #   scripts/gpu_check.sh --prepare   here (Debian 12, root, apt): fills .gpudeps/ with what the
 #                                    build needs beyond the wheel, as unpacked Debian packages
 #                                    plus the Debian sources of the compiled libraries
-#   scripts/gpu_check.sh OUT_DIR     on the GPU machine, in the repository root: carry .gpubundle
+#   scripts/gpu_check.sh [--plan P] OUT_DIR
+#                                    on the GPU machine, in the repository root: carry .gpubundle
 #                                    (scripts/gpu_bundle.sh: no build there) or .gpudeps (a build)
+#   scripts/gpu_check.sh --plan P --list   the steps plan P runs, with their limits
+#
+# Plans: a lent GPU gives 15 minutes of device time, at most 10 a command, so the window is two
+# commands back to back (docs/gpu.md#the-window):
+#   bringup  (budget 400 s) every CUDA test, the three trainer-level ones again outside ctest and
+#            with every fused op, the attention tests with the fused kernel, xlme-bench-ops and
+#            xlme-bench-attn: is each path correct on this GPU
+#   speed    (budget 300 s) the Base step with each fused op alone against the reference step,
+#            all of them, CUDA graphs, the reference twice (the spread), the device-time profile
+#            and the HuggingFace peer (eager, fused AdamW, compiled when time is left)
+#   all      (budget 560 s, the default) both, in one command
 #
 # Steps (each time-limited, each failure recorded in the JSON; independent steps still run):
 #   env        nvidia-smi, the wheel's torch (version, CUDA, cmake prefix), nvcc, cmake, compiler
@@ -36,7 +48,7 @@
 #   peer_base_*   scripts/peer_hf_electra.py (HuggingFace ELECTRA, Base shapes), plain and with
 #              the fused AdamW
 #
-# Environment: XLME_GPU_CHECK_BUDGET_S (default 560: the whole run, under the tool's 600 s),
+# Environment: XLME_GPU_CHECK_BUDGET_S (default: the plan's budget, under the tool's 600 s),
 # XLME_GPU_BUNDLE (default .gpubundle/xlme-gpu.tar.xz; XLME_GPU_BUNDLE=none: always build),
 # XLME_GPU_DEPS (default .gpudeps), XLME_GPU_BUILD (default .gpubuild), XLME_GPU_DEPS_FROM_SOURCE=1
 # (build the compiled libraries from source even where the prebuilt ones work),
@@ -109,15 +121,50 @@ prepare() {
   cat "$deps/MANIFEST"
 }
 
-case "${1:-}" in
-  --prepare) prepare; exit 0 ;;
-  -h | --help | "") sed -n '2,30p' "$0"; exit 0 ;;
+plan=all
+list_only=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prepare) prepare; exit 0 ;;
+    -h | --help) sed -n '2,50p' "$0"; exit 0 ;;
+    --plan) plan=${2:-}; shift 2 ;;
+    --list) list_only=1; shift ;;
+    -*) echo "gpu_check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+case "$plan" in
+  bringup) default_budget=400 ;;
+  speed) default_budget=300 ;;
+  all) default_budget=560 ;;
+  *) echo "gpu_check.sh: --plan takes bringup, speed or all, not '$plan'" >&2; exit 2 ;;
 esac
+# in_plan STEP: whether the plan runs STEP (the steps after the build).
+in_plan() {
+  case "$plan:$1" in
+    all:* | bringup:cuda_* | bringup:crash_* | bringup:ops_bench | bringup:attn_bench) return 0 ;;
+    speed:bench_* | speed:profile_* | speed:peer_*) return 0 ;;
+    *) return 1 ;;
+  esac
+}
+if [ "$list_only" = 1 ]; then
+  echo "plan $plan, budget ${XLME_GPU_CHECK_BUDGET_S:-$default_budget} s:"
+  echo "  env bundle [deps configure build] flags"
+  for step in cuda_tests cuda_tests_fused_attention crash_rerun cuda_trainer_fused ops_bench \
+    attn_bench bench_base_sdpa bench_base_fused bench_base_attention bench_base_masked_lm \
+    bench_base_residual_layernorm bench_base_feed_forward bench_base_weight_grad bench_base_graphs \
+    peer_base_default profile_base_fused bench_base_sdpa_again peer_base_fused-adam profile_base \
+    bench_base_math bench_small_sdpa bench_base_sdpa_mb64 peer_base_compiled; do
+    in_plan "$step" && echo "  $step"
+  done
+  exit 0
+fi
+[ $# -ge 1 ] || { sed -n '2,50p' "$0"; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "gpu_check.sh: cannot create $1" >&2; exit 2; }
 
 # --- bookkeeping: one line per step in steps.tsv, turned into JSON at the end ---------------------
 start_all=$(date +%s)
-budget=${XLME_GPU_CHECK_BUDGET_S:-560}
+budget=${XLME_GPU_CHECK_BUDGET_S:-$default_budget}
 mkdir -p "$work"
 state="$work/state"
 rm -rf "$state"
@@ -444,16 +491,30 @@ if [ -f "$build/build.ninja" ]; then
 fi
 
 # --- CUDA tests -----------------------------------------------------------------------------------
+# Processes run 4 at a time: one GPU holds them easily, and no CUDA test asserts a time.
 if [ "$build_only" = 1 ]; then
   :  # the binaries only (scripts/gpu_demo.sh)
 elif [ "$built_ok" = 1 ]; then
   export XLME_REFERENCE_PYTHON=${XLME_REFERENCE_PYTHON:-$(command -v python3)}
-  run_step cuda_tests 240 "$out/tests.log" -- \
-    ctest --test-dir "$build" -R 'Cuda' -V --timeout 150 --output-junit "$out/tests.xml"
-  # The attention tests again with the fused kernel wherever model::attention runs (issue 33):
-  # CudaAttention.* then compare it with float64 too.
-  XLME_OPS=attention=fused run_step cuda_tests_fused_attention 90 "$out/tests.log" -- \
-    ctest --test-dir "$build" -R 'CudaAttention|CudaOps\.FusedAttention' -V --timeout 60
+  in_plan cuda_tests && run_step cuda_tests 200 "$out/tests.log" -- \
+    ctest --test-dir "$build" -R 'Cuda' -j4 -V --timeout 150 --output-junit "$out/tests.xml"
+  # The attention tests again with the fused kernel wherever model::attention runs: CudaAttention.*
+  # then compare it with float64 too.
+  in_plan cuda_tests_fused_attention && XLME_OPS=attention=fused run_step \
+    cuda_tests_fused_attention 90 "$out/tests.log" -- \
+    ctest --test-dir "$build" -R 'CudaAttention|CudaOps\.FusedAttention' -j4 -V --timeout 60
+  # The trainer-level tests that crashed at their end on the first GPU run, again outside ctest:
+  # without the preloaded tcmalloc (ctest's environment), so that one run tells the allocator
+  # apart from the rest; a crash prints its stack (tests/crash_stack.cpp).
+  if in_plan crash_rerun; then
+    echo "### crash_rerun: without LD_PRELOAD" >>"$out/tests.log"
+    run_step crash_rerun 90 "$out/tests.log" -- env -u LD_PRELOAD OMP_WAIT_POLICY=PASSIVE \
+      "$build/tests/xlme_integration_tests" --gtest_filter='CudaTrainer.ResumedRun*:CudaDist.TwoGloo*:CudaExport.*'
+  fi
+  # The trainer's tests with every fused op: a resumed run equals the uninterrupted one only if
+  # the fused kernels are deterministic and draw from the saved generator state.
+  in_plan cuda_trainer_fused && XLME_OPS=fused run_step cuda_trainer_fused 90 "$out/tests.log" -- \
+    ctest --test-dir "$build" -R 'CudaTrainer|CudaDist|CudaExport' -j4 -V --timeout 80
 else
   record cuda_tests skipped 0 "the build failed"
 fi
@@ -462,11 +523,20 @@ fi
 bench() {  # bench NAME STEPS CONFIG SETTINGS... [-- MORE ARGUMENTS]
   local name=$1 steps=$2 config=$3
   shift 3
+  in_plan "$name" || return 0
   local args=(--config "$config" --benchmark "$steps" --log-level warn --set "run.out_dir=$work/bench-run")
   while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=(--set "$1"); shift; done
   [ "${1:-}" = -- ] && { shift; args+=("$@"); }
   echo "### $name" >>"$out/bench.log"
   run_step "$name" 90 "$out/bench.log" -- "$build/xlme-pretrain" "${args[@]}"
+}
+peer() {  # peer NAME ARGUMENTS...: scripts/peer_hf_electra.py with the Base shapes
+  local name=$1
+  shift
+  in_plan "$name" || return 0
+  [ "$cpu_mode" = 1 ] && return 0
+  echo "### $name" >>"$out/bench.log"
+  run_step "$name" 120 "$out/bench.log" -- python3 "$root/scripts/peer_hf_electra.py" "$@"
 }
 if [ "$build_only" = 1 ]; then
   :
@@ -476,51 +546,56 @@ elif [ "$built_ok" = 1 ]; then
     base=(configs/pretrain/benchmark/cpu_tiny.yaml model.vocab_size=500 train.precision=bf16)
     small=(configs/pretrain/benchmark/cpu_tiny.yaml model.vocab_size=500 model.layers=1)
     steps=1
+    ops_steps=2
   else
     # base.yaml's 1M tokens per task and step would be 64 micro-batches per task on one GPU: 4
     # are enough for the figures (tokens/s, MFU and the phase split are per micro-batch).
     base=(configs/pretrain/base.yaml train.precision=bf16 train.tokens_per_task=65536)
     small=(configs/pretrain/demo_small_gpu.yaml model.vocab_size=8000 train.precision=bf16)
-    steps=10
+    steps=8
+    ops_steps=10
   fi
-  for attention in sdpa math; do
-    bench "bench_base_$attention" "$steps" "${base[0]}" "${base[@]:1}" "model.attention=$attention"
-    bench "bench_small_$attention" "$steps" "${small[0]}" "${small[@]:1}" "model.attention=$attention"
-  done
-  # Every fused op against its reference (docs/ops.md), then the Base step with all of them on.
-  echo "### ops_bench" >>"$out/bench.log"
-  ops_steps=10
-  [ "$cpu_mode" = 1 ] && ops_steps=2
-  run_step ops_bench 120 "$out/bench.log" -- "$build/tests/xlme-bench-ops" --steps "$ops_steps"
-  # The attention alone (issue 33): math, SDPA (today's path), the fused kernel, cuDNN's SDPA
-  # with the same mask, and the flash kernel without bias (the ceiling), at Base's shapes.
-  echo "### attn_bench" >>"$out/bench.log"
-  run_step attn_bench 90 "$out/bench.log" -- "$build/tests/xlme-bench-attn" --steps "$ops_steps"
+  # Each fused op against its reference (docs/ops.md), alone, then the attention alone: math, SDPA
+  # (today's path), the fused kernel, cuDNN's SDPA with the same mask and the flash kernel without
+  # bias (the ceiling), at Base's shapes.
+  if in_plan ops_bench; then
+    echo "### ops_bench" >>"$out/bench.log"
+    run_step ops_bench 100 "$out/bench.log" -- "$build/tests/xlme-bench-ops" --steps "$ops_steps"
+  fi
+  if in_plan attn_bench; then
+    echo "### attn_bench" >>"$out/bench.log"
+    run_step attn_bench 80 "$out/bench.log" -- "$build/tests/xlme-bench-attn" --steps "$ops_steps"
+  fi
+  # The Base step: the reference path, every fused op, each alone (the A/B that decides `auto`),
+  # CUDA graphs, the reference again (the spread between two runs of the same thing).
+  bench bench_base_sdpa "$steps" "${base[0]}" "${base[@]:1}" model.attention=sdpa
   XLME_OPS=fused bench bench_base_fused "$steps" "${base[0]}" "${base[@]:1}" model.attention=sdpa
-  XLME_OPS=weight_grad=fused bench bench_base_weight_grad "$steps" "${base[0]}" "${base[@]:1}" \
-    model.attention=sdpa
-  # CUDA graphs of the micro-batches (docs/gpu.md#cuda-graphs), against bench_base_sdpa.
+  for op in attention masked_lm residual_layernorm feed_forward weight_grad; do
+    XLME_OPS=$op=fused bench "bench_base_$op" "$steps" "${base[0]}" "${base[@]:1}" \
+      model.attention=sdpa
+  done
   bench bench_base_graphs "$steps" "${base[0]}" "${base[@]:1}" model.attention=sdpa \
     train.cuda_graphs=on
+  peer peer_base_default
+  # Where a Base step's device time goes (CUDA-event times per operator), into bench.log.
+  profile() {  # profile NAME OPS
+    in_plan "$1" || return 0
+    rm -f "$work/profile.txt"
+    XLME_OPS=$2 bench "$1" 2 "${base[0]}" "${base[@]:1}" model.attention=auto -- --profile \
+      "$work/profile.txt"
+    [ -f "$work/profile.txt" ] && { echo "### $1 table"; head -c 40000 "$work/profile.txt"; } \
+      >>"$out/bench.log"
+  }
+  profile profile_base_fused fused
+  bench bench_base_sdpa_again "$steps" "${base[0]}" "${base[@]:1}" model.attention=sdpa
+  peer peer_base_fused-adam --fused-adam
+  profile profile_base ""
+  bench bench_base_math "$steps" "${base[0]}" "${base[@]:1}" model.attention=math
+  bench bench_small_sdpa "$steps" "${small[0]}" "${small[@]:1}" model.attention=sdpa
   # Micro-batches of 64 sequences (fit in 80 GB: 38 GiB on an H200).
   [ "$cpu_mode" != 1 ] && bench bench_base_sdpa_mb64 "$steps" "${base[0]}" "${base[@]:1}" \
     model.attention=sdpa train.micro_batch_tokens=32768
-  # Where a Base step's device time goes (CUDA-event times per operator), into bench.log.
-  rm -f "$work/profile.txt"
-  bench profile_base 2 "${base[0]}" "${base[@]:1}" model.attention=auto -- --profile \
-    "$work/profile.txt"
-  [ -f "$work/profile.txt" ] && { echo "### profile_base table"; head -c 40000 "$work/profile.txt"; } \
-    >>"$out/bench.log"
-  # The PyTorch peer with the Base shapes, on the same GPU (scripts/peer_hf_electra.py).
-  if [ "$cpu_mode" != 1 ]; then
-    for variant in default fused-adam; do
-      echo "### peer_base_$variant" >>"$out/bench.log"
-      extra=()
-      [ "$variant" = fused-adam ] && extra=(--fused-adam)
-      run_step "peer_base_$variant" 90 "$out/bench.log" -- python3 "$root/scripts/peer_hf_electra.py" \
-        "${extra[@]}"
-    done
-  fi
+  peer peer_base_compiled --compile --warmup-steps 4
 else
   record benchmarks skipped 0 "the build failed"
 fi
@@ -560,6 +635,12 @@ for line in open(os.path.join(out, "bench.log")):
         except ValueError:
             pass
 summary["benchmarks"] = bench
+# The A/B of the Base step: each variant's tokens/s over the reference step's.
+if bench.get("bench_base_sdpa", {}).get("tokens_per_s"):
+    ref = bench["bench_base_sdpa"]["tokens_per_s"]
+    summary["base_over_reference"] = {name: round(b["tokens_per_s"] / ref, 4)
+                                      for name, b in bench.items()
+                                      if name.startswith("bench_base_") and b.get("tokens_per_s")}
 if "bench_base_sdpa" in bench and "bench_base_math" in bench:
     summary["sdpa_over_math_tokens_per_s"] = {
         size: bench[f"bench_{size}_sdpa"]["tokens_per_s"] / bench[f"bench_{size}_math"]["tokens_per_s"]
@@ -576,16 +657,41 @@ if os.path.exists(xml_path):
     except ET.ParseError as e:
         tests["(tests.xml unreadable)"] = {"status": str(e)}
 log = open(os.path.join(out, "tests.log"), errors="replace").read()
-current = None
+# ctest -j -V prefixes each line with its test's number ("12: "); lines of tests run directly
+# (crash_rerun) have none. Each prefix has its own current test.
+# Each step's own outcome per test (ok, failed, crashed: a test that started and never ended).
+current = {}
+step = None
+runs = {}
 for line in log.splitlines():
-    m = re.search(r"\[ RUN      \] (\S+)", line)
+    m = re.match(r"^=== step (\S+)", line)
     if m:
-        current = m.group(1)
-        tests.setdefault(current, {})
-    m = re.search(r"\[ (no CUDA|rel\.err\.|sdpa|sampler|parity)\s*\] (.*)", line)
-    if m and current:
-        tests[current].setdefault("notes", []).append(m.group(2))
+        step, current = m.group(1), {}
+        continue
+    m = re.match(r"^(\d+): (.*)$", line)
+    prefix, text = (m.group(1), m.group(2)) if m else ("", line)
+    m = re.search(r"\[ RUN      \] (\S+)", text)
+    if m:
+        current[prefix] = m.group(1)
+        tests.setdefault(m.group(1), {})
+        runs.setdefault(step, {})[m.group(1)] = "crashed or cut"
+        continue
+    name = current.get(prefix)
+    if not name:
+        continue
+    m = re.search(r"\[ +(OK|FAILED|SKIPPED) +\] (\S+) \(", text)
+    if m and m.group(2) == name:
+        runs[step][name] = m.group(1).lower()
+    m = re.search(r"\[ (no CUDA|rel\.err\.|sdpa|sampler|parity)\s*\] (.*)", text)
+    if m:
+        tests[name].setdefault("notes", []).append(m.group(2))
+    m = re.search(r"\[  FAILED  \] (\S+) \(", text)
+    if m and m.group(1) == name:
+        tests[name].setdefault("failed_in", []).append(line[:120])
+    if "fatal signal" in text or re.search(r"^\S+\(\+0x|\[0x[0-9a-f]+\]$", text):
+        tests[name].setdefault("crash", []).append(text[:200])
 summary["cuda_tests"] = tests
+summary["test_runs"] = runs
 skipped = [name for name, t in tests.items() if t.get("status") == "skipped"]
 if skipped and cpu_mode != "1":  # on a GPU machine nothing may skip
     summary["ok"] = False
@@ -596,10 +702,23 @@ print("==> summary (%s/gpu_check.json): %s in %s s" % (out, "all ok" if summary[
 for name, s in steps.items():
     print("  %-18s %-8s %4d s %s" % (name, s["status"], s["seconds"], s["detail"][:160]))
 for name, b in bench.items():
-    print("  %-18s %8.0f tokens/s  mfu %s  peak %s MiB  %s" % (name, b.get("tokens_per_s", 0), b.get("mfu"),
-          b.get("peak_memory_mib"), {k: round(v, 1) for k, v in b.items() if k.endswith("_ms")}))
+    print("  %-30s %8.0f tokens/s  mfu %s  peak %s MiB  loss %s -> %s  skipped %s  %s" % (
+          name, b.get("tokens_per_s", 0), b.get("mfu"), round(b.get("peak_memory_mib") or 0),
+          b.get("loss_first"), b.get("loss_last"), b.get("skipped_steps"),
+          {k[:-3]: round(v, 1) for k, v in b.items() if k.endswith("_ms")}))
+for name, ratio in summary.get("base_over_reference", {}).items():
+    print("  %-30s %.3f x the reference step" % (name, ratio))
+# Last, as the device tool's reply shows the end of the output: tests, their notes and crashes.
 for name, t in tests.items():
-    print("  %-60s %s %s" % (name, t.get("status"), "; ".join(t.get("notes", []))[:200]))
+    notes = list(dict.fromkeys(t.get("notes", [])))
+    print("  %-58s %-7s %s" % (name[:58], t.get("status"), "; ".join(notes)[:110]))
+    for c in t.get("crash", [])[:12]:
+        print("      crash: %s" % c[:160])
+for step_name, results in runs.items():
+    bad = {n: r for n, r in results.items() if r not in ("ok", "skipped")}
+    print("  %s: %d tests, %d ok, %d skipped; neither: %s" % (step_name, len(results),
+          sum(r == "ok" for r in results.values()), sum(r == "skipped" for r in results.values()),
+          bad or "none"))
 EOF
 # Bounded logs: the device tool brings back 16 MiB per file.
 for f in "$out"/*.log; do

@@ -74,6 +74,9 @@ def parse_args(argv=None):
                         "--no-masked-only-head: ElectraForMaskedLM.forward with labels, which "
                         "projects every position onto the vocabulary")
     p.add_argument("--fused-adam", action="store_true", help="torch.optim.AdamW(fused=True)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile both encoders (fixed [batch, seq] shapes; the warm-up "
+                        "steps compile, so give --warmup-steps 3 or more)")
     p.add_argument("--threads", type=int, default=0,
                    help="intra-op threads; 0 = on the CPU every core the process may use (xlme's "
                         "run.threads=0), on a GPU torch's default")
@@ -171,6 +174,10 @@ def main(argv=None):
     generator.to(device).train()
     discriminator.to(device).train()
 
+    # The encoders see fixed [B, S] shapes; the heads at the masked positions stay eager (their
+    # row count changes every step).
+    generator_encoder = torch.compile(generator.electra) if args.compile else generator.electra
+    discriminator_forward = torch.compile(discriminator) if args.compile else discriminator
     params = list({id(p): p for m in (generator, discriminator) for p in m.parameters()}.values())
     optimizer = torch.optim.AdamW(params, lr=5e-4, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01,
                                   **({"fused": True} if args.fused_adam else {}))
@@ -200,7 +207,7 @@ def main(argv=None):
         generator_input = ids.masked_fill(masked, MASK_ID)
         with autocast:
             if args.masked_only_head:
-                hidden = generator.electra(input_ids=generator_input).last_hidden_state
+                hidden = generator_encoder(input_ids=generator_input).last_hidden_state
                 head = generator.generator_predictions(hidden[masked])  # [N, E]
                 logits = generator.generator_lm_head(head)
                 mlm = F.cross_entropy(logits.float(), originals)
@@ -214,7 +221,7 @@ def main(argv=None):
                 sampled = (logits.float() - torch.log(-torch.log(u))).argmax(dim=-1)
                 corrupted = ids.masked_scatter(masked, sampled)
                 labels = (corrupted != ids).float()
-            rtd_logits = discriminator(input_ids=corrupted).logits
+            rtd_logits = discriminator_forward(input_ids=corrupted).logits
             rtd = F.binary_cross_entropy_with_logits(rtd_logits.float(), labels)
             loss = mlm + args.rtd_weight * rtd
         optimizer.zero_grad(set_to_none=True)
@@ -263,6 +270,7 @@ def main(argv=None):
         "precision": "fp32" if args.fp32 else "bf16-autocast",
         "attention": getattr(discriminator.config, "_attn_implementation", args.attention),
         "fused_adam": args.fused_adam,
+        "compiled": args.compile,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

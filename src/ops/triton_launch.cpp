@@ -22,6 +22,27 @@
 
 namespace xlme::ops::triton {
 
+namespace {
+
+std::mutex launch_counts_mutex;
+std::map<std::string, int64_t> launch_counts;  // variant -> launches
+
+void count_launch(const std::string& variant) {
+  const std::lock_guard<std::mutex> lock(launch_counts_mutex);
+  ++launch_counts[variant];
+}
+
+}  // namespace
+
+int64_t launch_count(const std::string& prefix) {
+  const std::lock_guard<std::mutex> lock(launch_counts_mutex);
+  int64_t total = 0;
+  for (const auto& [variant, count] : launch_counts) {
+    if (variant.compare(0, prefix.size(), prefix) == 0) total += count;
+  }
+  return total;
+}
+
 const KernelImage* find_image(const std::string& variant, int major, int minor) {
   (void)minor;  // sm_80 code runs on every 8.x GPU; sm_90a only on 9.0
   const int capability = major == 9 && minor == 0 ? 90 : major == 8 ? 80 : -1;
@@ -266,6 +287,7 @@ void launch(const std::string& variant, const torch::Device& device, const Grid&
                              static_cast<unsigned>(kernel.image->shared_bytes), stream.stream(),
                              params.data(), nullptr),
       "cuLaunchKernel", *kernel.image);
+  count_launch(variant);
 }
 
 #else  // a LibTorch without CUDA: nothing launches

@@ -39,6 +39,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <iterator>
 #include <regex>
 
 namespace xlme {
@@ -94,10 +95,10 @@ struct CudaAttentionCase {
   int64_t length = 0, buckets = 32, max_distance = 128;
 };
 
-CudaAttentionCase make_cuda_attention_case() {
+CudaAttentionCase make_cuda_attention_case(int64_t length) {
   torch::manual_seed(17);
   const auto opts = torch::TensorOptions().dtype(torch::kDouble);
-  const int64_t batch = 3, heads = 4, length = 40, head_dim = 64;
+  const int64_t batch = 3, heads = 4, head_dim = 64;
   CudaAttentionCase c;
   c.length = length;
   c.q = torch::randn({batch, heads, length, head_dim}, opts);
@@ -150,9 +151,11 @@ std::vector<torch::Tensor> cuda_attention_forward_backward(
 }
 
 // Both kernels on the GPU against the math kernel in float64 on the CPU, from the same (rounded)
-// inputs: relative error of the output and of each gradient at most `tolerance`.
-void expect_kernels_match_float64(torch::ScalarType activation, bool autocast, double tolerance) {
-  auto c = make_cuda_attention_case();
+// inputs: relative error of the output and of each gradient at most `tolerance`. Lengths with
+// T % 128 == 64 are where cuDNN's masked attention backward is reported to give NaN.
+void expect_kernels_match_float64_at(int64_t length, torch::ScalarType activation, bool autocast,
+                                     double tolerance) {
+  auto c = make_cuda_attention_case(length);
   // The reference sees exactly the inputs the GPU sees: q, k, v rounded to `activation`.
   for (auto* t : {&c.q, &c.k, &c.v}) *t = t->to(activation).to(torch::kDouble);
   const auto weights = torch::randn_like(c.q);
@@ -166,11 +169,18 @@ void expect_kernels_match_float64(torch::ScalarType activation, bool autocast, d
     const char* kernel_name = kernel == model::AttentionKernel::kMath ? "math" : "sdpa";
     for (size_t i = 0; i < got.size(); ++i) {
       const double error = relative_error(got[i], reference[i]);
-      std::cout << "[ rel.err. ] " << kernel_name << " " << c10::toString(activation) << " "
-                << names[i] << ": " << error << std::endl;
+      std::cout << "[ rel.err. ] T=" << length << " " << kernel_name << " "
+                << c10::toString(activation) << " " << names[i] << ": " << error << std::endl;
       EXPECT_TRUE(std::isfinite(error) && error <= tolerance)
           << kernel_name << " " << names[i] << ": relative error " << error << " > " << tolerance;
     }
+  }
+}
+
+void expect_kernels_match_float64(torch::ScalarType activation, bool autocast, double tolerance) {
+  for (const int64_t length : {40, 192}) {
+    SCOPED_TRACE("T=" + std::to_string(length));
+    expect_kernels_match_float64_at(length, activation, autocast, tolerance);
   }
 }
 
@@ -211,7 +221,7 @@ TEST(CudaAttention, ReportsTheFusedBackendForTrainingAndEvaluation) {
   XLME_REQUIRE_CUDA();
   // The base model's attention: 12 heads of 64, sequences of 512 and of 128, bf16 (autocast) with
   // the bias + padding mask that model::attention passes (a float mask in q's dtype, [B, H, T, T]).
-  for (const int64_t length : {512, 128}) {
+  for (const int64_t length : {512, 128, 192}) {
     for (const bool training : {true, false}) {
       const auto opts = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
       auto q = torch::randn({2, 12, length, 64}, opts).requires_grad_(training);
@@ -672,6 +682,81 @@ TEST(CudaOps, AStepWithEveryFusedOpMatchesTheReferenceStep) {
   EXPECT_NEAR(losses[1], losses[0], 1e-4 * std::abs(losses[0]));
 }
 
+// Base's widths (768 wide, 12 heads of 64, FFN 3,072) with XLM-R's 250,002-id vocabulary (a row
+// stride no 16-byte alignment divides), 130 tokens (no multiple of the 64-wide tiles), a padded
+// sequence, bf16 autocast as the trainer runs it: the loss and every parameter's gradient of the
+// fused step against the fp32 reference step, beside the bf16 reference step's own distance from
+// it. The fused path may lose no more than bf16's rounding already does.
+TEST(CudaOps, ABaseWidthBf16StepWithEveryFusedOpIsAsCloseToFp32AsTheReference) {
+  XLME_REQUIRE_CUDA();
+  const fused::OpsRestored restore;
+  at::globalContext().setAllowTF32CuBLAS(false);
+  auto c = on_cuda(xlme::testing::tiny_train_config(2, 1, /*dropout=*/0.0));
+  c.model.vocab_size = 250002;
+  c.model.hidden_size = 768;
+  c.model.heads = 12;
+  c.model.ffn_size = 3072;
+  c.model.layers = 2;
+  c.model.max_positions = 512;
+  const auto special = data::SpecialIds::for_vocab(c.model.vocab_size);
+  data::SyntheticBatches batches(special, 2, 130, 0.15, /*seed=*/11);
+  auto batch = batches.next(data::Task::kMono);
+  struct Run {
+    double loss = 0;
+    std::vector<std::pair<std::string, torch::Tensor>> grads;
+    std::string ops;
+  };
+  const auto run = [&](const std::string& spec, bool autocast) {
+    ops::set_ops(spec);
+    torch::manual_seed(1);
+    model::ElectraModel model(c.model, model::Architecture::kMaskedLm, special);
+    model->to(kCuda);
+    Run r;
+    {
+      AutocastScope scope(kCuda, autocast);
+      const auto out = model->forward(model->inputs(batch).to(kCuda));
+      const auto lm = ops::masked_lm(out.generator_logits, out.generator_targets);
+      lm.loss_sum.backward();
+      r.loss = lm.loss_sum.item<double>();
+    }
+    for (const auto& p : model->named_parameters()) {
+      if (p.value().grad().defined()) r.grads.emplace_back(p.key(), p.value().grad().clone());
+    }
+    r.ops = ops::describe(kCuda);
+    return r;
+  };
+  const Run fp32 = run("reference", false);
+  const Run bf16 = run("reference", true);
+  const char* kernels[] = {"attention_forward", "attention_backward", "residual_layernorm",
+                           "masked_lm_forward", "masked_lm_backward", "gemm_"};
+  std::vector<int64_t> before;
+  for (const char* kernel : kernels) before.push_back(ops::triton::launch_count(kernel));
+  const Run fused = run("fused", true);
+  std::cout << "[ parity   ] fused ops: " << fused.ops << std::endl;
+  for (size_t i = 0; i < std::size(kernels); ++i) {
+    const int64_t launched = ops::triton::launch_count(kernels[i]) - before[i];
+    std::cout << "[ parity   ] " << kernels[i] << "* launches: " << launched << std::endl;
+    EXPECT_GT(launched, 0) << kernels[i] << ": the fused step fell back to the reference";
+  }
+  ASSERT_EQ(fused.grads.size(), fp32.grads.size());
+  ASSERT_EQ(bf16.grads.size(), fp32.grads.size());
+  const auto loss_error = [&](const Run& r) { return std::abs(r.loss - fp32.loss) / fp32.loss; };
+  std::cout << "[ rel.err. ] loss: reference bf16 " << loss_error(bf16) << ", fused bf16 "
+            << loss_error(fused) << std::endl;
+  EXPECT_LE(loss_error(fused), 2 * loss_error(bf16) + 1e-3);
+  for (size_t i = 0; i < fp32.grads.size(); ++i) {
+    const auto& [name, expected] = fp32.grads[i];
+    ASSERT_EQ(fused.grads[i].first, name);
+    const double reference_error = relative_error(bf16.grads[i].second, expected);
+    const double fused_error = relative_error(fused.grads[i].second, expected);
+    std::cout << "[ rel.err. ] d" << name << ": reference bf16 " << reference_error
+              << ", fused bf16 " << fused_error << std::endl;
+    EXPECT_TRUE(std::isfinite(fused_error) && fused_error <= 2 * reference_error + 2e-3)
+        << name << ": the fused step's gradient is " << fused_error
+        << " from the fp32 step's, the bf16 reference step's " << reference_error;
+  }
+}
+
 // The error of one train_step() with XLME_CUDA_SYNC_DEBUG=error (every host wait inside the
 // micro-batch loop an error), or "".
 std::string step_error_with_sync_debug(train::Trainer& trainer) {
@@ -717,6 +802,7 @@ TEST(CudaOps, FusedAttentionEqualsTheFloat64MathPath) {
   const int64_t far = model::relative_position_far_distance(32, 128);
   for (const auto& [tq, tk, bias, gated] :
        std::vector<std::tuple<int64_t, int64_t, bool, bool>>{{130, 130, true, true},
+                                                             {192, 192, true, true},
                                                              {65, 65, true, false},
                                                              {17, 90, false, false},
                                                              {300, 300, true, false},

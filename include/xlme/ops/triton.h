@@ -80,4 +80,8 @@ void check_grid(const std::string& variant, const Grid& grid, const std::string&
 void launch(const std::string& variant, const torch::Device& device, const Grid& grid,
             std::vector<Arg> args, const std::string& what = "");
 
+// How many launches of variants whose names start with `prefix` this process has made (tests
+// check with it that a fused path ran rather than fell back to its reference).
+int64_t launch_count(const std::string& prefix);
+
 }  // namespace xlme::ops::triton
