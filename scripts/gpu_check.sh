@@ -19,7 +19,11 @@
 #   speed    (budget 300 s) the Base step with each fused op alone against the reference step,
 #            all of them, CUDA graphs, the reference twice (the spread), the device-time profile
 #            and the HuggingFace peer (eager, fused AdamW, compiled when time is left)
-#   all      (budget 560 s, the default) both, in one command
+#   confirm  (budget 400 s) after changing `auto`: every CUDA test under the new defaults, the
+#            trainer's tests with every fused op, the reference step and the new default step
+#            interleaved twice, with weight_grad, with CUDA graphs, Base's profile, the attention
+#            without dropout and under Nsight Compute, the compiled peer
+#   all      (budget 560 s, the default) bringup and speed, in one command
 #
 # Steps (each time-limited, each failure recorded in the JSON; independent steps still run):
 #   env        nvidia-smi, the wheel's torch (version, CUDA, cmake prefix), nvcc, cmake, compiler
@@ -134,29 +138,37 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$plan" in
-  bringup) default_budget=400 ;;
+  bringup | confirm) default_budget=400 ;;
   speed) default_budget=300 ;;
   all) default_budget=560 ;;
-  *) echo "gpu_check.sh: --plan takes bringup, speed or all, not '$plan'" >&2; exit 2 ;;
+  *) echo "gpu_check.sh: --plan takes bringup, speed, confirm or all, not '$plan'" >&2; exit 2 ;;
 esac
-# in_plan STEP: whether the plan runs STEP (the steps after the build).
+# The steps after the build that each plan runs (they run in the script's order).
+plan_steps() {
+  case "$1" in
+    bringup) echo "cuda_tests cuda_tests_fused_attention crash_rerun cuda_trainer_fused ops_bench
+      attn_bench" ;;
+    speed) echo "bench_base_sdpa bench_base_fused bench_base_attention bench_base_masked_lm
+      bench_base_residual_layernorm bench_base_feed_forward bench_base_weight_grad bench_base_graphs
+      peer_base_default profile_base_fused bench_base_sdpa_again peer_base_fused-adam profile_base
+      bench_base_math bench_small_sdpa bench_base_sdpa_mb64 peer_base_compiled" ;;
+    confirm) echo "cuda_tests cuda_trainer_fused attn_bench_no_dropout ncu_attention
+      bench_base_sdpa bench_base_auto bench_base_sdpa_again bench_base_auto_again
+      bench_base_auto_weight_grad bench_base_auto_graphs profile_base bench_base_auto_mb64
+      bench_small_sdpa peer_base_compiled" ;;
+    all) echo "$(plan_steps bringup) $(plan_steps speed)" ;;
+  esac
+}
 in_plan() {
-  case "$plan:$1" in
-    all:* | bringup:cuda_* | bringup:crash_* | bringup:ops_bench | bringup:attn_bench) return 0 ;;
-    speed:bench_* | speed:profile_* | speed:peer_*) return 0 ;;
+  case " $(echo $(plan_steps "$plan")) " in
+    *" $1 "*) return 0 ;;
     *) return 1 ;;
   esac
 }
 if [ "$list_only" = 1 ]; then
   echo "plan $plan, budget ${XLME_GPU_CHECK_BUDGET_S:-$default_budget} s:"
   echo "  env bundle [deps configure build] flags"
-  for step in cuda_tests cuda_tests_fused_attention crash_rerun cuda_trainer_fused ops_bench \
-    attn_bench bench_base_sdpa bench_base_fused bench_base_attention bench_base_masked_lm \
-    bench_base_residual_layernorm bench_base_feed_forward bench_base_weight_grad bench_base_graphs \
-    peer_base_default profile_base_fused bench_base_sdpa_again peer_base_fused-adam profile_base \
-    bench_base_math bench_small_sdpa bench_base_sdpa_mb64 peer_base_compiled; do
-    in_plan "$step" && echo "  $step"
-  done
+  for step in $(plan_steps "$plan"); do echo "  $step"; done
   exit 0
 fi
 [ $# -ge 1 ] || { sed -n '2,50p' "$0"; exit 2; }
@@ -566,16 +578,26 @@ elif [ "$built_ok" = 1 ]; then
     echo "### attn_bench" >>"$out/bench.log"
     run_step attn_bench 80 "$out/bench.log" -- "$build/tests/xlme-bench-attn" --steps "$ops_steps"
   fi
-  # The Base step: the reference path, every fused op, each alone (the A/B that decides `auto`),
-  # CUDA graphs, the reference again (the spread between two runs of the same thing).
-  bench bench_base_sdpa "$steps" "${base[0]}" "${base[@]:1}" model.attention=sdpa
+  # Without dropout: what the Philox draws cost each kernel.
+  if in_plan attn_bench_no_dropout; then
+    echo "### attn_bench_no_dropout" >>"$out/bench.log"
+    run_step attn_bench_no_dropout 60 "$out/bench.log" -- "$build/tests/xlme-bench-attn" \
+      --steps "$ops_steps" --dropout 0
+  fi
+  # The Base step: the reference step (SDPA, no Triton kernel; the one-hot table gradient), the
+  # default (`auto`), every fused op, each alone (the A/B that decides `auto`), CUDA graphs, both
+  # again (the spread between two runs of the same thing).
+  reference_ops=reference,toeplitz_bias=fused
+  XLME_OPS=$reference_ops bench bench_base_sdpa "$steps" "${base[0]}" "${base[@]:1}" \
+    model.attention=sdpa
+  XLME_OPS= bench bench_base_auto "$steps" "${base[0]}" "${base[@]:1}" model.attention=sdpa
   XLME_OPS=fused bench bench_base_fused "$steps" "${base[0]}" "${base[@]:1}" model.attention=sdpa
   for op in attention masked_lm residual_layernorm feed_forward weight_grad; do
-    XLME_OPS=$op=fused bench "bench_base_$op" "$steps" "${base[0]}" "${base[@]:1}" \
+    XLME_OPS=$reference_ops,$op=fused bench "bench_base_$op" "$steps" "${base[0]}" "${base[@]:1}" \
       model.attention=sdpa
   done
-  bench bench_base_graphs "$steps" "${base[0]}" "${base[@]:1}" model.attention=sdpa \
-    train.cuda_graphs=on
+  XLME_OPS=$reference_ops bench bench_base_graphs "$steps" "${base[0]}" "${base[@]:1}" \
+    model.attention=sdpa train.cuda_graphs=on
   peer peer_base_default
   # Where a Base step's device time goes (CUDA-event times per operator), into bench.log.
   profile() {  # profile NAME OPS
@@ -587,7 +609,14 @@ elif [ "$built_ok" = 1 ]; then
       >>"$out/bench.log"
   }
   profile profile_base_fused fused
-  bench bench_base_sdpa_again "$steps" "${base[0]}" "${base[@]:1}" model.attention=sdpa
+  XLME_OPS=$reference_ops bench bench_base_sdpa_again "$steps" "${base[0]}" "${base[@]:1}" \
+    model.attention=sdpa
+  XLME_OPS= bench bench_base_auto_again "$steps" "${base[0]}" "${base[@]:1}" model.attention=sdpa
+  XLME_OPS=weight_grad=fused bench bench_base_auto_weight_grad "$steps" "${base[0]}" \
+    "${base[@]:1}" model.attention=sdpa
+  # CUDA graphs with the default ops: the random ones give way to their references (GraphSafeOps).
+  XLME_OPS= bench bench_base_auto_graphs "$steps" "${base[0]}" "${base[@]:1}" model.attention=sdpa \
+    train.cuda_graphs=on
   peer peer_base_fused-adam --fused-adam
   profile profile_base ""
   bench bench_base_math "$steps" "${base[0]}" "${base[@]:1}" model.attention=math
@@ -595,6 +624,28 @@ elif [ "$built_ok" = 1 ]; then
   # Micro-batches of 64 sequences (fit in 80 GB: 38 GiB on an H200).
   [ "$cpu_mode" != 1 ] && bench bench_base_sdpa_mb64 "$steps" "${base[0]}" "${base[@]:1}" \
     model.attention=sdpa train.micro_batch_tokens=32768
+  [ "$cpu_mode" != 1 ] && XLME_OPS= bench bench_base_auto_mb64 "$steps" "${base[0]}" \
+    "${base[@]:1}" model.attention=sdpa train.micro_batch_tokens=32768
+  # The fused attention's three kernels under Nsight Compute (one launch each): throughput,
+  # occupancy, launch statistics, warp stalls.
+  if in_plan ncu_attention && [ "$cpu_mode" != 1 ]; then
+    echo "### ncu_attention" >>"$out/bench.log"
+    if command -v ncu >/dev/null; then
+      # The benchmark times the forwards before the backwards: one invocation for each.
+      ncu_attention() {
+        local sections=(--section SpeedOfLight --section Occupancy --section LaunchStats
+          --section WarpStateStats)
+        ncu --target-processes all -k regex:attention_forward --launch-count 1 "${sections[@]}" \
+          "$1" --steps 1 &&
+          ncu --target-processes all -k regex:attention_backward --launch-count 2 \
+            "${sections[@]}" "$1" --steps 1
+      }
+      run_step ncu_attention 60 "$out/bench.log" -- bash -c "$(declare -f ncu_attention); \
+        ncu_attention $build/tests/xlme-bench-attn"
+    else
+      record ncu_attention skipped 0 "no ncu on this machine"
+    fi
+  fi
   peer peer_base_compiled --compile --warmup-steps 4
 else
   record benchmarks skipped 0 "the build failed"
@@ -680,8 +731,8 @@ for line in log.splitlines():
     if not name:
         continue
     m = re.search(r"\[ +(OK|FAILED|SKIPPED) +\] (\S+) \(", text)
-    if m and m.group(2) == name:
-        runs[step][name] = m.group(1).lower()
+    if m and m.group(2) in runs.get(step, {}):  # a worker process's own tests print lines too
+        runs[step][m.group(2)] = m.group(1).lower()
     m = re.search(r"\[ (no CUDA|rel\.err\.|sdpa|sampler|parity)\s*\] (.*)", text)
     if m:
         tests[name].setdefault("notes", []).append(m.group(2))

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
@@ -17,30 +18,36 @@ namespace {
 
 enum class Choice { kAuto, kReference, kFused };
 
-// Per op, in Op's order: its name, whether a fused form exists on the CPU and on CUDA, and
-// whether `auto` picks it there. A fused CUDA form turns auto on only after a GPU run showed it
-// correct and faster (docs/ops.md lists what each one measured).
+// Per op, in Op's order: its name, whether a fused form exists on the CPU and on CUDA, whether
+// `auto` picks it there, and whether the CUDA form reads LibTorch's generator on the host (which a
+// CUDA graph capture refuses). A fused CUDA form turns auto on only after a GPU run showed it
+// correct and faster in the Base step (docs/ops.md lists what each one measured).
 struct Row {
   const char* name;
   const char* cpu_form;   // nullptr: no fused CPU form
   const char* cuda_form;  // nullptr: no fused CUDA form
   bool auto_cpu;
   bool auto_cuda;
+  bool host_generator;
 };
 
 constexpr std::array<Row, 8> kOps{{
-    {"dropout", "cpu kernel", nullptr, true, false},
-    {"masked_lm", nullptr, "triton", false, false},           // unverified on a GPU yet
-    {"residual_layernorm", nullptr, "triton", false, false},  // unverified on a GPU yet
-    {"attention", nullptr, "triton", false, false},           // unverified on a GPU yet
-    // On an H200 (2026-11-26) the reference's atomic adds took 13% of the Base step.
-    {"toeplitz_bias", nullptr, "one-hot backward", false, true},
-    {"feed_forward", nullptr, "triton", false, false},  // unverified on a GPU yet
-    // ~20x faster than LibTorch 1.13's scalar bf16 loop on a CPU without AVX512 (performance.md).
-    {"linear", "bf16 emulation", nullptr, true, false},
+    {"dropout", "cpu kernel", nullptr, true, false, false},
+    {"masked_lm", nullptr, "triton", false, true, true},
+    {"residual_layernorm", nullptr, "triton", false, true, true},
+    // Correct on an H200, but slower than SDPA's memory-efficient kernel (docs/gpu.md).
+    {"attention", nullptr, "triton", false, false, true},
+    // The reference's index_select backward adds atomically, T^2 adds into 32 addresses a head.
+    {"toeplitz_bias", nullptr, "one-hot backward", false, true, false},
+    {"feed_forward", nullptr, "triton", false, true, false},
+    // CPUs without AVX512 have no bf16 products of their own (docs/performance.md).
+    {"linear", "bf16 emulation", nullptr, true, false, false},
     // CPU: fewer passes per weight and micro-batch (docs/ops.md#weight_grad has the figures).
-    {"weight_grad", "in-place fp32 product", "cuBLAS bf16 x bf16 -> fp32, beta 1", true, false},
+    {"weight_grad", "in-place fp32 product", "cuBLAS bf16 x bf16 -> fp32, beta 1", true, false,
+     false},
 }};
+
+std::atomic<int> graph_safe_holders{0};
 
 std::vector<Choice> parse(const std::string& spec) {
   const auto value = [&](const std::string& text) {
@@ -109,7 +116,16 @@ Impl implementation(Op op, const torch::Device& device) {
   const bool exists = cuda ? row.cuda_form != nullptr : device.is_cpu() && row.cpu_form != nullptr;
   if (!exists || choice == Choice::kReference) return Impl::kReference;
   if (choice == Choice::kFused) return Impl::kFused;
+  if (cuda && row.host_generator && graph_safe_holders.load() > 0) return Impl::kReference;
   return (cuda ? row.auto_cuda : row.auto_cpu) ? Impl::kFused : Impl::kReference;
+}
+
+GraphSafeOps::GraphSafeOps() {
+  ++graph_safe_holders;
+}
+
+GraphSafeOps::~GraphSafeOps() {
+  --graph_safe_holders;
 }
 
 void set_ops(const std::string& spec) {

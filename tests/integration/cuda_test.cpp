@@ -465,7 +465,9 @@ TEST(CudaExport, ParityFromACudaTrainedCheckpoint) {
   {
     torch::NoGradGuard no_grad;
     states = p.discriminator->discriminator->hidden_states(ids, positions, padding);
-    // The trained model itself, still on the GPU, in fp32: the same function up to rounding.
+    // The trained model itself, still on the GPU, in fp32: the same function up to rounding. The
+    // trainer turned TF32 on for its products (10-bit mantissas): off for this comparison.
+    at::globalContext().setAllowTF32CuBLAS(false);
     on_gpu = checkpoint.model->discriminator->hidden_states(ids.to(kCuda), positions.to(kCuda),
                                                             padding.to(kCuda));
   }
@@ -536,15 +538,19 @@ TEST(CudaOps, FusedMaskedLmEqualsTheReference) {
       const auto logits = (torch::randn({rows, vocab}, cuda) * 4).to(dtype);
       const auto targets =
           torch::randint(0, vocab, {rows}, torch::TensorOptions(cuda).dtype(torch::kInt64));
-      const auto ref = fused::run_masked_lm("masked_lm=reference", logits, targets);
+      // The reference in float64 from the same (rounded) logits: the kernel accumulates in fp32,
+      // while LibTorch's cross-entropy of bf16 logits outside autocast rounds the loss to bf16.
+      const auto ref =
+          fused::run_masked_lm("masked_lm=reference", logits.to(torch::kFloat64), targets);
       const auto got = fused::run_masked_lm("masked_lm=fused", logits, targets);
       const auto where = fmt::format("{}x{} {}", rows, vocab, c10::toString(dtype));
-      // Both compute in fp32 from the same inputs; the sums' order differs.
       EXPECT_NEAR(got.out.loss_sum.item<double>(), ref.out.loss_sum.item<double>(),
                   1e-5 * std::abs(ref.out.loss_sum.item<double>()) + 1e-4)
           << where;
       EXPECT_EQ(got.out.correct.item<int64_t>(), ref.out.correct.item<int64_t>()) << where;
-      const double tol = dtype == torch::kBFloat16 ? 8e-3 : 1e-6;
+      // Softmax gradients lie in [-1, 1]: fp32's sums differ from float64's by a few ulps of 1,
+      // and bf16's rounding of the gradient is 2^-9 of 1.
+      const double tol = dtype == torch::kBFloat16 ? 8e-3 : 4e-6;
       EXPECT_LE(
           (got.grad.to(torch::kFloat64) - ref.grad.to(torch::kFloat64)).abs().max().item<double>(),
           tol)
@@ -564,11 +570,15 @@ TEST(CudaOps, FusedMaskedLmIgnoresPaddingRows) {
   auto targets = torch::randint(0, 5003, {37}, torch::TensorOptions(kCuda).dtype(torch::kInt64));
   targets.narrow(0, 30, 7).fill_(model::kIgnoredTarget);
   const auto real = targets.narrow(0, 0, 30);
-  const auto ref = fused::run_masked_lm("masked_lm=reference", logits.narrow(0, 0, 30), real);
+  // Float64 over the real rows alone; the reference path of bf16 logits rounds its loss to bf16
+  // (2^-8 relative), the kernel accumulates in fp32.
+  const auto ref = fused::run_masked_lm("masked_lm=reference",
+                                        logits.narrow(0, 0, 30).to(torch::kFloat64), real);
   for (const std::string spec : {"masked_lm=reference", "masked_lm=fused"}) {
     const auto got = fused::run_masked_lm(spec, logits, targets);
+    const double relative = spec == "masked_lm=fused" ? 1e-5 : 4e-3;
     EXPECT_NEAR(got.out.loss_sum.item<double>(), ref.out.loss_sum.item<double>(),
-                1e-5 * std::abs(ref.out.loss_sum.item<double>()) + 1e-4)
+                relative * std::abs(ref.out.loss_sum.item<double>()) + 1e-4)
         << spec;
     EXPECT_EQ(got.out.correct.item<int64_t>(), ref.out.correct.item<int64_t>()) << spec;
     EXPECT_EQ(got.grad.narrow(0, 30, 7).abs().max().item<double>(), 0.0) << spec;
@@ -635,7 +645,8 @@ TEST(CudaOps, FusedResidualLayerNormEqualsTheReference) {
         const auto got = run("residual_layernorm=fused", {});
         // The fused dropout's mask shows in dy: zero where an element was dropped.
         const auto keep = p > 0 ? got[2].ne(0) : torch::Tensor();
-        if (p > 0) {
+        // (A LayerNorm over one element is constant: its dy is zero whatever the mask.)
+        if (p > 0 && width > 1) {
           const double kept = keep.to(torch::kDouble).mean().item<double>();
           EXPECT_NEAR(kept, 0.9, 0.01) << width;
         }
@@ -890,7 +901,10 @@ TEST(CudaOps, FusedAttentionInAnAlbertSharedEncoder) {
   o.attention = "math";
   torch::manual_seed(8);
   auto buckets = std::make_shared<model::BucketCache>(o.num_buckets, o.max_distance);
-  model::Encoder encoder(o, model::SharedEmbeddings(o), buckets);
+  // The shared embeddings belong to the model that holds the encoder: moved here by hand.
+  model::SharedEmbeddings embeddings(o);
+  embeddings->to(cuda);
+  model::Encoder encoder(o, embeddings, buckets);
   encoder->to(cuda);
   const int64_t batch = 2, length = 300;
   const auto ids = torch::randint(5, o.vocab_size, {batch, length}, torch::kInt64).to(cuda);

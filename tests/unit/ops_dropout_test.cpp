@@ -126,23 +126,50 @@ TEST(OpsRegistry, AFusedFormRunsOnlyWhereOneExists) {
   EXPECT_EQ(implementation(Op::kMaskedLm, cpu), Impl::kReference);  // no CPU kernel
   EXPECT_EQ(implementation(Op::kMaskedLm, cuda), Impl::kFused);
   EXPECT_EQ(implementation(Op::kDropout, cuda), Impl::kReference);  // no CUDA kernel
-  // auto: the CUDA kernels stay off until a GPU run has shown them correct; the one-hot Toeplitz
-  // backward has been.
+  // auto: the CUDA kernels a GPU run showed correct and faster in the Base step; the fused
+  // attention (correct, slower than SDPA) and weight_grad stay off.
   set_ops("auto");
-  EXPECT_EQ(implementation(Op::kMaskedLm, cuda), Impl::kReference);
+  EXPECT_EQ(implementation(Op::kMaskedLm, cuda), Impl::kFused);
   EXPECT_EQ(implementation(Op::kToeplitzBias, cuda), Impl::kFused);
   EXPECT_EQ(implementation(Op::kToeplitzBias, cpu), Impl::kReference);
-  EXPECT_EQ(implementation(Op::kResidualLayerNorm, cuda), Impl::kReference);
-  EXPECT_EQ(implementation(Op::kFeedForward, cuda), Impl::kReference);
+  EXPECT_EQ(implementation(Op::kResidualLayerNorm, cuda), Impl::kFused);
+  EXPECT_EQ(implementation(Op::kFeedForward, cuda), Impl::kFused);
+  EXPECT_EQ(implementation(Op::kAttention, cuda), Impl::kReference);
   EXPECT_EQ(describe(cpu),
             "dropout=fused (cpu kernel), masked_lm=reference, residual_layernorm=reference, "
             "attention=reference, toeplitz_bias=reference, feed_forward=reference, "
             "linear=fused (bf16 emulation), weight_grad=fused (in-place fp32 product)");
-  set_ops("masked_lm=fused,feed_forward=fused");
+  set_ops("masked_lm=fused,residual_layernorm=reference");
   EXPECT_EQ(describe(cuda),
             "dropout=reference, masked_lm=fused (triton), residual_layernorm=reference, "
             "attention=reference, toeplitz_bias=fused (one-hot backward), "
             "feed_forward=fused (triton), linear=reference, weight_grad=reference");
+}
+
+TEST(OpsRegistry, WhileGraphsLiveAutoKeepsTheRandomOpsACaptureCanHold) {
+  const OpsRestored restore;
+  const torch::Device cpu(torch::kCPU), cuda(torch::kCUDA, 0);
+  set_ops("auto");
+  {
+    const GraphSafeOps outer;
+    {
+      const GraphSafeOps inner;
+      // The fused forms that read the generator on the host give way to the references ...
+      EXPECT_EQ(implementation(Op::kMaskedLm, cuda), Impl::kReference);
+      EXPECT_EQ(implementation(Op::kResidualLayerNorm, cuda), Impl::kReference);
+      EXPECT_EQ(implementation(Op::kAttention, cuda), Impl::kReference);
+      // ... the others stay, and the CPU's choices do not change.
+      EXPECT_EQ(implementation(Op::kFeedForward, cuda), Impl::kFused);
+      EXPECT_EQ(implementation(Op::kToeplitzBias, cuda), Impl::kFused);
+      EXPECT_EQ(implementation(Op::kDropout, cpu), Impl::kFused);
+    }
+    EXPECT_EQ(implementation(Op::kMaskedLm, cuda), Impl::kReference);  // the outer one lives
+    // An explicit choice stands (its capture then fails, naming XLME_OPS).
+    set_ops("masked_lm=fused");
+    EXPECT_EQ(implementation(Op::kMaskedLm, cuda), Impl::kFused);
+    set_ops("auto");
+  }
+  EXPECT_EQ(implementation(Op::kMaskedLm, cuda), Impl::kFused);
 }
 
 TEST(OpsRegistry, ModelAttentionAutoIsSdpaOnCudaAndTheMathPathOnTheCpu) {

@@ -44,6 +44,18 @@ Impl implementation(Op op, const torch::Device& device);
 // is (docs/performance.md). Decided here, with the ops, so that model code never tests devices.
 bool sdpa_by_default(const torch::Device& device);
 
+// While at least one GraphSafeOps lives, `auto` picks the reference for the ops whose fused CUDA
+// form reads LibTorch's generator on the host, which a CUDA graph capture refuses (masked_lm,
+// residual_layernorm, attention); train.cuda_graphs holds one. An explicit `fused` keeps the
+// fused form, and a capture of it fails naming XLME_OPS.
+class GraphSafeOps {
+ public:
+  GraphSafeOps();
+  ~GraphSafeOps();
+  GraphSafeOps(const GraphSafeOps&) = delete;
+  GraphSafeOps& operator=(const GraphSafeOps&) = delete;
+};
+
 // The ops' names as XLME_OPS spells them, in Op's order.
 const std::vector<std::string>& op_names();
 

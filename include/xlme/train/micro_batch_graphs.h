@@ -24,6 +24,7 @@
 #include "xlme/config/config.h"
 #include "xlme/model/electra.h"
 #include "xlme/objectives/objectives.h"
+#include "xlme/ops/registry.h"
 #include "xlme/train/gradient_buckets.h"
 
 #include <torch/types.h>
@@ -76,6 +77,9 @@ class MicroBatchGraphs {
 
  private:
   struct Graph;
+  // Every micro-batch, eager or captured, runs the ops a capture can hold (ops/registry.h), so
+  // that eager and replayed micro-batches compute and draw alike.
+  ops::GraphSafeOps graph_safe_;
   GradientBuckets& buckets_;
   std::map<std::string, std::unique_ptr<Graph>> graphs_;
   std::map<std::string, torch::Tensor> normalizers_;
