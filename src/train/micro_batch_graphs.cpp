@@ -79,8 +79,9 @@ MicroBatchGraphs::Choice MicroBatchGraphs::choose(const config::Config& config,
   }
   if (setting == "auto") {
     return {false,
-            "off: train.cuda_graphs=auto keeps them off until a GPU run has verified them "
-            "(docs/gpu.md#cuda-graphs); train.cuda_graphs=on uses them"};
+            "off: train.cuda_graphs=auto keeps them off, as a capture cannot hold the fused "
+            "random ops that auto runs and is slower without them (docs/gpu.md#cuda-graphs); "
+            "train.cuda_graphs=on uses them"};
   }
   return {true, fmt::format("on: every micro-batch of a step but the last is captured per shape "
                             "after {} eager ones and replayed; the generator's rows are padded to "
