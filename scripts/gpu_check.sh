@@ -159,6 +159,18 @@ plan_steps() {
     all) echo "$(plan_steps bringup) $(plan_steps speed)" ;;
   esac
 }
+# A step's time limit in seconds (shortened to what is left of the budget when it starts).
+limit_of() {
+  case "$1" in
+    cuda_tests) echo 200 ;;
+    cuda_tests_fused_attention | crash_rerun | cuda_trainer_fused | bench_* | profile_*) echo 90 ;;
+    ops_bench) echo 100 ;;
+    attn_bench) echo 80 ;;
+    attn_bench_no_dropout | ncu_attention) echo 60 ;;
+    peer_*) echo 120 ;;
+    *) echo 60 ;;
+  esac
+}
 in_plan() {
   case " $(echo $(plan_steps "$plan")) " in
     *" $1 "*) return 0 ;;
@@ -167,8 +179,15 @@ in_plan() {
 }
 if [ "$list_only" = 1 ]; then
   echo "plan $plan, budget ${XLME_GPU_CHECK_BUDGET_S:-$default_budget} s:"
-  echo "  env bundle [deps configure build] flags"
-  for step in $(plan_steps "$plan"); do echo "  $step"; done
+  echo "  env (60 s), bundle (~15 s; without one: deps, configure and build, ~6 min), flags"
+  total=0
+  for step in $(plan_steps "$plan"); do
+    printf '  %-30s limit %3d s\n' "$step" "$(limit_of "$step")"
+    total=$((total + $(limit_of "$step")))
+  done
+  echo "sum of the limits: $total s; a step that would start with less than 25 s of the budget left"
+  echo "is skipped and recorded, so the plan ends within its budget (the steps typically take a"
+  echo "fifth to a half of their limits: docs/gpu.md#the-window)"
   exit 0
 fi
 [ $# -ge 1 ] || { sed -n '2,50p' "$0"; exit 2; }
@@ -183,10 +202,13 @@ rm -rf "$state"
 mkdir -p "$state"
 : >"$state/steps.tsv"
 for f in env deps build tests bench; do : >"$out/$f.log"; done
+: >"$out/steps.tsv"
 left() { echo $((budget - ($(date +%s) - start_all))); }
+# Each step's verdict goes to OUT_DIR/steps.tsv as it ends too, so that a command cut at the
+# device tool's limit still brings back every finished step's.
 record() {  # record STEP STATUS SECONDS DETAIL
-  printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$(echo "$4" | tr '\t\n' '  ' | cut -c1-2000)" \
-    >>"$state/steps.tsv"
+  printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$(echo "$4" | tr '\t\n' '  ' | cut -c1-2000)" |
+    tee -a "$out/steps.tsv" >>"$state/steps.tsv"
   echo "==> $1: $2 (${3} s) $(echo "$4" | head -c 300)"
 }
 # run_step NAME LIMIT_S LOG -- COMMAND...: runs COMMAND under `timeout`, shortened to what is left
@@ -508,24 +530,24 @@ if [ "$build_only" = 1 ]; then
   :  # the binaries only (scripts/gpu_demo.sh)
 elif [ "$built_ok" = 1 ]; then
   export XLME_REFERENCE_PYTHON=${XLME_REFERENCE_PYTHON:-$(command -v python3)}
-  in_plan cuda_tests && run_step cuda_tests 200 "$out/tests.log" -- \
+  in_plan cuda_tests && run_step cuda_tests "$(limit_of cuda_tests)" "$out/tests.log" -- \
     ctest --test-dir "$build" -R 'Cuda' -j4 -V --timeout 150 --output-junit "$out/tests.xml"
   # The attention tests again with the fused kernel wherever model::attention runs: CudaAttention.*
   # then compare it with float64 too.
   in_plan cuda_tests_fused_attention && XLME_OPS=attention=fused run_step \
-    cuda_tests_fused_attention 90 "$out/tests.log" -- \
+    cuda_tests_fused_attention "$(limit_of cuda_tests_fused_attention)" "$out/tests.log" -- \
     ctest --test-dir "$build" -R 'CudaAttention|CudaOps\.FusedAttention' -j4 -V --timeout 60
   # The trainer-level tests that crashed at their end on the first GPU run, again outside ctest:
   # without the preloaded tcmalloc (ctest's environment), so that one run tells the allocator
   # apart from the rest; a crash prints its stack (tests/crash_stack.cpp).
   if in_plan crash_rerun; then
     echo "### crash_rerun: without LD_PRELOAD" >>"$out/tests.log"
-    run_step crash_rerun 90 "$out/tests.log" -- env -u LD_PRELOAD OMP_WAIT_POLICY=PASSIVE \
+    run_step crash_rerun "$(limit_of crash_rerun)" "$out/tests.log" -- env -u LD_PRELOAD OMP_WAIT_POLICY=PASSIVE \
       "$build/tests/xlme_integration_tests" --gtest_filter='CudaTrainer.ResumedRun*:CudaDist.TwoGloo*:CudaExport.*'
   fi
   # The trainer's tests with every fused op: a resumed run equals the uninterrupted one only if
   # the fused kernels are deterministic and draw from the saved generator state.
-  in_plan cuda_trainer_fused && XLME_OPS=fused run_step cuda_trainer_fused 90 "$out/tests.log" -- \
+  in_plan cuda_trainer_fused && XLME_OPS=fused run_step cuda_trainer_fused "$(limit_of cuda_trainer_fused)" "$out/tests.log" -- \
     ctest --test-dir "$build" -R 'CudaTrainer|CudaDist|CudaExport' -j4 -V --timeout 80
 else
   record cuda_tests skipped 0 "the build failed"
@@ -540,7 +562,7 @@ bench() {  # bench NAME STEPS CONFIG SETTINGS... [-- MORE ARGUMENTS]
   while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=(--set "$1"); shift; done
   [ "${1:-}" = -- ] && { shift; args+=("$@"); }
   echo "### $name" >>"$out/bench.log"
-  run_step "$name" 90 "$out/bench.log" -- "$build/xlme-pretrain" "${args[@]}"
+  run_step "$name" "$(limit_of "$name")" "$out/bench.log" -- "$build/xlme-pretrain" "${args[@]}"
 }
 peer() {  # peer NAME ARGUMENTS...: scripts/peer_hf_electra.py with the Base shapes
   local name=$1
@@ -548,7 +570,7 @@ peer() {  # peer NAME ARGUMENTS...: scripts/peer_hf_electra.py with the Base sha
   in_plan "$name" || return 0
   [ "$cpu_mode" = 1 ] && return 0
   echo "### $name" >>"$out/bench.log"
-  run_step "$name" 120 "$out/bench.log" -- python3 "$root/scripts/peer_hf_electra.py" "$@"
+  run_step "$name" "$(limit_of "$name")" "$out/bench.log" -- python3 "$root/scripts/peer_hf_electra.py" "$@"
 }
 if [ "$build_only" = 1 ]; then
   :
@@ -572,16 +594,16 @@ elif [ "$built_ok" = 1 ]; then
   # bias (the ceiling), at Base's shapes.
   if in_plan ops_bench; then
     echo "### ops_bench" >>"$out/bench.log"
-    run_step ops_bench 100 "$out/bench.log" -- "$build/tests/xlme-bench-ops" --steps "$ops_steps"
+    run_step ops_bench "$(limit_of ops_bench)" "$out/bench.log" -- "$build/tests/xlme-bench-ops" --steps "$ops_steps"
   fi
   if in_plan attn_bench; then
     echo "### attn_bench" >>"$out/bench.log"
-    run_step attn_bench 80 "$out/bench.log" -- "$build/tests/xlme-bench-attn" --steps "$ops_steps"
+    run_step attn_bench "$(limit_of attn_bench)" "$out/bench.log" -- "$build/tests/xlme-bench-attn" --steps "$ops_steps"
   fi
   # Without dropout: what the Philox draws cost each kernel.
   if in_plan attn_bench_no_dropout; then
     echo "### attn_bench_no_dropout" >>"$out/bench.log"
-    run_step attn_bench_no_dropout 60 "$out/bench.log" -- "$build/tests/xlme-bench-attn" \
+    run_step attn_bench_no_dropout "$(limit_of attn_bench_no_dropout)" "$out/bench.log" -- "$build/tests/xlme-bench-attn" \
       --steps "$ops_steps" --dropout 0
   fi
   # The Base step: the reference step (SDPA, no Triton kernel; the one-hot table gradient), the
@@ -640,7 +662,7 @@ elif [ "$built_ok" = 1 ]; then
           ncu --target-processes all -k regex:attention_backward --launch-count 2 \
             "${sections[@]}" "$1" --steps 1
       }
-      run_step ncu_attention 60 "$out/bench.log" -- bash -c "$(declare -f ncu_attention); \
+      run_step ncu_attention "$(limit_of ncu_attention)" "$out/bench.log" -- bash -c "$(declare -f ncu_attention); \
         ncu_attention $build/tests/xlme-bench-attn"
     else
       record ncu_attention skipped 0 "no ncu on this machine"

@@ -508,6 +508,25 @@ struct OpsRestored {
   ~OpsRestored() { ops::set_ops(""); }
 };
 
+// Expects, at the end of its scope, that kernels whose names start with `prefix` launched since
+// it was made: a fused test that fell back to its reference would otherwise compare the
+// reference with itself.
+class ExpectLaunches {
+ public:
+  explicit ExpectLaunches(std::string prefix)
+      : prefix_(std::move(prefix)), before_(ops::triton::launch_count(prefix_)) {}
+  ~ExpectLaunches() {
+    EXPECT_GT(ops::triton::launch_count(prefix_), before_)
+        << prefix_ << "*: no launch; the fused path fell back to its reference";
+  }
+  ExpectLaunches(const ExpectLaunches&) = delete;
+  ExpectLaunches& operator=(const ExpectLaunches&) = delete;
+
+ private:
+  std::string prefix_;
+  int64_t before_;
+};
+
 struct LmRun {
   ops::MaskedLm out;
   torch::Tensor grad;
@@ -527,6 +546,8 @@ LmRun run_masked_lm(const std::string& spec, const torch::Tensor& logits,
 
 TEST(CudaOps, FusedMaskedLmEqualsTheReference) {
   XLME_REQUIRE_CUDA();
+  const fused::ExpectLaunches launched_0("masked_lm_forward");
+  const fused::ExpectLaunches launched_1("masked_lm_backward");
   const fused::OpsRestored restore;
   const torch::Device cuda(torch::kCUDA, 0);
   ASSERT_TRUE(ops::triton::available("masked_lm_forward_bf16", cuda))
@@ -616,6 +637,8 @@ TEST(CudaOps, FusedDrawsFollowTheSoftmaxAndRepeatWithTheGenerator) {
 
 TEST(CudaOps, FusedResidualLayerNormEqualsTheReference) {
   XLME_REQUIRE_CUDA();
+  const fused::ExpectLaunches launched_0("residual_layernorm_forward");
+  const fused::ExpectLaunches launched_1("residual_layernorm_backward");
   const fused::OpsRestored restore;
   const torch::Device cuda(torch::kCUDA, 0);
   torch::manual_seed(23);
@@ -815,6 +838,8 @@ TEST(CudaTrainer, TheMicroBatchLoopNeverWaitsForTheDevice) {
 
 TEST(CudaOps, FusedAttentionEqualsTheFloat64MathPath) {
   XLME_REQUIRE_CUDA();
+  const fused::ExpectLaunches launched_0("attention_forward");
+  const fused::ExpectLaunches launched_1("attention_backward");
   const fused::OpsRestored restore;
   ops::set_ops("attention=fused");
   const torch::Device cuda(torch::kCUDA, 0);
@@ -1002,6 +1027,8 @@ TEST(CudaOps, FusedAttentionDropoutKeepsItsFractionAndFollowsTheGenerator) {
 
 TEST(CudaOps, FusedFeedForwardEqualsTheFloat64Block) {
   XLME_REQUIRE_CUDA();
+  const fused::ExpectLaunches launched_0("gemm_bias_gelu");
+  const fused::ExpectLaunches launched_1("gemm_dgelu_bgrad");
   const fused::OpsRestored restore;
   const torch::Device cuda(torch::kCUDA, 0);
   // Token counts that are not multiples of the 128-row tiles; the demo's and Base's widths.
