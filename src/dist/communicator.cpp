@@ -179,6 +179,12 @@ class Heartbeat {
     s.counters.assign(s.watched.size(), -1);
     s.changed.assign(s.watched.size(), now);
     s.left.assign(s.watched.size(), false);
+    s.started.assign(s.watched.size(), false);
+    // Ranks start their heartbeats at slightly different times after the rendezvous (more so on
+    // a loaded host): a rank is judged by the period once its counter has moved, and before that
+    // by this longer allowance for its first beat.
+    s.first_beat =
+        std::max<std::chrono::milliseconds>(4 * period, period + std::chrono::seconds(30));
     beat_thread_ = std::thread([state = state_] { beat_loop(*state); });
     judge_thread_ = std::thread([state = state_] { judge_loop(*state); });
   }
@@ -233,6 +239,8 @@ class Heartbeat {
     std::vector<int64_t> counters;
     std::vector<Clock::time_point> changed;
     std::vector<bool> left;
+    std::vector<bool> started;  // its counter has moved: it beats
+    std::chrono::milliseconds first_beat{0};
     std::string verdict;  // another rank's, read from the store
     bool left_sent = false, verdict_sent = false, beat_done = false;
     // Written by the others, sent by the beat thread.
@@ -288,6 +296,7 @@ class Heartbeat {
           s.left[i] = left[i];
           if (counters[i] != s.counters[i]) s.changed[i] = now;
           if (counters[i] >= 0) s.counters[i] = counters[i];
+          if (counters[i] >= 1) s.started[i] = true;
         }
         if (!verdict.empty() && verdict != s.outgoing) s.verdict = verdict;
       }
@@ -322,13 +331,17 @@ class Heartbeat {
             s.rank0_serves ? "rank 0" : "the agent");
       } else {
         for (std::size_t i = 0; i < s.watched.size() && message.empty(); ++i) {
-          if (s.left[i] || now - s.changed[i] <= s.period) continue;
+          const auto allowed = s.started[i] ? s.period : s.first_beat;
+          if (s.left[i] || now - s.changed[i] <= allowed) continue;
           message = fmt::format(
-              "{} has not been heard from for {:.1f} s (dist.heartbeat_s = {:g}): it died, froze "
-              "or lost the network; every rank stops (the last checkpoint is intact: run the "
-              "same command again once its host is back)",
+              "{} has not been heard from for {:.1f} s (dist.heartbeat_s = {:g}{}): it died, "
+              "froze or lost the network; every rank stops (the last checkpoint is intact: run "
+              "the same command again once its host is back)",
               who(s, s.watched[i]), std::chrono::duration<double>(now - s.changed[i]).count(),
-              in_seconds(s.period));
+              in_seconds(s.period),
+              s.started[i] ? ""
+                           : fmt::format("; it never beat, and a first beat may take {:g} s",
+                                         in_seconds(s.first_beat)));
           // Tell the others first, for at most two beats.
           s.outgoing = message;
           s.wake.notify_all();
