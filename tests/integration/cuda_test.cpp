@@ -989,6 +989,97 @@ TEST(CudaOps, FusedAttentionInAnAlbertSharedEncoder) {
   }
 }
 
+// The variant Base trains with (gated bias, dropout) against the math path in float64 with the
+// very mask the kernel drew. The mask is read back through the kernel: with q = k = 0 and no bias
+// every real key has probability 1 / L (L real keys in the sequence), so with v the one-hot
+// columns of one 64-key block, out[i, a] = keep[i, c0 + a] / (L (1 - p)). The mask is a function
+// of the generator's state and (sequence-head, i, j) alone, and the generator is reseeded before
+// each call, so the gated call draws the same one.
+TEST(CudaOps, FusedGatedAttentionWithDropoutEqualsTheMathPathWithItsMask) {
+  XLME_REQUIRE_CUDA();
+  const fused::ExpectLaunches launched_0("attention_forward");
+  const fused::ExpectLaunches launched_1("attention_backward");
+  const fused::OpsRestored restore;
+  ops::set_ops("attention=fused");
+  const int64_t batch = 2, heads = 4, t = 128, d = 64;
+  const double p = 0.1;
+  const uint64_t seed = 41;
+  auto padding = torch::zeros({batch, t}, torch::kBool);
+  padding[1].narrow(0, t - 7, 7).fill_(true);
+  const auto cuda_padding = padding.to(kCuda);
+  const auto bf16 = torch::TensorOptions(kCuda).dtype(torch::kBFloat16);
+  auto keep = torch::zeros({batch, heads, t, t}, torch::kDouble);
+  const auto zeros = torch::zeros({batch, heads, t, d}, bf16);
+  const auto lengths = (~padding).sum(1).to(torch::kDouble).view({batch, 1, 1, 1});
+  for (int64_t c0 = 0; c0 < t; c0 += d) {
+    auto v = torch::zeros({batch, heads, t, d}, bf16);
+    v.narrow(2, c0, d).copy_(torch::eye(d, bf16).expand({batch, heads, d, d}));
+    torch::cuda::manual_seed_all(seed);
+    torch::NoGradGuard no_grad;
+    const auto out =
+        model::attention(zeros, zeros, v, cuda_padding, {}, p, true, model::AttentionKernel::kMath);
+    keep.narrow(3, c0, d).copy_((out.to(torch::kCPU, torch::kDouble) * lengths * (1 - p)).round());
+  }
+  keep.masked_fill_(padding.view({batch, 1, 1, t}), 0.0);
+  ASSERT_TRUE(torch::equal(keep, keep.clamp(0, 1))) << "every element is kept or dropped";
+  const double kept = keep.sum().item<double>() / ((~padding).sum().item<double>() * heads * t);
+  std::cout << "[ rel.err. ] gated + dropout: kept fraction " << kept << std::endl;
+  EXPECT_NEAR(kept, 1 - p, 0.01);  // 126,976 draws: sd 0.0008
+
+  torch::manual_seed(43);
+  const auto q0 = torch::randn({batch, heads, t, d}), k0 = torch::randn({batch, heads, t, d}),
+             v0 = torch::randn({batch, heads, t, d});
+  const auto table0 = torch::randn({heads, 32}) * 0.5;
+  const auto u0 = torch::randn({heads, d}) * 0.1, gv0 = torch::randn({heads, d}) * 0.1,
+             w0 = torch::rand({heads}) + 0.5;
+  const auto dout = torch::randn({batch, heads, t, d});
+  // Output and the gradients of q, k, v, the table and the gate, in float64 on the CPU.
+  const auto run = [&](bool fused_path) {
+    const auto device = fused_path ? kCuda : torch::Device(torch::kCPU);
+    const auto activation = fused_path ? torch::kBFloat16 : torch::kDouble;
+    const auto parameter = fused_path ? torch::kFloat : torch::kDouble;
+    std::vector<torch::Tensor> leaves;
+    for (const auto& x : {q0, k0, v0}) leaves.push_back(x.to(device, activation).requires_grad_());
+    for (const auto& x : {table0, u0, gv0, w0}) {
+      leaves.push_back(x.to(device, parameter).requires_grad_());
+    }
+    model::PositionBias bias;
+    bias.gate_u = leaves[4];
+    bias.gate_v = leaves[5];
+    bias.gate_w = leaves[6];
+    torch::Tensor out;
+    if (fused_path) {
+      AutocastScope scope(kCuda, true);
+      bias.table =
+          model::toeplitz_bias(leaves[3], model::relative_position_buckets(t, 32, 128, kCuda));
+      bias.far = model::relative_position_far_distance(32, 128);
+      torch::cuda::manual_seed_all(seed);
+      out = model::attention(leaves[0], leaves[1], leaves[2], cuda_padding, bias, p, true,
+                             model::AttentionKernel::kMath);
+    } else {
+      bias.table = model::toeplitz_bias(leaves[3],
+                                        model::relative_position_buckets(t, 32, 128, torch::kCPU));
+      auto scores = torch::matmul(leaves[0], leaves[1].transpose(-2, -1)) / std::sqrt(double(d));
+      scores = model::add_position_bias(scores, model::gate_factor(leaves[0], bias), bias.table,
+                                        padding);
+      out = torch::matmul(torch::softmax(scores, -1) * keep / (1 - p), leaves[2]);
+    }
+    out.backward(dout.to(device, out.scalar_type()));
+    std::vector<torch::Tensor> result{out.detach().to(torch::kCPU, torch::kDouble)};
+    for (const auto& l : leaves) result.push_back(l.grad().to(torch::kCPU, torch::kDouble));
+    return result;
+  };
+  const auto want = run(false);
+  const auto got = run(true);
+  const char* names[] = {"output", "dq", "dk", "dv", "dtable", "du", "dv_gate", "dw"};
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double scale = std::max(1.0, want[i].abs().max().item<double>());
+    const double error = (got[i] - want[i]).abs().max().item<double>() / scale;
+    std::cout << "[ rel.err. ] gated + dropout " << names[i] << ": " << error << std::endl;
+    EXPECT_LE(error, 3e-2) << names[i];
+  }
+}
+
 // The fused kernel's dropout read back through the output: with q = k = 0 every probability is
 // 1 / T and v = I, so out[i, j] = keep_ij / (T (1 - p)). The kept fraction, the same mask for the
 // same generator state, another for the next call, and dV = P_kept^T dO with that mask.
