@@ -62,8 +62,7 @@ void write_file_streamed(const std::string& path,
   fs::create_directories(folder, ec);
   XLME_CHECK(!ec, "cannot create folder '{}' for '{}': {}", folder.string(), path, ec.message());
   const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  XLME_CHECK(fd >= 0, "cannot create '{}': {}", tmp, std::strerror(errno));
+  const int fd = create_own_file(tmp, "the temporary file");
   int err = 0;         // the first failed write's errno
   uint64_t total = 0;  // every byte handed over, also after a failure
   const ByteSink sink = [&](const void* data, std::size_t size) -> std::size_t {
@@ -152,6 +151,67 @@ void require_plain_file_or_missing(const std::string& path, const std::string& w
              what, path, file_type_name(info.st_mode));
 }
 
+namespace {
+
+// Throws unless the open file `fd` (at `path`) is a regular file with no other hard link; closes
+// `fd` first.
+void require_own_file(int fd, const std::string& path, const std::string& what) {
+  struct stat info {};
+  const bool stat_ok = ::fstat(fd, &info) == 0;
+  if (stat_ok && S_ISREG(info.st_mode) && info.st_nlink <= 1) return;
+  ::close(fd);
+  XLME_CHECK(stat_ok, "cannot inspect {} '{}': {}", what, path, std::strerror(errno));
+  require_plain_file_or_missing(path, what);
+  XLME_FAIL(
+      "{} '{}' has {} hard links: writing it would change the same file under its other names; "
+      "remove '{}' (the other names keep their data) or choose another output",
+      what, path, info.st_nlink, path);
+}
+
+}  // namespace
+
+int open_own_file(const std::string& path, uint64_t keep_bytes, const std::string& what) {
+  const int flags = O_WRONLY | O_NOFOLLOW | O_CLOEXEC | (keep_bytes == 0 ? O_CREAT : 0);
+  const int fd = ::open(path.c_str(), flags, 0644);
+  if (fd < 0 && errno == ELOOP) require_plain_file_or_missing(path, what);
+  XLME_CHECK(fd >= 0, "cannot open {} '{}': {}", what, path, std::strerror(errno));
+  require_own_file(fd, path, what);
+  struct stat info {};
+  ::fstat(fd, &info);
+  if (static_cast<uint64_t>(info.st_size) < keep_bytes) {
+    ::close(fd);
+    XLME_FAIL(
+        "cannot resume: {} '{}' is shorter ({} bytes) than its checkpoint ({} bytes); "
+        "delete the .progress file beside it to start over",
+        what, path, info.st_size, keep_bytes);
+  }
+  if (::ftruncate(fd, static_cast<off_t>(keep_bytes)) != 0 || ::lseek(fd, 0, SEEK_END) < 0) {
+    const int err = errno;
+    ::close(fd);
+    XLME_FAIL("cannot write {} '{}': {}", what, path, std::strerror(err));
+  }
+  return fd;
+}
+
+int create_own_file(const std::string& path, const std::string& what) {
+  for (int attempt = 0;; ++attempt) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0) return fd;
+    const int err = errno;
+    struct stat info {};
+    XLME_CHECK(err == EEXIST && attempt == 0 && ::lstat(path.c_str(), &info) == 0,
+               "cannot create {} '{}': {}", what, path, std::strerror(err));
+    if (!S_ISREG(info.st_mode)) require_plain_file_or_missing(path, what);
+    XLME_CHECK(info.st_nlink <= 1,
+               "{} '{}' exists with {} hard links: replacing it could lose the data under its "
+               "other names; remove it or choose another output",
+               what, path, info.st_nlink);
+    // A regular file of an earlier process with the same pid (killed): replaced.
+    XLME_CHECK(::unlink(path.c_str()) == 0, "cannot replace {} '{}': {}", what, path,
+               std::strerror(errno));
+  }
+}
+
 FileLock::FileLock(const std::string& path, const std::string& what, const std::string& clash,
                    bool remove_when_done)
     : path_(path), remove_when_done_(remove_when_done) {
@@ -162,10 +222,10 @@ FileLock::FileLock(const std::string& path, const std::string& what, const std::
     XLME_CHECK(fd_ >= 0, "cannot open the lock file '{}' of {}: {}", path, what,
                std::strerror(errno));
     struct stat info {};
-    if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode)) {
-      ::close(fd_);
+    if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode) || info.st_nlink > 1) {
+      const int fd = fd_;
       fd_ = -1;
-      require_plain_file_or_missing(path, "the lock file of " + what);
+      require_own_file(fd, path, "the lock file of " + what);
     }
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;

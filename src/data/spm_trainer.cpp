@@ -13,8 +13,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <numeric>
 #include <random>
 
@@ -125,8 +127,11 @@ SpmTrainingReport train_sentencepiece(const SpmTrainingOptions& options) {
   const std::string sample_path = options.out_model + ".sample-" + std::to_string(::getpid());
   fs::create_directories(fs::absolute(options.out_model).parent_path());
   {
-    std::ofstream sample(sample_path, std::ios::binary);
-    XLME_CHECK(sample.good(), "cannot write '{}'", sample_path);
+    // Created anew (never through a link planted at its name), written through stdio.
+    const int fd = create_own_file(sample_path, "the tokenizer's training sample");
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> sample(::fdopen(fd, "wb"), &std::fclose);
+    if (!sample) ::close(fd);
+    XLME_CHECK(sample != nullptr, "cannot write '{}': {}", sample_path, std::strerror(errno));
     std::mt19937_64 rng(static_cast<uint64_t>(options.seed));
     for (size_t j = 0; j < files.size(); ++j) {
       const int64_t copies = counts[j] / lines[j];
@@ -141,11 +146,15 @@ SpmTrainingReport train_sentencepiece(const SpmTrainingOptions& options) {
           --extra;
         }
         --remaining;
-        for (int64_t t = 0; t < times; ++t) sample << line << '\n';
+        for (int64_t t = 0; t < times; ++t) {
+          std::fwrite(line.data(), 1, line.size(), sample.get());
+          std::fputc('\n', sample.get());
+        }
         report.languages[j].sampled += times;
       }
     }
-    XLME_CHECK(sample.good(), "cannot write '{}' (disk full?)", sample_path);
+    XLME_CHECK(std::fflush(sample.get()) == 0 && !std::ferror(sample.get()),
+               "cannot write '{}' (disk full?): {}", sample_path, std::strerror(errno));
   }
   for (const auto& lang : report.languages) {
     spdlog::info("train-spm: {:<12} {:>10} lines -> {:>9} sampled", lang.language, lang.lines,

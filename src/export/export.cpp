@@ -209,10 +209,14 @@ const std::set<std::string>& export_file_names() {
 }
 
 // The first entry of folder `dir` that xlme-export does not write ("" when none).
+// The file an export writes first into its unfinished folder (<out>.tmp-<pid>) and removes last,
+// before the folder moves into place: only a folder holding it is removed as a killed export's.
+constexpr const char* kUnfinishedMarker = ".xlme-export-unfinished";
+
 std::string foreign_entry(const fs::path& dir) {
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (export_file_names().count(name) == 0) return name;
+    if (export_file_names().count(name) == 0 && name != kUnfinishedMarker) return name;
   }
   return "";
 }
@@ -253,7 +257,8 @@ void clean_leftovers(const fs::path& out) {
   }
   for (const auto& path : found) {
     const bool unfinished = path.filename().string().rfind(prefix + ".tmp-", 0) == 0;
-    if (unfinished && foreign_entry(path).empty()) {
+    if (unfinished && fs::is_regular_file(path / kUnfinishedMarker, ec) &&
+        !fs::is_symlink(path / kUnfinishedMarker, ec) && foreign_entry(path).empty()) {
       fs::remove_all(path, ec);
       spdlog::warn("removed '{}', the unfinished folder of an xlme-export that was killed",
                    path.string());
@@ -427,11 +432,19 @@ ExportSummary export_model(const ExportOptions& options) {
     metrics = fs::path(p.run_config->run.out_dir) / checkpoint::kMetricsFile;
   }
 
+  // A new folder of this export's own: one left at this name that clean_leftovers kept (no
+  // marker, or files of someone else) is not removed by its name alone.
   const fs::path tmp = out.string() + fmt::format(".tmp-{}", ::getpid());
-  fs::remove_all(tmp, ec);
+  XLME_CHECK(!fs::exists(fs::symlink_status(tmp, ec)),
+             "'{}' exists and is not an unfinished export's folder (no {} file in it, or other "
+             "files): it is kept; move it away and run xlme-export again",
+             tmp.string(), kUnfinishedMarker);
   fs::create_directories(tmp, ec);
   XLME_CHECK(!ec, "cannot create the folder '{}': {}", tmp.string(), ec.message());
   try {
+    write_file_atomic(
+        (tmp / kUnfinishedMarker).string(),
+        fmt::format("an unfinished xlme-export (pid {} on host {})\n", ::getpid(), host_name()));
     checkpoint::write_safetensors((tmp / checkpoint::kExportWeightsFile).string(), content);
     summary.weight_bytes = fs::file_size(tmp / checkpoint::kExportWeightsFile);
     const std::string tokenizer = (tmp / checkpoint::kExportTokenizerFile).string();
@@ -444,6 +457,7 @@ ExportSummary export_model(const ExportOptions& options) {
                       model_card(p, exported, summary, metrics.string()));
     write_file_atomic((tmp / checkpoint::kExportMarkerFile).string(),
                       "written by xlme-export " XLME_VERSION "; --force may replace this folder\n");
+    fs::remove(tmp / kUnfinishedMarker);
     move_export_into_place(tmp.string(), out.string(), options.force);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp, ec);

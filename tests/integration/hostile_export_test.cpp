@@ -336,14 +336,18 @@ TEST_F(HostileExport, WhatAppearsAtOutWhileTheExportRunsIsKept) {
   }
 }
 
-// Issue 36 (weak): killed exports left <out>.tmp-<pid> folders forever (845 MB after 8 kills).
-// The next export of the same --out removes an unfinished one holding only export files, and
-// keeps (with a warning) one that holds anything else.
+// Killed exports left <out>.tmp-<pid> folders forever (845 MB after 8 kills). The next export of
+// the same --out removes an unfinished one: marked as such by the export that wrote it and holding
+// only export files. It keeps (with a warning) one that holds anything else, and a user's folder
+// of export-like files at such a name without the marker (it was deleted by its name alone).
 TEST_F(HostileExport, UnfinishedFoldersOfKilledExportsAreRemovedByTheNext) {
   TempDir dir;
   const std::string out = dir / "exported";
   write_file(out + ".tmp-999991/model.safetensors", std::string(1 << 20, 'x'));
+  write_file(out + ".tmp-999991/.xlme-export-unfinished", "an unfinished xlme-export\n");
   write_file(out + ".tmp-999992/notes.txt", "mine\n");
+  write_file(out + ".tmp-download/config.json", "{}\n");
+  write_file(out + ".tmp-download/model.safetensors", "user's weights");
   const auto run = run_hostile("xlme-export", {"--checkpoint", checkpoint(), "--out", out});
   EXPECT_EQ(run.code, 0) << run.err;
   EXPECT_TRUE(contains_all(run.err, {"removed '" + out +
@@ -355,6 +359,9 @@ TEST_F(HostileExport, UnfinishedFoldersOfKilledExportsAreRemovedByTheNext) {
       << run.err;
   EXPECT_FALSE(fs::exists(out + ".tmp-999991"));
   EXPECT_EQ(read_file(out + ".tmp-999992/notes.txt"), "mine\n");
+  EXPECT_EQ(read_file(out + ".tmp-download/model.safetensors"), "user's weights");
+  EXPECT_TRUE(contains_all(run.err, {"'" + out + ".tmp-download' looks like a folder"})) << run.err;
+  EXPECT_FALSE(fs::exists(out + "/.xlme-export-unfinished"));
   EXPECT_TRUE(fs::is_regular_file(out + "/.xlme-export"));
   EXPECT_FALSE(fs::exists(out + ".lock"));  // the export's lock goes with it
 }

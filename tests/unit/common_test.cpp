@@ -14,6 +14,7 @@
 
 #include <dlfcn.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -77,6 +78,59 @@ TEST(AtomicWrite, FailureNamesThePathAndKeepsTheOldFile) {
                            {"cannot rename", dir / "target"}));
   EXPECT_EQ(read_file(dir / "target/keep.txt"), "keep");
   EXPECT_FALSE(std::filesystem::exists(dir / "target.tmp-" + std::to_string(getpid())));
+}
+
+// Files a command creates or appends to are never written through a link planted at their name:
+// a symbolic link's target and a hard link's other name keep their bytes, and the error names
+// the path.
+TEST(OwnFile, LinksPlantedAtTheNameAreRefusedAndTheirTargetsKept) {
+  TempDir dir;
+  const std::string target = dir / "users_file";
+  write_file(target, "precious");
+  const std::string symlink = dir / "shard.bin.partial";
+  std::filesystem::create_symlink(target, symlink);
+  for (const uint64_t keep : {uint64_t{0}, uint64_t{3}}) {
+    const std::string error = error_message([&] { open_own_file(symlink, keep, "the shard"); });
+    EXPECT_TRUE(contains_all(error, {"the shard", symlink, "symbolic link"})) << error;
+  }
+  const std::string hard = dir / "other.partial";
+  std::filesystem::create_hard_link(target, hard);
+  const std::string error = error_message([&] { open_own_file(hard, 0, "the shard"); });
+  EXPECT_TRUE(contains_all(error, {"the shard", hard, "2 hard links"})) << error;
+  const std::string created = error_message([&] { create_own_file(hard, "the sample"); });
+  EXPECT_TRUE(contains_all(created, {"the sample", hard, "2 hard links"})) << created;
+  const std::string through = error_message([&] { create_own_file(symlink, "the sample"); });
+  EXPECT_TRUE(contains_all(through, {"the sample", symlink, "symbolic link"})) << through;
+  EXPECT_EQ(read_file(target), "precious");
+  // A lock file hard-linked to a user's file is refused too.
+  const std::string lock = error_message([&] { FileLock l(hard, "the run folder"); });
+  EXPECT_TRUE(contains_all(lock, {"lock file of the run folder", hard, "hard links"})) << lock;
+  EXPECT_EQ(read_file(target), "precious");
+}
+
+TEST(OwnFile, CreatesEmptiesOrCutsAFileOfItsOwn) {
+  TempDir dir;
+  const std::string path = dir / "a.partial";
+  int fd = open_own_file(path, 0, "the shard");
+  ASSERT_EQ(::write(fd, "abcdef", 6), 6);
+  ::close(fd);
+  fd = open_own_file(path, 4, "the shard");  // a resume: cut to the checkpoint, then append
+  ASSERT_EQ(::write(fd, "XY", 2), 2);
+  ::close(fd);
+  EXPECT_EQ(read_file(path), "abcdXY");
+  const std::string short_file = error_message([&] { open_own_file(path, 99, "the shard"); });
+  EXPECT_TRUE(contains_all(short_file, {"cannot resume", path, "6 bytes", "99 bytes"}))
+      << short_file;
+  EXPECT_EQ(read_file(path), "abcdXY");
+  fd = open_own_file(path, 0, "the shard");  // a new run empties it
+  ::close(fd);
+  EXPECT_EQ(read_file(path), "");
+  // create_own_file replaces a plain file an earlier process left.
+  write_file(path, "stale");
+  fd = create_own_file(path, "the sample");
+  ASSERT_EQ(::write(fd, "new", 3), 3);
+  ::close(fd);
+  EXPECT_EQ(read_file(path), "new");
 }
 
 TEST(ReadFile, ReturnsEveryByteOfTheFile) {

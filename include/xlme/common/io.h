@@ -42,13 +42,26 @@ uint64_t free_bytes(const std::string& path);
 // a run creates or appends to in its folder are checked with it before they are opened.
 void require_plain_file_or_missing(const std::string& path, const std::string& what);
 
+// Opens `path` for appending as a file of this program's own and returns its descriptor,
+// positioned at its end: with `keep_bytes` = 0 it is created or emptied, else it must exist with at
+// least `keep_bytes` bytes and is cut to them (a resume). Refused, naming `what` and the path and
+// touching nothing, when `path` is a symbolic link, not a regular file, or a file with other hard
+// links: a write would reach a file elsewhere through it.
+int open_own_file(const std::string& path, uint64_t keep_bytes, const std::string& what);
+
+// Creates `path` for writing as a new file (O_EXCL: never through a link planted at its name) and
+// returns its descriptor. A regular file left there by an earlier process is replaced; anything
+// else (a link, a folder, a file with other hard links) is refused, naming `what`.
+int create_own_file(const std::string& path, const std::string& what);
+
 // An exclusive advisory lock (flock) on a file, held until destruction; the operating system
 // releases it when the process ends, crash included. The file records the holder's pid and host.
 class FileLock {
  public:
   // Takes the lock on `path` (created if missing) or throws xlme::Error naming `what`, the file,
   // the holder's pid and host and `clash` (what two holders would do), without waiting. A `path`
-  // that is a symbolic link or not a regular file is refused, never followed. With
+  // that is a symbolic link, not a regular file, or a file with other hard links is refused,
+  // never written through. With
   // `remove_when_done` the file is removed when the lock is released (while still held, so that
   // a process waiting on the removed file opens the path again).
   FileLock(const std::string& path, const std::string& what,
