@@ -28,25 +28,106 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 // One of three decoders; `read` appends up to kBlockBytes decompressed bytes, 0 at the end.
+// gzip is decoded member by member with inflate (not gzread, which ends silently at a damaged
+// second member or at trailing bytes): every byte of the file must belong to a whole member.
 struct LineReader::Decoder {
   enum class Kind { kPlain, kGzip, kXz } kind = Kind::kPlain;
   std::FILE* file = nullptr;
-  gzFile gz = nullptr;
   lzma_stream xz = LZMA_STREAM_INIT;
-  std::string in;  // compressed input block (xz)
-  bool xz_input_done = false;
-  bool xz_done = false;
+  z_stream zs{};
+  bool zs_started = false;
+  bool at_member_start = true;  // gzip: the next input byte starts a member (or the file ends)
+  int64_t members = 0;          // gzip members decoded whole
+  std::string in;               // compressed input block
+  bool input_done = false;
+  bool done = false;
 
   ~Decoder() {
-    if (gz != nullptr) gzclose(gz);
     if (kind == Kind::kXz) lzma_end(&xz);
+    if (zs_started) inflateEnd(&zs);
     if (file != nullptr) std::fclose(file);
   }
 
+  size_t avail_in() const { return kind == Kind::kGzip ? zs.avail_in : xz.avail_in; }
+
   int64_t bytes_consumed() const {
-    if (kind == Kind::kGzip) return gzoffset(gz);
     const long pos = std::ftell(file);
-    return pos < 0 ? 0 : static_cast<int64_t>(pos) - static_cast<int64_t>(xz.avail_in);
+    return pos < 0 ? 0 : static_cast<int64_t>(pos) - static_cast<int64_t>(avail_in());
+  }
+
+  // Reads the next compressed block into `in`; returns its size (0 at the end of the file).
+  size_t next_input(const std::string& path) {
+    in.resize(kBlockBytes);
+    const size_t n = std::fread(in.data(), 1, in.size(), file);
+    XLME_CHECK(n > 0 || !std::ferror(file), "cannot read '{}': {}", path, std::strerror(errno));
+    input_done = n == 0;
+    return n;
+  }
+
+  size_t read_gzip(char* out, const std::string& path, int64_t decoded) {
+    if (done) return 0;
+    zs.next_out = reinterpret_cast<Bytef*>(out);
+    zs.avail_out = static_cast<uInt>(kBlockBytes);
+    while (zs.avail_out > 0) {
+      if (zs.avail_in < 2 && !input_done) {
+        // Keep an unread byte: a member's 2-byte magic may straddle two blocks.
+        const std::string rest(reinterpret_cast<const char*>(zs.next_in), zs.avail_in);
+        const size_t n = next_input(path);
+        in.insert(0, rest);
+        in.resize(rest.size() + n);
+        zs.next_in = reinterpret_cast<Bytef*>(in.data());
+        zs.avail_in = static_cast<uInt>(in.size());
+        continue;
+      }
+      const int64_t at = bytes_consumed();
+      const size_t produced = kBlockBytes - zs.avail_out;
+      if (at_member_start) {
+        if (zs.avail_in == 0) {  // the end of the file, after whole members (or an empty file)
+          done = true;
+          break;
+        }
+        const bool magic = zs.avail_in >= 2 && zs.next_in[0] == 0x1f && zs.next_in[1] == 0x8b;
+        XLME_CHECK(magic || members > 0,
+                   "'{}' is not gzip data (no gzip header at byte 0); rename it without .gz if it "
+                   "is plain text, or re-compress it",
+                   path);
+        XLME_CHECK(magic,
+                   "'{}' has {} bytes after its gzip member {} (which ends at byte {} of {}, after "
+                   "{} decompressed bytes) that are not another gzip member: a damaged member or "
+                   "trailing garbage, whose lines would be lost; re-download or re-compress it "
+                   "(gzip -t names the damage)",
+                   path, file_size(path) - at, members, at, file_size(path),
+                   decoded + static_cast<int64_t>(produced));
+        const int init = zs_started ? inflateReset(&zs) : inflateInit2(&zs, 16 + MAX_WBITS);
+        XLME_CHECK(init == Z_OK, "cannot start the gzip decoder for '{}' (zlib error {})", path,
+                   init);
+        zs_started = true;
+        at_member_start = false;
+      }
+      const int ret = inflate(&zs, Z_NO_FLUSH);
+      if (ret == Z_STREAM_END) {
+        ++members;
+        at_member_start = true;
+        continue;
+      }
+      if (ret == Z_BUF_ERROR && zs.avail_in == 0 && input_done) {
+        XLME_FAIL(
+            "'{}' is truncated: its gzip data stops at byte {} of {} before the end of the stream, "
+            "after {} decompressed bytes; re-download or re-compress it",
+            path, bytes_consumed(), file_size(path),
+            decoded + static_cast<int64_t>(kBlockBytes - zs.avail_out));
+      }
+      XLME_CHECK(ret == Z_OK || ret == Z_BUF_ERROR,
+                 "'{}' is not a valid gzip file or is corrupt in member {} at byte {} of {} ({}); "
+                 "re-download or re-compress it",
+                 path, members + 1, bytes_consumed(), file_size(path),
+                 zs.msg != nullptr ? zs.msg : "zlib error " + std::to_string(ret));
+    }
+    return kBlockBytes - zs.avail_out;
+  }
+
+  static int64_t file_size(const std::string& path) {
+    return static_cast<int64_t>(std::filesystem::file_size(path));
   }
 
   // `decoded` bytes were decompressed before this call (for the error messages).
@@ -56,39 +137,19 @@ struct LineReader::Decoder {
       XLME_CHECK(n > 0 || !std::ferror(file), "cannot read '{}': {}", path, std::strerror(errno));
       return n;
     }
-    if (kind == Kind::kGzip) {
-      const int n = gzread(gz, out, static_cast<unsigned>(kBlockBytes));
-      int code = Z_OK;
-      const char* message = gzerror(gz, &code);
-      XLME_CHECK(n >= 0,
-                 "'{}' is not a valid gzip file or is corrupt at byte {} of {} ({}); re-download "
-                 "or re-compress it",
-                 path, gzoffset(gz), std::filesystem::file_size(path), message);
-      XLME_CHECK(code != Z_BUF_ERROR,
-                 "'{}' is truncated: its gzip data stops at byte {} of {} before the end of the "
-                 "stream, after {} decompressed bytes; re-download or re-compress it",
-                 path, gzoffset(gz), std::filesystem::file_size(path), decoded + n);
-      XLME_CHECK(n == 0 || !gzdirect(gz),
-                 "'{}' is not gzip data (no gzip header at byte 0); rename it without .gz if it is "
-                 "plain text, or re-compress it",
-                 path);
-      return static_cast<size_t>(n);
-    }
-    if (xz_done) return 0;
+    if (kind == Kind::kGzip) return read_gzip(out, path, decoded);
+    if (done) return 0;
     xz.next_out = reinterpret_cast<uint8_t*>(out);
     xz.avail_out = kBlockBytes;
     while (xz.avail_out > 0) {
-      if (xz.avail_in == 0 && !xz_input_done) {
-        in.resize(kBlockBytes);
-        const size_t n = std::fread(in.data(), 1, in.size(), file);
-        XLME_CHECK(n > 0 || !std::ferror(file), "cannot read '{}': {}", path, std::strerror(errno));
+      if (xz.avail_in == 0 && !input_done) {
+        const size_t n = next_input(path);
         xz.next_in = reinterpret_cast<const uint8_t*>(in.data());
         xz.avail_in = n;
-        xz_input_done = n == 0;
       }
-      const lzma_ret ret = lzma_code(&xz, xz_input_done ? LZMA_FINISH : LZMA_RUN);
+      const lzma_ret ret = lzma_code(&xz, input_done ? LZMA_FINISH : LZMA_RUN);
       if (ret == LZMA_STREAM_END) {
-        xz_done = true;
+        done = true;
         break;
       }
       XLME_CHECK(ret == LZMA_OK,
@@ -105,15 +166,12 @@ LineReader::LineReader(const std::string& path, LineReaderOptions options)
     : path_(path), options_(options), decoder_(new Decoder) {
   XLME_CHECK(std::filesystem::is_regular_file(path), "input file '{}' not found", path);
   file_size_ = static_cast<int64_t>(std::filesystem::file_size(path));
-  if (ends_with(path, ".gz")) {
-    decoder_->kind = Decoder::Kind::kGzip;
-    decoder_->gz = gzopen(path.c_str(), "rb");
-    XLME_CHECK(decoder_->gz != nullptr, "cannot open '{}': {}", path, std::strerror(errno));
-    gzbuffer(decoder_->gz, kBlockBytes);
-    return;
-  }
   decoder_->file = std::fopen(path.c_str(), "rb");
   XLME_CHECK(decoder_->file != nullptr, "cannot open '{}': {}", path, std::strerror(errno));
+  if (ends_with(path, ".gz")) {
+    decoder_->kind = Decoder::Kind::kGzip;
+    return;
+  }
   if (ends_with(path, ".xz")) {
     decoder_->kind = Decoder::Kind::kXz;
     const lzma_ret ret = lzma_stream_decoder(&decoder_->xz, UINT64_MAX, LZMA_CONCATENATED);

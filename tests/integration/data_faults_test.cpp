@@ -107,6 +107,56 @@ TEST_F(DataFaults, TruncatedGzipFailsNamingTheFileAndByteOffsetAndKeepsTheShard)
   EXPECT_EQ(shard_files(), before);
 }
 
+// A .gz of several members (cat a.gz b.gz) is read whole; a damaged later member, or bytes after
+// the last member, are an error naming the file and the member, not a corpus silently cut at the
+// first member (gzread stopped there with no error: 546 of 1,000 sentences kept).
+TEST_F(DataFaults, EveryGzipMemberIsReadAndADamagedOneFails) {
+  const std::string text1 = fault_corpus_text(300, 21), text2 = fault_corpus_text(300, 22);
+  const auto gzip = [&](const std::string& name, const std::string& text) {
+    write_file(dir_ / name, text);
+    EXPECT_EQ(std::system(("gzip -c " + (dir_ / name) + " > " + (dir_ / name) + ".gz").c_str()), 0);
+    return read_file(dir_ / (name + ".gz"));
+  };
+  const std::string first = gzip("first.txt", text1), second = gzip("second.txt", text2);
+  // The token ids and the offsets (the index past its 256-byte header, which records the
+  // source's path and times).
+  const auto payload = [&] {
+    return read_file(dir_ / "shards/mono/xx.idx").substr(256) +
+           read_file(dir_ / "shards/mono/xx.bin");
+  };
+  // The shards of the same text, uncompressed.
+  write_file(dir_ / "raw/mono/xx.txt", text1 + text2);
+  auto r = binarize({});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string plain = payload();
+  std::filesystem::remove(dir_ / "raw/mono/xx.txt");
+  write_file(dir_ / "raw/mono/xx.txt.gz", first + second);
+  r = binarize({});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(payload() == plain) << "both members, every sentence";
+  const std::string gz_files = shard_files();
+
+  std::string damaged = second;
+  damaged[damaged.size() / 2] = static_cast<char>(damaged[damaged.size() / 2] ^ 0x55);
+  write_file(dir_ / "raw/mono/xx.txt.gz", first + damaged);
+  r = binarize({});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"'" + (dir_ / "raw/mono/xx.txt.gz") + "'", "member 2"}))
+      << r.err;
+  EXPECT_TRUE(shard_files() == gz_files) << "the shard is kept";
+
+  write_file(dir_ / "raw/mono/xx.txt.gz", first + "trailing bytes\n");
+  r = binarize({});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"'" + (dir_ / "raw/mono/xx.txt.gz") +
+                                       "' has 15 bytes after its gzip member 1 (which ends at "
+                                       "byte " +
+                                       std::to_string(first.size()),
+                                   "not another gzip member"}))
+      << r.err;
+  EXPECT_TRUE(shard_files() == gz_files) << "the shard is kept";
+}
+
 TEST_F(DataFaults, Utf16TextFailsAboveTheInvalidFractionAndFewBadLinesWarn) {
   const std::string before = shard_files();
   const std::string text = fault_corpus_text(300, 3);
