@@ -234,6 +234,30 @@ void LineReader::check_first_line(size_t begin, size_t end) const {
       path_, cr - begin + 1);
 }
 
+void LineReader::check_carriage_returns(size_t begin, size_t end) {
+  if (!options_.refuse_cr_line_ends || lines_ == 0 || begin >= end) return;
+  const size_t last = buffer_[end - 1] == '\r' ? end - 1 : end;  // a CRLF's CR is no line end
+  size_t count = 0, first = std::string::npos;
+  for (size_t at = buffer_.find('\r', begin); at < last; at = buffer_.find('\r', at + 1)) {
+    if (first == std::string::npos) first = at;
+    ++count;
+  }
+  if (count == 0) return;
+  // UTF-16 text or binary data: named as such by the readers' UTF-8 checks.
+  if (buffer_.find('\0', begin) < end) return;
+  XLME_CHECK(count < 2 || !options_.refuse_cr_inside_later_lines,
+             "'{}' line {} holds {} carriage returns (\\r) with no line feed (\\n) after "
+             "them, the first at byte {} of the line: from there on its lines end in CR alone "
+             "(classic Mac OS) and would be read as one line; convert its line ends to LF, e.g. "
+             "tr '\\r' '\\n' < FILE > FILE.new (for a .gz: zcat FILE | tr '\\r' '\\n' | "
+             "gzip > FILE.new.gz)",
+             path_, lines_ + 1, count, first - begin + 1);
+  if (++stray_cr_lines_ <= kInvalidLinesNamed) {
+    spdlog::warn("{}:{}: a carriage return (\\r) inside the line, kept as part of it", path_,
+                 lines_ + 1);
+  }
+}
+
 void LineReader::finish_line(std::string& line) {
   ++lines_;
   if (lines_ == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
@@ -252,14 +276,21 @@ bool LineReader::next(std::string& line) {
     if (searched > limit) break;
     if (!fill()) {
       if (pos_ >= buffer_.size()) {
-        if (options_.warn_invalid_utf8 && invalid_utf8_lines_ > 0 && !summarized_) {
+        if (!summarized_) {
           summarized_ = true;
-          spdlog::warn("'{}': {} of {} lines are not valid UTF-8", path_, invalid_utf8_lines_,
-                       lines_);
+          if (options_.warn_invalid_utf8 && invalid_utf8_lines_ > 0) {
+            spdlog::warn("'{}': {} of {} lines are not valid UTF-8", path_, invalid_utf8_lines_,
+                         lines_);
+          }
+          if (stray_cr_lines_ > 0) {
+            spdlog::warn("'{}': {} of {} lines hold a carriage return (\\r) inside", path_,
+                         stray_cr_lines_, lines_);
+          }
         }
         return false;
       }
       check_first_line(pos_, buffer_.size());
+      check_carriage_returns(pos_, buffer_.size());
       line.assign(buffer_, pos_, std::string::npos);  // a last line without '\n'
       pos_ = buffer_.size();
       finish_line(line);
@@ -276,6 +307,7 @@ bool LineReader::next(std::string& line) {
     return true;
   }
   check_first_line(pos_, newline);
+  check_carriage_returns(pos_, newline);
   line.assign(buffer_, pos_, newline - pos_);
   pos_ = newline + 1;
   finish_line(line);

@@ -23,6 +23,7 @@ namespace {
 data::LineReaderOptions reader_options() {
   data::LineReaderOptions options;
   options.warn_invalid_utf8 = true;
+  options.refuse_cr_inside_later_lines = false;
   return options;
 }
 

@@ -293,6 +293,35 @@ TEST_F(DataFaults, SameSizeEditWithTheOldMtimeIsBinarizedAgain) {
 // (or, longer than data.binarize.max_line_bytes, skipped as "too long"): the language had one
 // sentence or none. Every corpus reader refuses it naming the file and the conversion; CRLF is
 // read as before, and a byte-order mark at the start is dropped as the fine-tuning readers drop it.
+// A file that switches to CR line ends after its fifth line was read as 6 lines, the rest joined
+// into one and cut; now the line where it switches is named. A single carriage return inside a
+// line (a stray one) is kept, with a warning naming the line and a count at the end.
+TEST_F(DataFaults, CrLineEndsPastTheFirstLineAreNamedAndAStrayCrWarns) {
+  const std::string before = shard_files();
+  const std::string file = dir_ / "raw/mono/xx.txt";
+  const std::string text = fault_corpus_text(300, 3);
+  size_t fifth = 0;
+  for (int i = 0; i < 5; ++i) fifth = text.find('\n', fifth) + 1;
+  std::string switched = text;
+  std::replace(switched.begin() + static_cast<std::ptrdiff_t>(fifth), switched.end(), '\n', '\r');
+  write_file(file, switched);
+  auto r = binarize({});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"'" + file + "' line 6 holds", "carriage returns",
+                                   "lines end in CR alone", "tr '\\r' '\\n' < FILE"}))
+      << r.err;
+  EXPECT_EQ(shard_files(), before);
+
+  std::string stray = text;
+  stray.insert(stray.find('\n', fifth), "\r tail");  // inside line 6, not its end
+  write_file(file, stray);
+  r = binarize({});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains_all(
+      r.err, {file + ":6: a carriage return (\\r) inside the line", "'" + file + "': 1 of "}))
+      << r.err;
+}
+
 TEST_F(DataFaults, CrOnlyLineEndsAreRefusedNamingTheFileAndTheFix) {
   const std::string before = shard_files();
   const std::string file = dir_ / "raw/mono/xx.txt";

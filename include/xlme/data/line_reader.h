@@ -19,6 +19,10 @@ struct LineReaderOptions {
   // CR alone (classic Mac OS) would make the whole file one line. Off only for text that is not
   // the user's (the demo corpus' man pages).
   bool refuse_cr_line_ends = true;
+  // A later line holding two or more carriage returns (the file switched to CR line ends there):
+  // an error (the corpora's readers), or a warning like a single stray one (the XTREME readers,
+  // which keep reading published files as their own scorers do).
+  bool refuse_cr_inside_later_lines = true;
 };
 
 class LineReader {
@@ -51,6 +55,9 @@ class LineReader {
   bool skip_long_line();  // drops the rest of a line past max_line_bytes; false at end of input
   void check_utf8(const std::string& line);
   void check_first_line(size_t begin, size_t end) const;  // buffer_[begin, end): line 1 so far
+  // buffer_[begin, end): a later line. Carriage returns inside it (not a CRLF's): one is a
+  // warning; two or more mean the file switched to CR line ends there, an error.
+  void check_carriage_returns(size_t begin, size_t end);
   void finish_line(std::string& line);  // BOM and trailing '\r' dropped, UTF-8 checked
 
   struct Decoder;
@@ -66,6 +73,7 @@ class LineReader {
   bool too_long_ = false;
   int64_t long_lines_ = 0;
   int64_t invalid_utf8_lines_ = 0;
+  int64_t stray_cr_lines_ = 0;  // later lines with one carriage return inside
   bool summarized_ = false;
 };
 
