@@ -6,6 +6,7 @@
 
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <numeric>

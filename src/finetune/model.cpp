@@ -1,7 +1,7 @@
 #include "xlme/finetune/model.h"
 
 #include "xlme/common/error.h"
-#include "xlme/data/framing.h"
+#include "xlme/data/pair_sides.h"
 #include "xlme/model/linear.h"
 #include "xlme/optim/optimizer.h"
 

@@ -1,7 +1,7 @@
 #include "xlme/model/electra.h"
 
 #include "xlme/common/error.h"
-#include "xlme/data/framing.h"
+#include "xlme/data/pair_sides.h"
 #include "xlme/model/linear.h"
 #include "xlme/objectives/objective_set.h"
 #include "xlme/ops/masked_lm.h"

@@ -2,6 +2,8 @@
 
 #include "xlme/common/error.h"
 
+#include <c10/core/Device.h>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -91,7 +93,7 @@ std::vector<Choice>& state() {
 
 }  // namespace
 
-bool sdpa_by_default(const torch::Device& device) {
+bool sdpa_by_default(const c10::Device& device) {
   return device.is_cuda();
 }
 
@@ -104,7 +106,7 @@ const std::vector<std::string>& op_names() {
   return names;
 }
 
-Impl implementation(Op op, const torch::Device& device) {
+Impl implementation(Op op, const c10::Device& device) {
   const auto index = static_cast<size_t>(op);
   const Row& row = kOps[index];
   Choice choice;
@@ -134,7 +136,7 @@ void set_ops(const std::string& spec) {
   state() = std::move(parsed);
 }
 
-std::string describe(const torch::Device& device) {
+std::string describe(const c10::Device& device) {
   std::vector<std::string> parts;
   for (size_t i = 0; i < kOps.size(); ++i) {
     const auto impl = implementation(static_cast<Op>(i), device);

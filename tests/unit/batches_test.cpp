@@ -6,6 +6,7 @@
 #include "xlme/data/batch_bench.h"
 #include "xlme/data/binarize.h"
 #include "xlme/data/framing.h"
+#include "xlme/data/pair_sides.h"
 #include "xlme/data/shard.h"
 
 #include "test_util.h"

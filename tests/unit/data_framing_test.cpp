@@ -6,6 +6,7 @@
 #include "xlme/data/framing.h"
 #include "xlme/data/heldout.h"
 #include "xlme/data/masking.h"
+#include "xlme/data/pair_sides.h"
 #include "xlme/data/shard.h"
 #include "xlme/data/synthetic.h"
 

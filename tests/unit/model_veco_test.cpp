@@ -4,7 +4,7 @@
 // through the cross-attended terms, a tiny run whose terms fall, parameter counts and FLOPs by
 // hand, the config errors, and plug-out / plug-in loading.
 #include "xlme/checkpoint/pretrained.h"
-#include "xlme/data/framing.h"
+#include "xlme/data/pair_sides.h"
 #include "xlme/data/synthetic.h"
 #include "xlme/finetune/model.h"
 #include "xlme/model/cross_attention.h"

@@ -9,7 +9,7 @@
 #pragma once
 
 #include "xlme/config/config.h"
-#include "xlme/data/batch.h"
+#include "xlme/data/special_ids.h"
 
 #include <cstdint>
 #include <string>

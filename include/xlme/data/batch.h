@@ -1,7 +1,8 @@
-// What the data pipeline hands a training step, and the special ids every area agrees on.
-// Data (issue #3) fills these; the model and objectives (issue #4) and the trainer (issue #5)
-// only read them.
+// What the data pipeline hands a training step.
+// The data pipeline fills these; the model, the objectives and the trainer only read them.
 #pragma once
+
+#include "xlme/data/special_ids.h"
 
 #include <torch/types.h>
 
@@ -10,29 +11,6 @@
 #include <vector>
 
 namespace xlme::data {
-
-// The XLM-R id layout, used for both XLM-R's vocabulary and the models xlme-data trains:
-// <s>=0, <pad>=1, </s>=2, <unk>=3, then the SentencePiece pieces, <mask> last.
-struct SpecialIds {
-  int64_t bos = 0;   // <s>
-  int64_t pad = 1;   // <pad>
-  int64_t eos = 2;   // </s>
-  int64_t unk = 3;   // <unk>
-  int64_t mask = 0;  // <mask> = vocab_size - 1
-  int64_t vocab_size = 0;
-
-  static SpecialIds for_vocab(int64_t vocab_size) {
-    SpecialIds ids;
-    ids.mask = vocab_size - 1;
-    ids.vocab_size = vocab_size;
-    return ids;
-  }
-  bool is_special(int64_t id) const {
-    return id == bos || id == pad || id == eos || id == unk || id == mask;
-  }
-};
-
-enum class Task { kMono, kPara };  // MRTD (monolingual) or TRTD (translation pairs)
 
 // One micro-batch of one task, masked and ready for the generator.
 struct Batch {

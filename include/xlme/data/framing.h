@@ -4,7 +4,7 @@
 // by the rules below.
 #pragma once
 
-#include "xlme/data/batch.h"
+#include "xlme/data/special_ids.h"
 
 #include <cstdint>
 #include <optional>
@@ -44,16 +44,5 @@ size_t frame_pair(const std::vector<int32_t>& e, const std::vector<int32_t>& f,
 // pair; `starts_document[i]` says sentence i opens a document. A sentence whose successor opens
 // another document (or is missing) has no partner and is left out. The index of each pair's a.
 std::vector<int64_t> pair_adjacent_sentences(const std::vector<bool>& starts_document);
-
-// VECO's two sides of a micro-batch (docs/pretraining.md#veco), each framed <s> ... </s>,
-// positions 0.. and padded to its own longest row: a row <s> a </s> b </s> (a translation pair,
-// or two adjacent sentences of one document) gives x = <s> a </s> and y = <s> b </s>; XLM-R's
-// doubled separator <s> a </s></s> b </s> (fine-tuning) splits the same way. Masked positions
-// keep their <mask> input and their label; the added <s> and </s> are never masked. Host tensors
-// in, host tensors out.
-struct PairSides {
-  Batch x, y;
-};
-PairSides split_pair(const Batch& batch, const SpecialIds& ids);
 
 }  // namespace xlme::data

@@ -2,8 +2,8 @@
 // batches' and the synthetic ones'.
 #pragma once
 
-#include "xlme/data/batch.h"
 #include "xlme/data/sampler.h"
+#include "xlme/data/special_ids.h"
 
 #include <cstdint>
 

@@ -1,9 +1,9 @@
 // A SentencePiece model seen through the XLM-R id layout that the model consumes:
-// <s>=0, <pad>=1, </s>=2, <unk>=3, the pieces, <mask> last (batch.h, SpecialIds).
+// <s>=0, <pad>=1, </s>=2, <unk>=3, the pieces, <mask> last (special_ids.h).
 #pragma once
 
-#include "xlme/data/batch.h"
 #include "xlme/data/sentencepiece.h"
+#include "xlme/data/special_ids.h"
 
 #include <cstdint>
 #include <string>

@@ -5,7 +5,7 @@
 // MASTER_PORT the port 15000 + SLURM_JOB_ID % 20000). Without either, a single process.
 #pragma once
 
-#include <torch/types.h>
+#include "xlme/common/torch_fwd.h"
 
 #include <cstdint>
 #include <string>
@@ -37,14 +37,14 @@ LaunchInfo launch_info_from_env();
 // CUDA_VISIBLE_DEVICES set per task) every process drives cuda:0. Several processes sharing one
 // visible GPU are allowed only in the second layout (tests: two Gloo ranks on one GPU). Throws
 // naming LOCAL_RANK and the visible GPUs when neither layout fits.
-torch::Device resolve_device(const std::string& requested, const LaunchInfo& launch,
-                             int visible_gpus);
+c10::Device resolve_device(const std::string& requested, const LaunchInfo& launch,
+                           int visible_gpus);
 
 // resolve_device() with this process's visible GPUs, made the current CUDA device (before any
 // CUDA allocation and before NCCL starts), so that every CUDA call of this process, the
 // synchronizations and NCCL's communicator included, lands on it and no context is opened on
 // GPU 0 by every rank. Call once, right after launch_info_from_env().
-torch::Device use_device(const std::string& requested, const LaunchInfo& launch);
+c10::Device use_device(const std::string& requested, const LaunchInfo& launch);
 
 // A rank of several: asks the kernel to send this process SIGTERM when the process that started
 // it ends, so that a launcher killed by a signal it does not handle (SIGUSR1 kills torchrun, whose

@@ -4,9 +4,8 @@
 // word-alignment extraction with AER. Scores are ×100.
 #pragma once
 
+#include "xlme/common/torch_fwd.h"
 #include "xlme/finetune/examples.h"
-
-#include <torch/torch.h>
 
 #include <cstdint>
 #include <map>
@@ -105,7 +104,7 @@ struct MinedPair {
 // forward candidates (best-scoring y among x's k NN) and backward ones, pooled, sorted by score
 // and accepted greedily when neither side is used yet. Only pairs with score > 0 are returned,
 // best first. x [N, H], y [M, H].
-std::vector<MinedPair> margin_mine(const torch::Tensor& x, const torch::Tensor& y, int64_t k = 4);
+std::vector<MinedPair> margin_mine(const at::Tensor& x, const at::Tensor& y, int64_t k = 4);
 
 struct BuccCandidate {
   std::string source_id, english_id;
@@ -117,8 +116,8 @@ struct BuccCandidate {
 // sentence that occurs under several ids is dropped, and a repeated id pair keeps its max score.
 // source_embeddings [corpus.source.size(), H], english_embeddings [corpus.english.size(), H].
 std::vector<BuccCandidate> bucc_candidates(const BuccCorpus& corpus,
-                                           const torch::Tensor& source_embeddings,
-                                           const torch::Tensor& english_embeddings, int64_t k = 4);
+                                           const at::Tensor& source_embeddings,
+                                           const at::Tensor& english_embeddings, int64_t k = 4);
 
 // LASER's BuccOptimize: sort the candidates by score (descending, stable), cut after each one, and
 // return the midpoint between the best-F1 cut's score and the next candidate's (the best cut's own
@@ -143,13 +142,13 @@ PrfScores pair_scores(const std::vector<std::pair<std::string, std::string>>& pr
 
 // Links (i, j) where j is the argmax of row i and i the argmax of column j of `similarity` [m, n]
 // (SimAlign's "argmax": both directions intersected). Sorted.
-std::vector<Link> align_argmax(const torch::Tensor& similarity);
+std::vector<Link> align_argmax(const at::Tensor& similarity);
 
 // A simple optimal-transport extraction: the entropic transport plan P between uniform marginals
 // (Sinkhorn on exp(similarity / epsilon), `iterations` rounds), and the links where both
 // conditionals m·P[i][j] (target given source) and n·P[i][j] (source given target) are at least
 // `threshold`. similarity [m, n]. Sorted.
-std::vector<Link> align_optimal_transport(const torch::Tensor& similarity, double threshold = 0.1,
+std::vector<Link> align_optimal_transport(const at::Tensor& similarity, double threshold = 0.1,
                                           double epsilon = 0.1, int64_t iterations = 100);
 
 struct AerScores {

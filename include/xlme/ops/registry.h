@@ -12,7 +12,7 @@
 // unknown name or value is an error that lists the valid ones.
 #pragma once
 
-#include <torch/types.h>
+#include "xlme/common/torch_fwd.h"
 
 #include <string>
 #include <vector>
@@ -37,12 +37,12 @@ enum class Op {
 enum class Impl { kReference, kFused };
 
 // What runs for `op` on `device` under the current XLME_OPS (or the last set_ops).
-Impl implementation(Op op, const torch::Device& device);
+Impl implementation(Op op, const c10::Device& device);
 
 // Whether model.attention=auto runs LibTorch's scaled-dot-product attention (SDPA) rather than
 // the math path on `device`: on CUDA, where SDPA's kernels are faster; on the CPU the math path
 // is (docs/performance.md). Decided here, with the ops, so that model code never tests devices.
-bool sdpa_by_default(const torch::Device& device);
+bool sdpa_by_default(const c10::Device& device);
 
 // While at least one GraphSafeOps lives, `auto` picks the reference for the ops whose fused CUDA
 // form reads LibTorch's generator on the host, which a CUDA graph capture refuses (masked_lm,
@@ -64,6 +64,6 @@ void set_ops(const std::string& spec);
 
 // One line for the logs: each op's implementation on `device`, e.g.
 // "dropout=fused (cpu kernel), masked_lm=reference".
-std::string describe(const torch::Device& device);
+std::string describe(const c10::Device& device);
 
 }  // namespace xlme::ops
