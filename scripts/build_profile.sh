@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where a clean build spends its time: configures a fresh build folder as scripts/setup.sh does
-# (without the compiler cache, so that every object is compiled), builds the given targets (the
-# four binaries by default; --all for everything) and prints
+# (unity batches on; without the compiler cache, so that every object is compiled), builds the
+# given targets (the four binaries by default; --all for everything) and prints
 #   - the wall time of the build;
 #   - every object's time from .ninja_log, slowest first, and the sum per area (src/<area>,
 #     tests, generated, the precompiled header);
@@ -9,10 +9,11 @@
 #     them are LibTorch's, and the time of the front end alone (-fsyntax-only) against the whole
 #     compile, i.e. how much is parsing headers and how much is code generation.
 #
-#   scripts/build_profile.sh [--dir DIR] [--all] [--headers N] [--jobs N] [--keep]
+#   scripts/build_profile.sh [--dir DIR] [--all] [--headers N] [--jobs N] [--keep] [-- CMAKE ARGS]
 #
-# Defaults: --dir build-profile (removed first), --headers 8, --jobs: Ninja's default. Prints
-# Markdown tables (docs/performance.md#build-time keeps them).
+# Defaults: --dir build-profile (removed first), --headers 8, --jobs: Ninja's default. Arguments
+# after -- go to cmake (e.g. -DXLME_UNITY_BUILD=OFF). Prints Markdown tables
+# (docs/performance.md#build-time keeps them).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,6 +22,7 @@ all=0
 headers=8
 jobs=()
 keep=0
+extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) dir=$(realpath -m "$2"); shift ;;
@@ -28,7 +30,8 @@ while [ $# -gt 0 ]; do
     --headers) headers=$2; shift ;;
     --jobs) jobs=(-j "$2"); shift ;;
     --keep) keep=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "build_profile.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -38,7 +41,8 @@ venv=${XLME_VENV:-$root/.venv}
 
 [ "$keep" -eq 1 ] || rm -rf "$dir"
 cmake -S "$root" -B "$dir" -G Ninja -DXLME_WERROR=ON -DXLME_BUILD_TESTS=ON \
-  "-DXLME_PYTHON=$venv/bin/python3" -DXLME_USE_CCACHE=OFF -DXLME_TRITON_AOT_CACHE= >"$dir.configure.log" 2>&1 \
+  "-DXLME_PYTHON=$venv/bin/python3" -DXLME_USE_CCACHE=OFF -DXLME_TRITON_AOT_CACHE= -DXLME_UNITY_BUILD=ON "${extra[@]}" \
+  >"$dir.configure.log" 2>&1 \
   || { cat "$dir.configure.log" >&2; exit 1; }
 targets=()
 [ "$all" -eq 1 ] || targets=(--target xlme-data xlme-pretrain xlme-finetune xlme-export)

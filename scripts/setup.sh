@@ -10,7 +10,8 @@
 #      set), torch==2.11.0 first of all, whose LibTorch (CUDA 13.0 build, NCCL, cuDNN) xlme
 #      compiles against.
 #   3. CMake configure and build in XLME_BUILD_DIR (CUDA compiled in; the CUDA toolkit's nvcc and
-#      headers in /usr/local/cuda or on PATH are needed to configure: see docs/gpu.md).
+#      headers in /usr/local/cuda or on PATH are needed to configure: see docs/gpu.md); a new
+#      build folder compiles the library in unity batches.
 # --binaries builds only the four binaries (quickstart.sh); --print-packages prints the Debian
 # packages and exits.
 #
@@ -71,6 +72,13 @@ venv=${XLME_VENV:-$root/.venv}
 
 cmake_args=(-DXLME_WERROR=ON -DXLME_BUILD_TESTS=ON "-DXLME_PYTHON=$venv/bin/python3"
             "${cmake_args[@]}")
+# A new build folder compiles the library in unity batches (CMakeLists.txt, XLME_UNITY_BUILD):
+# half the time of a clean build. A folder configured before keeps its setting; one you edit in
+# every day builds faster per change without (-- -DXLME_UNITY_BUILD=OFF), and is the build that
+# finds a missing #include.
+if [ ! -f "$build_dir/CMakeCache.txt" ]; then
+  cmake_args=(-DXLME_UNITY_BUILD=ON "${cmake_args[@]}")
+fi
 targets=()
 if [ "$binaries_only" -eq 1 ]; then
   targets=(--target xlme-data xlme-pretrain xlme-finetune xlme-export)
