@@ -56,8 +56,14 @@ std::string left_key(int rank) {
 }
 // The first rank that finds the job lost writes why; every rank's heartbeat reads it.
 constexpr const char* kVerdictKey = "xlme/verdict";
-// How often rank 0 names the ranks it is still waiting for at the rendezvous.
+// How often rank 0 names the ranks it is still waiting for at the rendezvous: every 30 s, or
+// four times before a shorter start-up timeout (never more often than every second).
 constexpr auto kMissingReportEvery = std::chrono::seconds(30);
+Clock::duration missing_report_every(Clock::duration startup_timeout) {
+  const Clock::duration quarter = startup_timeout / 4;
+  return std::max<Clock::duration>(std::chrono::seconds(1),
+                                   std::min<Clock::duration>(kMissingReportEvery, quarter));
+}
 // How often the rendezvous looks at the stop signal and the deadline.
 constexpr auto kRendezvousPoll = std::chrono::milliseconds(50);
 // A client's attempts to reach the store last this long each, so that a stop signal is seen.
@@ -266,8 +272,11 @@ class Heartbeat {
       std::string verdict;
       std::string error;
       try {
-        if (!outgoing.empty())
+        if (!outgoing.empty()) {
           s.store->set(kVerdictKey, std::vector<uint8_t>(outgoing.begin(), outgoing.end()));
+          // This rank stops with it, and has nothing to read: rank 0 need not wait for it.
+          s.store->set(left_key(s.rank), std::vector<uint8_t>{1});
+        }
         if (leaving) s.store->set(left_key(s.rank), std::vector<uint8_t>{1});
         s.store->add(beat_key(s.rank), 1);
         for (std::size_t i = 0; i < s.watched.size(); ++i) {
@@ -602,7 +611,8 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
               where, message_of(e));
   }
   if (rank == 0) {
-    auto next_report = start + kMissingReportEvery;
+    const auto report_every = missing_report_every(options.startup_timeout);
+    auto next_report = start + report_every;
     std::vector<int> missing;
     do {
       missing.clear();
@@ -613,7 +623,7 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
       if (stopped())
         throw interrupted(fmt::format("waiting for rank(s) {} to join", fmt::join(missing, ", ")));
       if (Clock::now() >= next_report) {
-        next_report += kMissingReportEvery;
+        next_report += report_every;
         spdlog::warn(
             "rendezvous at {}: still waiting for rank(s) {} of {} after {:.0f} s (giving up "
             "after dist.startup_timeout_s = {:g} s)",
