@@ -28,7 +28,10 @@ void install_stop_signal_handlers() {
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
-  for (const int signal : {SIGTERM, SIGINT, SIGUSR1}) sigaction(signal, &action, nullptr);
+  for (const int signal : {SIGTERM, SIGINT, SIGUSR1, SIGHUP}) sigaction(signal, &action, nullptr);
+  // A console that goes away (`| tee` or `| head` ended) makes writes to it fail instead of
+  // killing the run: the rank's log file records everything.
+  std::signal(SIGPIPE, SIG_IGN);
 }
 
 int stop_signal() {

@@ -15,6 +15,8 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <sstream>
@@ -391,6 +393,55 @@ TEST(Faults, StopSignalDuringStartUpExits75) {
   EXPECT_TRUE(contains_all(err, {"stopped by a signal while waiting for rank(s) 1 to join"}))
       << err;
   EXPECT_FALSE(fs::exists(step_folder(run, 0)));
+}
+
+// A closed terminal or a dropped ssh session (SIGHUP) stops a run as SIGTERM does: it saves the
+// last finished step and exits 75. It used to die of the signal (exit 129), losing every step
+// since the last save.
+TEST(Faults, HangUpSavesTheLastStepAndExits75) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  const pid_t pid = testing::start_tool(
+      "xlme-pretrain",
+      tiny_pretrain_args(run, 100000,
+                         {"--set", "train.save_every=100000", "--set", "train.log_every=1"}),
+      "", dir / "err");
+  ASSERT_TRUE(testing::wait_for_text(dir / "err", "step 3/100000", 120)) << read_file(dir / "err");
+  ::kill(pid, SIGHUP);
+  const int code = testing::wait_exit_code(pid);
+  const std::string err = read_file(dir / "err");
+  EXPECT_EQ(code, kExitPreempted) << err;
+  EXPECT_TRUE(contains_all(err, {"on a stop signal", "resume with --resume auto"})) << err;
+  EXPECT_GE(testing::newest_checkpoint_step(run), 3) << err;
+}
+
+// A console that goes away (`xlme-pretrain ... | head -3`, or tee killed) used to kill the run by
+// SIGPIPE at its next log line (exit 141). Writes to it now fail and the run goes on; the rank's
+// log file has every line.
+TEST(Faults, AClosedConsolePipeDoesNotEndTheRun) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ::close(fds[0]);  // nobody reads the console
+  std::string command = "cd " + testing::quote(XLME_SOURCE_DIR) + " && exec " +
+                        testing::quote(std::string(XLME_BINARY_DIR) + "/xlme-pretrain");
+  for (const auto& a : tiny_pretrain_args(run, 3)) command += " " + testing::quote(a);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const std::string log = read_file(run + "/logs/rank0.log");
+  ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << WTERMSIG(status) << "\n" << log;
+  EXPECT_EQ(WEXITSTATUS(status), kExitOk) << log;
+  EXPECT_TRUE(contains_all(log, {"done: 3 steps"})) << log;
+  EXPECT_EQ(testing::newest_checkpoint_step(run), 3) << log;
 }
 
 // Item 9: ranks given different run.out_dir folders fail at start, before any step, naming it.

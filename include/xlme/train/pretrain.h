@@ -32,7 +32,7 @@ struct PretrainOptions {
 // Holds an exclusive lock on run.out_dir (<run.out_dir>/run.lock, rank 0) for the whole run:
 // a second run in the same folder fails at once with the holder's pid and host. A fresh start in a
 // folder with checkpoints is refused (PretrainOptions::overwrite). Trains until train.steps and
-// returns kExitOk, or, after SIGTERM / SIGINT / SIGUSR1 on any rank,
+// returns kExitOk, or, after SIGTERM / SIGINT / SIGUSR1 / SIGHUP on any rank,
 // abandons the current step after the micro-batch in progress on every rank, saves a checkpoint
 // of the last finished step and returns kExitPreempted. Before the first step it runs the
 // start-up dry run (Trainer::dry_run). With a `validator`, validates every train.validate_every
