@@ -29,6 +29,7 @@ The model (config.json names every switch):
 largest |difference| per hidden state over non-padded positions and exits 1 above --tolerance.
 """
 import argparse
+import importlib
 import json
 import math
 import os
@@ -38,8 +39,24 @@ import sys
 import zlib
 
 import numpy as np
-import torch
-import torch.nn.functional as F
+
+
+class _OnFirstUse:
+    """A module imported when one of its names is first used: the command line checks the files
+    it is given before paying the seconds that importing torch takes, so a malformed file is
+    refused at once."""
+
+    def __init__(self, name):
+        self._name, self._module = name, None
+
+    def __getattr__(self, attr):
+        if self._module is None:
+            self._module = importlib.import_module(self._name)
+        return getattr(self._module, attr)
+
+
+torch = _OnFirstUse("torch")
+F = _OnFirstUse("torch.nn.functional")
 
 # --- reading files that others made -------------------------------------------------------------
 
@@ -156,6 +173,12 @@ def _tensor_span(path, name, spec):
 def read_safetensors(path):
     """Returns ({name: torch.Tensor}, {metadata}). BF16 becomes float32 (exactly). Every header
     is checked as xlme's C++ reader checks it; a malformed file is an ExportError naming it."""
+    arrays, metadata = read_safetensors_arrays(path)
+    return {name: torch.from_numpy(array) for name, array in arrays.items()}, metadata
+
+
+def read_safetensors_arrays(path):
+    """read_safetensors with numpy arrays: ({name: np.ndarray}, {metadata}), without torch."""
     with open(path, "rb") as f:
         data = f.read()
     if len(data) < 8:
@@ -195,7 +218,7 @@ def read_safetensors(path):
             array = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
         else:
             array = np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype])
-        tensors[name] = torch.from_numpy(array.reshape(shape).copy())
+        tensors[name] = array.reshape(shape).copy()
     return tensors, metadata
 
 
@@ -350,18 +373,18 @@ class Encoder:
             states[-1] = self._norm(x, "final_norm")
         return states
 
-    @torch.no_grad()
     def hidden_states(self, ids, positions=None, padding=None):
         """forward without autograd."""
-        return self.forward(ids, positions, padding)
+        with torch.no_grad():
+            return self.forward(ids, positions, padding)
 
-    @torch.no_grad()
     def rtd_logits(self, hidden):
         """[B, T, hidden] -> [B, T]: replaced-token logits of the discriminator head."""
-        x = F.gelu(F.linear(hidden, self.w["discriminator_head.dense.weight"],
-                            self.w["discriminator_head.dense.bias"]))
-        return F.linear(x, self.w["discriminator_head.output.weight"],
-                        self.w["discriminator_head.output.bias"]).squeeze(-1)
+        with torch.no_grad():
+            x = F.gelu(F.linear(hidden, self.w["discriminator_head.dense.weight"],
+                                self.w["discriminator_head.dense.bias"]))
+            return F.linear(x, self.w["discriminator_head.output.weight"],
+                            self.w["discriminator_head.output.bias"]).squeeze(-1)
 
 
 def _check_config(config, path):
@@ -490,9 +513,9 @@ def _check_tokenizer(folder, config, config_path):
                           "export the checkpoint again")
 
 
-def load_model(folder, encoder="discriminator"):
-    """The encoder of an xlme-export folder (config.json + model.safetensors); a malformed file is
-    an ExportError naming it."""
+def _checked_files(folder, encoder):
+    """config.json, the weights as numpy arrays and their path, every check done that needs no
+    torch: the config's keys, the tokenizer's record, the safetensors header, the shapes."""
     path = os.path.join(folder, "config.json")
     with open(path, "rb") as f:
         config = parse_json(f.read(), f"export config '{path}'")
@@ -506,18 +529,29 @@ def load_model(folder, encoder="discriminator"):
                           "(xlme-export --with-generator)")
     _check_tokenizer(folder, config, path)
     weights_path = os.path.join(folder, "model.safetensors")
-    weights, _ = read_safetensors(weights_path)
+    weights, _ = read_safetensors_arrays(weights_path)
     _check_shapes(config, weights, encoder, path, weights_path)
-    model = Encoder(config, weights, encoder)
+    return config, weights, weights_path
+
+
+def _encoder(config, weights, weights_path, encoder):
+    model = Encoder(config, {name: torch.from_numpy(a) for name, a in weights.items()}, encoder)
     model.config = config
     model.weights_path = weights_path
     return model
 
 
+def load_model(folder, encoder="discriminator"):
+    """The encoder of an xlme-export folder (config.json + model.safetensors); a malformed file is
+    an ExportError naming it."""
+    return _encoder(*_checked_files(folder, encoder), encoder)
+
+
 # --- command line ------------------------------------------------------------------------------
 
 def inputs_from_ids(rows, pad):
-    """["0 17 2", "0 5 6 7 2"] -> ids [B, T] padded with <pad>, padding mask."""
+    """["0 17 2", "0 5 6 7 2"] -> ids [B, T] (int64) padded with <pad>, padding mask (bool), as
+    numpy arrays."""
     try:
         seqs = [[int(token) for token in row.split()] for row in rows]
     except ValueError as e:
@@ -525,23 +559,27 @@ def inputs_from_ids(rows, pad):
     if not all(seqs):
         raise ExportError("--ids: every sequence needs at least one token id")
     length = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), length), pad, dtype=torch.int64)
-    padding = torch.ones((len(seqs), length), dtype=torch.bool)
+    ids = np.full((len(seqs), length), pad, dtype=np.int64)
+    padding = np.ones((len(seqs), length), dtype=bool)
     for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s)
+        try:
+            ids[i, :len(s)] = s
+        except OverflowError:
+            raise ExportError(f"--ids: token id out of the int64 range in sequence {i}") from None
         padding[i, :len(s)] = False
     return ids, padding
 
 
 def check_inputs(config, ids, positions, where):
     """Token ids inside config.json's vocabulary and positions inside its max_positions (where an
-    embedding row is looked up); `where` names the input (a file or --ids) in the error."""
+    embedding row is looked up); `where` names the input (a file or --ids) in the error. Numpy
+    arrays."""
     vocab, most = config["vocab_size"], config["max_positions"]
-    if ids.dim() != 2:
+    if ids.ndim != 2:
         raise ExportError(f"{where}: input_ids must be [batch, length], got shape {list(ids.shape)}")
     bad = (ids < 0) | (ids >= vocab)
     if bool(bad.any()):
-        row, col = (int(i) for i in bad.nonzero()[0])
+        row, col = (int(i) for i in np.argwhere(bad)[0])
         raise ExportError(f"{where}: token id {int(ids[row, col])} (sequence {row}, position "
                           f"{col}) is outside the vocabulary of {vocab} ids (vocab_size in "
                           "config.json)")
@@ -556,20 +594,26 @@ def check_inputs(config, ids, positions, where):
 
 
 def run(args):
-    model = load_model(args.model, args.encoder)
+    # Every file is read and checked before torch is imported and the model built: a malformed
+    # one is refused at once.
     if args.inputs:
-        inputs, _ = read_safetensors(args.inputs)
+        inputs, _ = read_safetensors_arrays(args.inputs)
         if "input_ids" not in inputs:
             raise ExportError(f"safetensors file '{args.inputs}' has no tensor 'input_ids'")
-        ids = inputs["input_ids"].long()
-        positions = inputs["positions"].long() if "positions" in inputs else None
-        padding = inputs["padding"].bool() if "padding" in inputs else None
-    elif args.ids:
-        ids, padding = inputs_from_ids(args.ids, model.config["special_ids"]["pad"])
-        positions = None
-    else:
+        ids = inputs["input_ids"].astype(np.int64)
+        positions = inputs["positions"].astype(np.int64) if "positions" in inputs else None
+        padding = inputs["padding"].astype(bool) if "padding" in inputs else None
+    elif not args.ids:
         raise ExportError("give --ids or --inputs")
-    check_inputs(model.config, ids, positions, args.inputs or "--ids")
+    config, weights, weights_path = _checked_files(args.model, args.encoder)
+    if not args.inputs:
+        ids, padding = inputs_from_ids(args.ids, config["special_ids"]["pad"])
+        positions = None
+    check_inputs(config, ids, positions, args.inputs or "--ids")
+    model = _encoder(config, weights, weights_path, args.encoder)
+    ids = torch.from_numpy(ids)
+    positions = torch.from_numpy(positions) if positions is not None else None
+    padding = torch.from_numpy(padding) if padding is not None else None
     try:
         states = model.hidden_states(ids, positions, padding)
     except KeyError as e:  # Encoder reads the weights by name as it goes
