@@ -117,14 +117,21 @@ inline std::vector<std::string> tiny_pretrain_args(const std::string& out_dir, i
   return args;
 }
 
-// Starts the built binary `tool` with `args` and `env` (e.g. "RANK=1 WORLD_SIZE=2") in the source
-// tree, its stderr to `err_file`; returns its pid (testing::wait_exit_code collects it).
-inline pid_t start_tool(const std::string& tool, const std::vector<std::string>& args,
-                        const std::string& env, const std::string& err_file) {
+// The shell command that runs the built binary `tool` with `args` and `env` (e.g. "RANK=1
+// WORLD_SIZE=2") in the source tree.
+inline std::string tool_command(const std::string& tool, const std::vector<std::string>& args,
+                                const std::string& env = "") {
   std::string command = "cd " + quote(XLME_SOURCE_DIR) + " && exec env " + env + " " +
                         quote(std::string(XLME_BINARY_DIR) + "/" + tool);
   for (const auto& a : args) command += " " + quote(a);
-  command += " 2>" + quote(err_file);
+  return command;
+}
+
+// Starts tool_command(tool, args, env), its stderr to `err_file`; returns its pid
+// (testing::wait_exit_code collects it).
+inline pid_t start_tool(const std::string& tool, const std::vector<std::string>& args,
+                        const std::string& env, const std::string& err_file) {
+  const std::string command = tool_command(tool, args, env) + " 2>" + quote(err_file);
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));

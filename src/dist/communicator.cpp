@@ -272,12 +272,10 @@ class Heartbeat {
       std::string verdict;
       std::string error;
       try {
-        if (!outgoing.empty()) {
+        if (!outgoing.empty())
           s.store->set(kVerdictKey, std::vector<uint8_t>(outgoing.begin(), outgoing.end()));
-          // This rank stops with it, and has nothing to read: rank 0 need not wait for it.
-          s.store->set(left_key(s.rank), std::vector<uint8_t>{1});
-        }
-        if (leaving) s.store->set(left_key(s.rank), std::vector<uint8_t>{1});
+        // A rank that stops with its own verdict has nothing to read: rank 0 need not wait for it.
+        if (leaving || !outgoing.empty()) s.store->set(left_key(s.rank), std::vector<uint8_t>{1});
         s.store->add(beat_key(s.rank), 1);
         for (std::size_t i = 0; i < s.watched.size(); ++i) {
           if (left[i]) continue;

@@ -424,9 +424,7 @@ TEST(Faults, AClosedConsolePipeDoesNotEndTheRun) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   ::close(fds[0]);  // nobody reads the console
-  std::string command = "cd " + testing::quote(XLME_SOURCE_DIR) + " && exec " +
-                        testing::quote(std::string(XLME_BINARY_DIR) + "/xlme-pretrain");
-  for (const auto& a : tiny_pretrain_args(run, 3)) command += " " + testing::quote(a);
+  const std::string command = testing::tool_command("xlme-pretrain", tiny_pretrain_args(run, 3));
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(fds[1], 1);
