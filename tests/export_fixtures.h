@@ -78,6 +78,22 @@ inline std::pair<int, std::string> shell(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_file(scratch / "out")};
 }
 
+// The error to report when `python` lacks one of `modules` (space-separated), or "" when it has
+// them all. The modules are found, not imported: importing torch and transformers costs seconds
+// in every test process, and the script the test runs imports them anyway.
+inline std::string python_lacks(const std::string& python, const std::string& modules) {
+  const auto [code, out] = shell(
+      quote(python) +
+      " -c 'import importlib.util, sys; missing = [m for m in sys.argv[1:] if "
+      "importlib.util.find_spec(m) is None]; print(*missing); sys.exit(1 if missing else 0)' " +
+      modules);
+  if (code == 0) return "";
+  const std::string missing = out.substr(0, out.find_last_not_of('\n') + 1);
+  return python + " cannot import " + modules + " (missing: " + missing +
+         "), which this test needs: run scripts/setup.sh (it installs requirements.txt into "
+         ".venv), or configure with -DXLME_PYTHON=<a python with them>";
+}
+
 // Three rows of ids from the tokenizer's pieces: full length, and two padded ones.
 struct ParityBatch {
   torch::Tensor ids, positions, padding;  // [B, T] int64, int64, bool

@@ -51,11 +51,8 @@ class ExportParity : public ::testing::Test {
 
   void SetUp() override {
     ASSERT_NO_FATAL_FAILURE(setup_.check());
-    const auto [code, out] = shell(std::string(kReferencePython) + " -c 'import torch, numpy'");
-    ASSERT_EQ(code, 0) << kReferencePython
-                       << " cannot import torch and numpy, which the export parity test needs; "
-                          "run scripts/setup.sh (it installs requirements.txt into .venv):\n"
-                       << out;
+    const std::string lacks = xlme::testing::python_lacks(kReferencePython, "torch numpy");
+    ASSERT_TRUE(lacks.empty()) << lacks;
   }
 
   // Exports a checkpoint of the variant, runs both sides on a padded batch (the generator where

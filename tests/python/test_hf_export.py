@@ -3,8 +3,10 @@ tests/integration/hf_export_test.cpp with the project's Python, XLME_PYTHON; off
 
     test_hf_export.py --model DIR --inputs IN.safetensors --expected EXPECTED.safetensors \
         [--heads HEADS_DIR] [--tokens TOKENS.json] [--tolerance 1e-4]
+    test_hf_export.py --cases CASES.json [--tolerance 1e-4]
 
-IN holds input_ids, positions, padding [B, T]; EXPECTED the C++ encoder's hidden.<i> [B, T, H]
+CASES.json is a list of {"name", "model", "inputs", "expected", "heads", "tokens"}: every case in
+one process, since importing torch and transformers costs more than checking a tiny export. IN holds input_ids, positions, padding [B, T]; EXPECTED the C++ encoder's hidden.<i> [B, T, H]
 and, with --heads, the C++ fine-tuning model's logits.<kind>.
 1. AutoModel.from_pretrained(DIR, trust_remote_code=True) reads the export's own
    model.safetensors through the `safetensors` package: every parameter loaded, in the file's
@@ -22,10 +24,12 @@ and, with --heads, the C++ fine-tuning model's logits.<kind>.
 5. AutoTokenizer.from_pretrained(DIR, trust_remote_code=True): TOKENS.json's texts give <s>, the
    C++ tokenizer's ids, </s>, a pair <s> a </s></s> b </s> (xlme-finetune's framing); the special
    ids and the vocabulary size are the export's.
-Prints one JSON line ({"transformers": VERSION, "from_pretrained": [...], "from_config": [...],
-"head_logits": {...}, ...}); exits 1 with a message on the first failed check.
+Prints one JSON line a case ({"case": NAME, "transformers": VERSION, "from_pretrained": [...],
+"from_config": [...], "head_logits": {...}, ...}, or {"case": NAME, "error": MESSAGE} at its first
+failed check); exits 1 when a case failed.
 """
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -58,9 +62,12 @@ HEADS = {
 }
 
 
+class CheckFailed(Exception):
+    pass
+
+
 def fail(message):
-    print(f"FAIL: {message}", file=sys.stderr)
-    sys.exit(1)
+    raise CheckFailed(message)
 
 
 def from_pretrained(auto, folder, what, new_keys=(), **kwargs):
@@ -134,16 +141,9 @@ def check_tokenizer(model_dir, tokens_path, config):
     return type(tokenizer).__name__
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--inputs", required=True)
-    parser.add_argument("--expected", required=True)
-    parser.add_argument("--heads")
-    parser.add_argument("--tokens")
-    parser.add_argument("--tolerance", type=float, default=1e-4)
-    args = parser.parse_args()
-
+def check_case(case, tol):
+    """Checks 1-5 on one export; returns the case's report."""
+    args = argparse.Namespace(**case)
     inputs = safetensors.torch.load_file(args.inputs)
     expected_file = safetensors.torch.load_file(args.expected)
     expected = [expected_file[f"hidden.{i}"]
@@ -151,9 +151,8 @@ def main():
     ids, positions, padding = inputs["input_ids"], inputs["positions"], inputs["padding"]
     real = ~padding
     batch = {"input_ids": ids, "attention_mask": real.long(), "position_ids": positions}
-    tol = args.tolerance
-    report = {"transformers": transformers.__version__, "safetensors": safetensors.__version__,
-              "torch": torch.__version__}
+    report = {"case": case["name"], "transformers": transformers.__version__,
+              "safetensors": safetensors.__version__, "torch": torch.__version__}
 
     # 1. from_pretrained on the export folder itself.
     config = AutoConfig.from_pretrained(args.model, trust_remote_code=True)
@@ -174,8 +173,11 @@ def main():
         fail("last_hidden_state is not the last of hidden_states")
 
     # 2. from_config + the reference loader's own safetensors reader.
-    sys.path.insert(0, args.model)  # the export's own copy of the reference loader
-    import xlme_reference
+    # The export's own copy of the reference loader.
+    spec = importlib.util.spec_from_file_location(
+        f"xlme_reference_{case['name']}", os.path.join(args.model, "xlme_reference.py"))
+    xlme_reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(xlme_reference)
     weights, _ = xlme_reference.read_safetensors(weights_path)
     model = AutoModel.from_config(config, trust_remote_code=True)
     load_weights(model, weights, "AutoModel.from_config")
@@ -238,7 +240,40 @@ def main():
     # 5. The tokenizer.
     if args.tokens:
         report["tokenizer"] = check_tokenizer(args.model, args.tokens, config)
-    print(json.dumps(report))
+    return report
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases")
+    parser.add_argument("--model")
+    parser.add_argument("--inputs")
+    parser.add_argument("--expected")
+    parser.add_argument("--heads")
+    parser.add_argument("--tokens")
+    parser.add_argument("--tolerance", type=float, default=1e-4)
+    args = parser.parse_args()
+    if args.cases:
+        with open(args.cases, encoding="utf-8") as f:
+            cases = json.load(f)
+    elif args.model and args.inputs and args.expected:
+        cases = [{"name": os.path.basename(os.path.normpath(args.model)), "model": args.model,
+                  "inputs": args.inputs, "expected": args.expected, "heads": args.heads,
+                  "tokens": args.tokens}]
+    else:
+        parser.error("give --cases, or --model, --inputs and --expected")
+    failed = 0
+    for case in cases:
+        case = {"heads": None, "tokens": None, **case}
+        try:
+            report = check_case(case, args.tolerance)
+        except CheckFailed as error:
+            report = {"case": case["name"], "error": str(error)}
+        except Exception as error:  # an unexpected error in one case must not hide the others
+            report = {"case": case["name"], "error": f"{type(error).__name__}: {error}"}
+        failed += "error" in report
+        print(json.dumps(report), flush=True)
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":
