@@ -14,7 +14,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <set>
 
@@ -105,6 +107,17 @@ TEST(TritonImages, EveryVariantHasACubinForSm90aAndSm80) {
           << variant;
       EXPECT_EQ(image->cubin[18], 190) << variant;
       EXPECT_EQ(image->cubin[48], image->capability) << variant << " " << image->arch;
+      // The embedded size is the ELF's own: its section and program header tables, the last
+      // things in a cubin, end exactly there (not a byte more, such as a string literal's NUL).
+      const auto field = [&](size_t offset, size_t bytes) {
+        uint64_t value = 0;
+        std::memcpy(&value, image->cubin + offset, bytes);  // little-endian, as the host
+        return value;
+      };
+      const uint64_t section_headers_end = field(0x28, 8) + field(0x3A, 2) * field(0x3C, 2);
+      const uint64_t program_headers_end = field(0x20, 8) + field(0x36, 2) * field(0x38, 2);
+      EXPECT_EQ(image->cubin_size, std::max(section_headers_end, program_headers_end)) << variant;
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(image->cubin) % 8, 0u) << variant;
       // Above 48 KB the launcher raises the kernel's limit; the architecture's ceiling holds
       // (A100: 163 KB per block, H100/H200: 227 KB).
       EXPECT_LE(image->shared_bytes, image->capability == 90 ? 232448 : 166912) << variant;
