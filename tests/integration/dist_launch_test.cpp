@@ -4,6 +4,8 @@
 // template scripts/slurm/xlme.sbatch with a stand-in srun; and the failures noticed in seconds:
 // the start-up timeout naming the missing rank, a stop signal during the rendezvous, a frozen or
 // killed rank (the heartbeat), and a killed rank's log ending with its last complete line.
+#include "xlme/checkpoint/archive.h"
+#include "xlme/checkpoint/layout.h"
 #include "xlme/common/exit_codes.h"
 #include "xlme/common/logging.h"
 
@@ -189,6 +191,47 @@ TEST_F(TorchrunTest, SigusrToTorchrunLeavesNoOrphanedWorkers) {
     EXPECT_EQ(wait_code(worker, 30), kExitPreempted) << "worker " << worker;
   }
   EXPECT_TRUE(contains_all(read_file(run + "/logs/rank1.log"), {"stopping at step"}));
+}
+
+// torchrun's elastic restarts: a worker killed mid-run (SIGKILL, as the kernel's OOM killer or a
+// lost device ends one) makes torchrun --max-restarts 1 stop the other and start both again, with
+// the same command; they resume from the newest checkpoint (--resume auto, the default) and the
+// run ends at its last step with the weights of the same run uninterrupted, bit for bit.
+TEST_F(TorchrunTest, MaxRestartsResumesAKilledWorkerBitIdentically) {
+  constexpr int64_t kSteps = 40;
+  TempDir dir;
+  const auto launch = [&](const std::string& run, const std::string& log) {
+    return start_shell(torchrun() + " --standalone --nproc-per-node 2 --max-restarts 1 " +
+                           "--monitor-interval 0.1 --no-python " + quote(pretrain_binary()) +
+                           joined(run_args(run, kSteps)),
+                       dir / log);
+  };
+  const std::string run = dir / "run";
+  const pid_t pid = launch(run, "log");
+  ASSERT_TRUE(wait_for_checkpoint(run, 3, 90, pid)) << read_file(dir / "log");
+  const std::vector<pid_t> workers = children_of(pid);
+  ASSERT_EQ(workers.size(), 2u) << read_file(dir / "log");
+  const int64_t killed_after = testing::newest_checkpoint_step(run);
+  ASSERT_LT(killed_after, kSteps) << "the run ended before a worker could be killed";
+  ::kill(workers[1], SIGKILL);
+  EXPECT_EQ(wait_code(pid, 120), kExitOk) << read_file(dir / "log");
+  // Both workers started again: rank 0 too (torchrun stopped it) resumed from a checkpoint.
+  const std::string rank0 = read_file(run + "/logs/rank0.log");
+  EXPECT_TRUE(contains_all(rank0, {"resumed from " + run + "/checkpoints/step_"})) << rank0;
+
+  const std::string reference = dir / "reference";
+  EXPECT_EQ(wait_code(launch(reference, "reference.log"), 120), kExitOk)
+      << read_file(dir / "reference.log");
+  const auto resumed =
+      checkpoint::read_module_archive(step_folder(run, kSteps) + "/" + checkpoint::kModelFile);
+  const auto uninterrupted = checkpoint::read_module_archive(step_folder(reference, kSteps) + "/" +
+                                                             checkpoint::kModelFile);
+  ASSERT_EQ(resumed.size(), uninterrupted.size());
+  for (const auto& [name, tensor] : uninterrupted) {
+    ASSERT_TRUE(resumed.count(name)) << name;
+    EXPECT_TRUE(torch::equal(resumed.at(name), tensor))
+        << name << " (killed after step " << killed_after << ")";
+  }
 }
 
 // A TCP port in [15000, 35000) free a moment ago: SLURM's rendezvous port for a job id.
