@@ -1,11 +1,11 @@
 // What a HuggingFace user does with an export beyond loading the encoder
 // (docs/export.md#loading-an-export-with-huggingface-transformers): tiny trained checkpoints are
 // exported by the binary (one with the generator in xlme's own vocabulary layout, one in XLM-R's
-// with a BPE SentencePiece model) and tests/python/test_hf_client.py, run once and offline by the
-// project's Python (XLME_PYTHON), checks the masked-LM and pre-training heads against the C++
-// model's logits, padding-side independence, the fast tokenizer against the C++ tokenizer's ids
-// (hostile text included) and transformers' Trainer; each check is asserted on its own. xlme's
-// own encoder is checked for padding-side independence here too.
+// with a BPE SentencePiece model, the masked-LM baseline's) and tests/python/test_hf_client.py, run
+// once and offline by the project's Python (XLME_PYTHON), checks the masked-LM and pre-training
+// heads against the C++ model's logits, padding-side independence, the fast tokenizer against the
+// C++ tokenizer's ids (hostile text included) and transformers' Trainer; each check is asserted on
+// its own. xlme's own encoder is checked for padding-side independence here too.
 #include "xlme/checkpoint/export_folder.h"
 #include "xlme/checkpoint/pretrained.h"
 #include "xlme/checkpoint/safetensors.h"
@@ -89,11 +89,12 @@ void expect_passed(const nlohmann::json& report, const char* check) {
   EXPECT_TRUE(r.value("ok", false)) << check << ": " << r.dump(2);
 }
 
-// One test (one export of each layout, one Python process: importing torch and transformers
-// takes seconds), each check asserted on its own:
-//   masked_lm: AutoModelForMaskedLM is the generator with its head and pipeline("fill-mask")
-//     ranks as its logits do; AutoModelForPreTraining is the discriminator with its
-//     replaced-token head; both give the C++ logits within 1e-4.
+// One test (three small exports, one Python process: importing torch and transformers takes
+// seconds), each check asserted on its own:
+//   masked_lm: AutoModelForMaskedLM is the generator with its head (the masked-LM baseline's
+//     encoder with its MLM head) and pipeline("fill-mask") ranks as its logits do;
+//     AutoModelForPreTraining is the discriminator with its replaced-token head; all give the
+//     C++ logits within 1e-4. Without the generator, AutoModelForMaskedLM says how to get it.
 //   padding: left and right padding give the same outputs (position ids from the attention mask);
 //     pad ids without an attention_mask give transformers' own warning. xlme's own
 //     DiscriminatorModel is checked the same way here.
@@ -126,12 +127,19 @@ TEST(HfClient, HeadsPaddingFastTokenizerAndTrainer) {
   run =
       run_tool("xlme-export", {"--checkpoint", xlmr_checkpoint.path, "--out", dir / "xlmr-export"});
   ASSERT_EQ(run.code, 0) << run.err;
+  // The masked-LM baseline, whose encoder and MLM head are AutoModelForMaskedLM too.
+  const auto mlm_checkpoint = xlme::testing::make_tiny_checkpoint(
+      xlme::testing::tiny_export_config(own, {"objectives.set=mlm"}), dir / "mlm-run");
+  run = run_tool("xlme-export", {"--checkpoint", mlm_checkpoint.path, "--out", dir / "mlm-export",
+                                 "--with-generator"});
+  ASSERT_EQ(run.code, 0) << run.err;
   EXPECT_TRUE(fs::is_regular_file(fs::path(dir / "export") / kTokenizerJsonFile));
   EXPECT_TRUE(fs::is_regular_file(fs::path(dir / "xlmr-export") / kTokenizerJsonFile));
 
   PretrainedOptions options;
   options.with_generator = true;
   Pretrained p = load_pretrained(dir / "export", options);
+  Pretrained baseline = load_pretrained(dir / "mlm-export", options);
   const auto batch = xlme::testing::parity_batch(p.special_ids, /*length=*/24);
   SafetensorsContent expected;
   {
@@ -139,10 +147,14 @@ TEST(HfClient, HeadsPaddingFastTokenizerAndTrainer) {
     const auto generated = p.electra->generator(batch.ids, batch.positions, batch.padding);
     const auto& table = p.electra->embeddings->token->weight;
     const auto hidden = p.discriminator->forward(batch.ids, {}, batch.padding);
-    expected.tensors = {{"input_ids", batch.ids},
-                        {"padding", batch.padding},
-                        {"gen_logits", p.electra->generator_head(generated, table)},
-                        {"rtd_logits", p.discriminator->rtd_logits(hidden)}};
+    expected.tensors = {
+        {"input_ids", batch.ids},
+        {"padding", batch.padding},
+        {"gen_logits", p.electra->generator_head(generated, table)},
+        {"rtd_logits", p.discriminator->rtd_logits(hidden)},
+        {"mlm_logits",
+         baseline.electra->mlm_head(baseline.discriminator->forward(batch.ids, {}, batch.padding),
+                                    baseline.electra->embeddings->token->weight)}};
     // xlme's own encoder on the same rows padded on the left, at the real tokens.
     const auto [ids, padding] = left_padded(batch.ids, batch.padding, p.special_ids.pad);
     const auto left = p.discriminator->forward(ids, {}, padding);
@@ -159,11 +171,12 @@ TEST(HfClient, HeadsPaddingFastTokenizerAndTrainer) {
       {"xlmr", cpp_tokens(dir / "xlmr.model", data::VocabLayout::kXlmr)}};
   xlme::testing::write_file(dir / "tokens.json", tokens.dump());
 
-  const auto [code, out] = shell(
-      "cd " + quote(XLME_SOURCE_DIR) + " && " + quote(XLME_PYTHON) +
-      " tests/python/test_hf_client.py --model " + quote(dir / "export") + " --xlmr-model " +
-      quote(dir / "xlmr-export") + " --expected " + quote(dir / "expected.safetensors") +
-      " --tokens " + quote(dir / "tokens.json") + " --tolerance " + std::to_string(kTolerance));
+  const auto [code, out] =
+      shell("cd " + quote(XLME_SOURCE_DIR) + " && " + quote(XLME_PYTHON) +
+            " tests/python/test_hf_client.py --model " + quote(dir / "export") + " --xlmr-model " +
+            quote(dir / "xlmr-export") + " --mlm-model " + quote(dir / "mlm-export") +
+            " --expected " + quote(dir / "expected.safetensors") + " --tokens " +
+            quote(dir / "tokens.json") + " --tolerance " + std::to_string(kTolerance));
   std::smatch match;
   ASSERT_TRUE(std::regex_search(out, match, std::regex(R"(\{"transformers": .*\})")))
       << "test_hf_client.py printed no report (exit code " << code << "):\n"
@@ -177,6 +190,7 @@ TEST(HfClient, HeadsPaddingFastTokenizerAndTrainer) {
   if (report.contains("masked_lm") && report["masked_lm"].value("ok", false)) {
     EXPECT_LE(report["masked_lm"]["generator_logits"].get<double>(), kTolerance);
     EXPECT_LE(report["masked_lm"]["rtd_logits"].get<double>(), kTolerance);
+    EXPECT_LE(report["masked_lm"]["mlm_baseline_logits"].get<double>(), kTolerance);
   }
 }
 

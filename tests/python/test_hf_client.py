@@ -1,16 +1,18 @@
 """Checks what a HuggingFace user does with an xlme export beyond loading the encoder (driven by
 tests/integration/hf_client_test.cpp with the project's Python, XLME_PYTHON; offline):
 
-    test_hf_client.py --model DIR --xlmr-model DIR2 --expected EXPECTED.safetensors \
-        --tokens TOKENS.json [--tolerance 1e-4]
+    test_hf_client.py --model DIR --xlmr-model DIR2 --mlm-model DIR3 \
+        --expected EXPECTED.safetensors --tokens TOKENS.json [--tolerance 1e-4]
 
 DIR is an export with the generator (`--with-generator`, own vocabulary layout), DIR2 one in
-XLM-R's layout (a BPE SentencePiece model). EXPECTED holds input_ids and padding [B, T] (right
-padded), the C++ generator's logits gen_logits [B, T, V] and the discriminator's replaced-token
-logits rtd_logits [B, T] (default positions). TOKENS.json: {"own": {"texts": [...], "ids":
+XLM-R's layout (a BPE SentencePiece model) without it, DIR3 the masked-LM baseline's (objectives.set
+mlm, `--with-generator`). EXPECTED holds input_ids and padding [B, T] (right padded), the C++
+generator's logits gen_logits [B, T, V], the baseline's mlm_logits [B, T, V] and the
+discriminator's replaced-token logits rtd_logits [B, T] (default positions). TOKENS.json: {"own": {"texts": [...], "ids":
 [[...]]}, "xlmr": {...}}, the C++ tokenizer's ids of each text (without <s>, </s>).
-  masked_lm: AutoModelForMaskedLM and AutoModelForPreTraining load everything they hold from DIR
-      and give the C++ logits within --tolerance; pipeline("fill-mask") ranks the model's logits.
+  masked_lm: AutoModelForMaskedLM (DIR, DIR3) and AutoModelForPreTraining (DIR) load everything
+      they hold and give the C++ logits within --tolerance; pipeline("fill-mask") ranks the
+      model's logits; on DIR2, AutoModelForMaskedLM says to export with --with-generator.
   padding: left and right padding give the same outputs (position ids from the attention mask);
       pad ids without an attention_mask warn as transformers' own models (DeBERTa) warn.
   tokenizer: AutoTokenizer gives the fast tokenizer (tokenizer.json), the C++ ids on every text of
@@ -96,6 +98,21 @@ def check_masked_lm(args, expected):
     report["generator_logits"] = max_diff(logits, expected["gen_logits"], real)
     require(report["generator_logits"] <= args.tolerance,
             f"masked-LM logits differ from the C++ generator's by {report['generator_logits']}")
+
+    # The masked-LM baseline: its encoder and MLM head.
+    base = from_pretrained(AutoModelForMaskedLM, args.mlm_model)
+    with torch.no_grad():
+        logits = base(input_ids=ids, attention_mask=real.long()).logits
+    report["mlm_baseline_logits"] = max_diff(logits, expected["mlm_logits"], real)
+    require(report["mlm_baseline_logits"] <= args.tolerance,
+            f"the mlm baseline's logits differ from the C++ model's by "
+            f"{report['mlm_baseline_logits']}")
+    # An export without the generator says how to get one.
+    try:
+        AutoModelForMaskedLM.from_pretrained(args.xlmr_model, trust_remote_code=True)
+        raise CheckFailed("AutoModelForMaskedLM loaded an export without the generator")
+    except ValueError as e:
+        require("--with-generator" in str(e), f"without the generator: {e}")
 
     rtd = from_pretrained(AutoModelForPreTraining, args.model)
     report["pre_training_class"] = type(rtd).__name__
@@ -286,6 +303,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
     parser.add_argument("--xlmr-model", required=True)
+    parser.add_argument("--mlm-model", required=True)
     parser.add_argument("--expected", required=True)
     parser.add_argument("--tokens", required=True)
     parser.add_argument("--tolerance", type=float, default=1e-4)
