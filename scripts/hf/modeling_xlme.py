@@ -348,7 +348,8 @@ class XlmeForMaskedLM(XlmePreTrainedModel):
         head = getattr(self, self.head_name)
         x = states[-1].to(head.dense.weight.dtype)
         x = head.norm(F.gelu(head.dense(x)))
-        logits = F.linear(x, self.embeddings.token.weight.to(x.dtype), head.output_bias)  # [B, T, V]
+        table = self.embeddings.token.weight.to(x.dtype)  # tied: [V, embedding]
+        logits = F.linear(x, table, head.output_bias)  # [B, T, V]
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), labels.view(-1),

@@ -8,8 +8,9 @@ DIR is an export with the generator (`--with-generator`, own vocabulary layout),
 XLM-R's layout (a BPE SentencePiece model) without it, DIR3 the masked-LM baseline's (objectives.set
 mlm, `--with-generator`). EXPECTED holds input_ids and padding [B, T] (right padded), the C++
 generator's logits gen_logits [B, T, V], the baseline's mlm_logits [B, T, V] and the
-discriminator's replaced-token logits rtd_logits [B, T] (default positions). TOKENS.json: {"own": {"texts": [...], "ids":
-[[...]]}, "xlmr": {...}}, the C++ tokenizer's ids of each text (without <s>, </s>).
+discriminator's replaced-token logits rtd_logits [B, T] (default positions).
+TOKENS.json: {"own": {"texts": [...], "ids": [[...]]}, "xlmr": {...}}, the C++ tokenizer's ids
+of each text (without <s>, </s>).
   masked_lm: AutoModelForMaskedLM (DIR, DIR3) and AutoModelForPreTraining (DIR) load everything
       they hold and give the C++ logits within --tolerance; pipeline("fill-mask") ranks the
       model's logits; on DIR2, AutoModelForMaskedLM says to export with --with-generator.
@@ -185,7 +186,8 @@ def check_padding(args, expected):
         library.removeHandler(handler)
     report["warning"] = ours[0] if ours else None
     require(theirs, "transformers' DeBERTa gave no padding warning: the check is broken")
-    require(ours == theirs, f"pad ids without attention_mask: warned {ours}, DeBERTa warns {theirs}")
+    require(ours == theirs,
+            f"pad ids without attention_mask: warned {ours}, DeBERTa warns {theirs}")
     require(not with_mask, f"warned with an attention_mask: {with_mask}")
     return report
 
@@ -203,7 +205,8 @@ def check_tokenizer(args, tokens):
         slow = AutoTokenizer.from_pretrained(folder, trust_remote_code=True, use_fast=False)
         require(type(fast).__name__ == "XlmeTokenizerFast" and fast.is_fast,
                 f"{layout}: AutoTokenizer gave {type(fast).__name__}, not XlmeTokenizerFast")
-        require(len(fast) == len(slow), f"{layout}: {len(fast)} ids, the slow tokenizer {len(slow)}")
+        require(len(fast) == len(slow),
+                f"{layout}: {len(fast)} ids, the slow tokenizer {len(slow)}")
         bos, eos = fast.bos_token_id, fast.eos_token_id
         for text, cpp in zip(tokens[layout]["texts"], tokens[layout]["ids"]):
             got = fast(text)["input_ids"]
