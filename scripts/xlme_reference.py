@@ -24,7 +24,8 @@ The model (config.json names every switch):
   embeddings, the attention probabilities and the attention and FFN outputs. Encoder.forward keeps
   the autograd graph (scripts/hf/modeling_xlme.py fine-tunes through it); hidden_states does not.
 --inputs / --out / --compare files are safetensors: input_ids (I64 [B, T]), optional positions
-(I64 [B, T], default 0..T-1) and padding (BOOL [B, T], true at <pad>); outputs hidden.<i>
+(I64 [B, T], default default_positions: 0..T-1 less the row's leading padding) and padding
+(BOOL [B, T], true at <pad>); outputs hidden.<i>
 (F32 [B, T, hidden], i = 0 for the embeddings .. layers). --compare prints one JSON line with the
 largest |difference| per hidden state over non-padded positions and exits 1 above --tolerance.
 """
@@ -265,6 +266,17 @@ def bucket_matrix(length, num_buckets, max_distance):
     return torch.tensor(per_delta)[(idx[:, None] - idx[None, :]) + length - 1]
 
 
+def default_positions(ids, padding=None):
+    """[B, T] position ids as xlme's C++ model::default_positions: 0..T-1 in every row, less the
+    row's leading padding (clamped at 0), so that a left-padded row gives a right-padded row's
+    outputs."""
+    positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    if padding is None:
+        return positions
+    leading = padding.long().cumprod(1).sum(1, keepdim=True)  # [B, 1]
+    return (positions - leading).clamp(min=0)
+
+
 class Encoder:
     """One xlme encoder (the discriminator, or the exported generator) from the weights."""
 
@@ -346,10 +358,11 @@ class Encoder:
                             f"{layer}.ffn.output")
 
     def forward(self, ids, positions=None, padding=None):
-        """ids: [B, T] int64; positions: [B, T] (default 0..T-1); padding: [B, T] bool, true at
-        <pad>. Returns [embedding output, layer 1, ..., layer L], each [B, T, hidden]."""
+        """ids: [B, T] int64; positions: [B, T] (default: default_positions); padding: [B, T]
+        bool, true at <pad>. Returns [embedding output, layer 1, ..., layer L], each
+        [B, T, hidden]."""
         if positions is None:
-            positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+            positions = default_positions(ids, padding)
         buckets = bucket_matrix(ids.shape[1], self.num_buckets, self.max_distance).to(ids.device)
         x = self.embed(ids, positions)
         states = [x]

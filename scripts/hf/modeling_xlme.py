@@ -14,16 +14,26 @@ xlme's C++ loader widens them). The heads are xlme-finetune's, under its names (
 with the fine-tuned weights of xlme's FinetuneModel loads into them as it is.
 XlmeForSequenceClassification is XLM-R's head on <s> (dropout, dense, tanh, dropout, output), the
 token and question-answering heads are dropout and one linear map; they run in their own dtype.
-Position ids default to 0..T-1, as xlme's; token_type_ids are accepted for the Trainer's sake and
-ignored (xlme has no segment embeddings). Written for transformers 5.
+XlmeForMaskedLM is the generator with its head (generator.*, generator_head.*; with
+`xlme-export --with-generator`), or the masked-LM baselines' encoder with theirs (mlm_head.*);
+XlmeForPreTraining is the discriminator with its replaced-token head (discriminator_head.*).
+Position ids default to 0..T-1 less each row's leading padding (from the attention mask), so that
+left and right padding give the same outputs, as xlme's C++ model::default_positions; pad ids
+without an attention_mask get transformers' warning.
+token_type_ids are accepted for the Trainer's sake and ignored (xlme has no segment embeddings).
+Written for transformers 5.
 """
+from types import SimpleNamespace
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_outputs import (BaseModelOutput, QuestionAnsweringModelOutput,
-                                           SequenceClassifierOutput, TokenClassifierOutput)
+from transformers.modeling_outputs import (BaseModelOutput, MaskedLMOutput,
+                                           QuestionAnsweringModelOutput, SequenceClassifierOutput,
+                                           TokenClassifierOutput)
+from transformers.models.electra.modeling_electra import ElectraForPreTrainingOutput
 
 from .configuration_xlme import XlmeConfig
 from .xlme_reference import Encoder
@@ -38,6 +48,21 @@ class XlmeEmbeddings(nn.Module):
         self.token = nn.Embedding(config.vocab_size, config.embedding_size)
         if config.absolute_positions:
             self.position = nn.Embedding(config.max_positions, config.embedding_size)
+
+
+def encoder_shape(config, name="discriminator"):
+    """The sizes of the encoder `name` (discriminator or generator): config.json's generator
+    section gives the generator's, the discriminator's where it holds 0 (as xlme-export writes
+    it, resolved)."""
+    if name == "discriminator":
+        return config
+    g = config.generator
+    return SimpleNamespace(hidden_size=g.get("hidden_size") or config.hidden_size,
+                           heads=g.get("heads") or config.heads,
+                           ffn_size=g.get("ffn_size") or config.ffn_size, layers=g["layers"],
+                           layer_norm_eps=config.layer_norm_eps,
+                           relative_position=config.relative_position,
+                           share_layers=getattr(config, "share_layers", "none"))
 
 
 class XlmeFeedForward(nn.Module):
@@ -80,24 +105,38 @@ class XlmeLayer(nn.Module):
 
 
 class XlmeEncoderWeights(nn.Module):
-    """discriminator.*: everything of the encoder but the shared embedding tables."""
+    """discriminator.* (or generator.*): everything of the encoder but the shared embedding
+    tables."""
 
-    def __init__(self, config):
+    def __init__(self, config, name="discriminator"):
         super().__init__()
+        shape = encoder_shape(config, name)
         e, rp = config.embedding_size, config.relative_position
         self.embedding_norm = nn.LayerNorm(e, eps=config.layer_norm_eps)
-        if e != config.hidden_size:
-            self.embedding_projection = nn.Linear(e, config.hidden_size)
-        if config.embedding_sharing == "gdes":  # the discriminator's own deltas (DeBERTa-v3)
+        if e != shape.hidden_size:
+            self.embedding_projection = nn.Linear(e, shape.hidden_size)
+        # The discriminator's own deltas (DeBERTa-v3); the generator trains the shared tables.
+        if config.embedding_sharing == "gdes" and name == "discriminator":
             self.token_delta = nn.Parameter(torch.empty(config.vocab_size, e))
             if config.absolute_positions:
                 self.position_delta = nn.Parameter(torch.empty(config.max_positions, e))
         if rp["enabled"] and rp["shared_across_layers"]:
-            self.relative_bias = nn.Parameter(torch.empty(config.heads, rp["num_buckets"]))
-        distinct = 1 if getattr(config, "share_layers", "none") == "all" else config.layers
-        self.layers = nn.ModuleList(XlmeLayer(config, i == 0) for i in range(distinct))
+            self.relative_bias = nn.Parameter(torch.empty(shape.heads, rp["num_buckets"]))
+        distinct = 1 if getattr(config, "share_layers", "none") == "all" else shape.layers
+        self.layers = nn.ModuleList(XlmeLayer(shape, i == 0) for i in range(distinct))
         if config.norm == "pre":
-            self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+            self.final_norm = nn.LayerNorm(shape.hidden_size, eps=config.layer_norm_eps)
+
+
+def run_encoder(model, name, input_ids, attention_mask, position_ids):
+    """xlme_reference.Encoder.forward of the encoder `name` on `model`'s parameters (names as in
+    model.safetensors), in `model`'s train/eval mode: [embeddings, layer 1, ..., layer L].
+    Without position_ids, the positions follow the attention mask (xlme_reference's
+    default_positions: a left-padded row counts from its first real token)."""
+    encoder = Encoder(model.config.to_dict(), dict(model.named_parameters()), name)
+    encoder.training = model.training
+    padding = None if attention_mask is None else attention_mask == 0
+    return encoder.forward(input_ids, position_ids, padding)
 
 
 class XlmePreTrainedModel(PreTrainedModel):
@@ -124,7 +163,7 @@ class XlmePreTrainedModel(PreTrainedModel):
                 init.normal_(parameter, 0.0, std)
             elif name == "gate_w":
                 init.ones_(parameter)
-            elif name in ("token_delta", "position_delta"):
+            elif name in ("token_delta", "position_delta", "output_bias"):
                 init.zeros_(parameter)
 
 
@@ -151,10 +190,8 @@ class XlmeModel(XlmePreTrainedModel):
         output_hidden_states = (output_hidden_states if output_hidden_states is not None
                                 else self.config.output_hidden_states)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        encoder = Encoder(self.config.to_dict(), dict(self.named_parameters()), "discriminator")
-        encoder.training = self.training
-        padding = None if attention_mask is None else attention_mask == 0
-        states = encoder.forward(input_ids, position_ids, padding)
+        self.warn_if_padding_and_no_attention_mask(input_ids, attention_mask)
+        states = run_encoder(self, "discriminator", input_ids, attention_mask, position_ids)
         hidden_states = tuple(states) if output_hidden_states else None
         if not return_dict:
             return tuple(v for v in (states[-1], hidden_states) if v is not None)
@@ -253,3 +290,109 @@ class XlmeForQuestionAnswering(XlmePreTrainedModel):
                          if v is not None)
         return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits,
                                             end_logits=end_logits, hidden_states=out.hidden_states)
+
+
+class XlmeMaskedLmHead(nn.Module):
+    """generator_head.* / mlm_head.*: dense [hidden -> embedding] -> GELU -> LayerNorm -> the
+    token table (tied: embeddings.token) + output_bias [vocab], as xlme's GeneratorHead."""
+
+    def __init__(self, hidden_size, config):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, config.embedding_size)
+        self.norm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
+        self.output_bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+
+class XlmeForMaskedLM(XlmePreTrainedModel):
+    """The masked-LM head of the export: ELECTRA's generator with its head (generator.*,
+    generator_head.*: exported with `xlme-export --with-generator`), or, for the masked-LM
+    baselines (objectives.set mlm, mlm+tlm), the encoder with its MLM head (mlm_head.*).
+    logits: [B, T, vocab]; labels: [B, T], -100 where ignored."""
+
+    _keys_to_ignore_on_load_unexpected = [r"^discriminator", r"^generator", r"^mlm_head\."]
+
+    def __init__(self, config):
+        super().__init__(config)
+        if getattr(config, "architecture", "electra") == "masked-lm":
+            self.encoder_name, head_name = "discriminator", "mlm_head"
+        elif (getattr(config, "architecture", "electra") == "electra"
+              and (getattr(config, "generator", None) or {}).get("exported")):
+            self.encoder_name, head_name = "generator", "generator_head"
+        else:
+            raise ValueError(
+                "XlmeForMaskedLM: this export holds no masked-LM head (config.json: architecture "
+                f"'{getattr(config, 'architecture', None)}', generator.exported false); export "
+                "the checkpoint again with `xlme-export --with-generator`")
+        self.head_name = head_name
+        self.embeddings = XlmeEmbeddings(config)
+        self.add_module(self.encoder_name, XlmeEncoderWeights(config, self.encoder_name))
+        hidden = encoder_shape(config, self.encoder_name).hidden_size
+        self.add_module(head_name, XlmeMaskedLmHead(hidden, config))
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.token
+
+    def set_input_embeddings(self, value):
+        self.embeddings.token = value
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                labels=None, output_hidden_states=None, return_dict=None):
+        if input_ids is None:
+            raise ValueError("XlmeForMaskedLM needs input_ids (inputs_embeds is not supported)")
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        output_hidden_states = (output_hidden_states if output_hidden_states is not None
+                                else self.config.output_hidden_states)
+        self.warn_if_padding_and_no_attention_mask(input_ids, attention_mask)
+        states = run_encoder(self, self.encoder_name, input_ids, attention_mask, position_ids)
+        head = getattr(self, self.head_name)
+        x = states[-1].to(head.dense.weight.dtype)
+        x = head.norm(F.gelu(head.dense(x)))
+        table = self.embeddings.token.weight.to(x.dtype)  # tied: [V, embedding]
+        logits = F.linear(x, table, head.output_bias)  # [B, T, V]
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), labels.view(-1),
+                                   ignore_index=-100)
+        hidden_states = tuple(states) if output_hidden_states else None
+        if not return_dict:
+            return tuple(v for v in (loss, logits, hidden_states) if v is not None)
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=hidden_states)
+
+
+class XlmeForPreTraining(XlmePreTrainedModel):
+    """The discriminator with its replaced-token-detection head (discriminator_head.*: dense,
+    GELU, one logit per token), as ElectraForPreTraining. logits: [B, T], > 0 for "replaced";
+    labels: [B, T], 1 where replaced, 0 where original (the loss counts the real tokens)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        if not getattr(config, "rtd_head", True):
+            raise ValueError(
+                "XlmeForPreTraining: this export has no replaced-token head (config.json: "
+                f"rtd_head false, objectives.set '{getattr(config, 'objective_set', None)}'); "
+                "only ELECTRA-style pre-training (objectives.set xlme, xlme-mono) trains one")
+        self.xlme = XlmeModel(config)
+        self.discriminator_head = nn.Module()
+        self.discriminator_head.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.discriminator_head.output = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                labels=None, output_hidden_states=None, return_dict=None):
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        out = self.xlme(input_ids, attention_mask, position_ids=position_ids,
+                        output_hidden_states=output_hidden_states, return_dict=True)
+        h = self.discriminator_head
+        hidden = out.last_hidden_state.to(h.output.weight.dtype)
+        logits = h.output(F.gelu(h.dense(hidden))).squeeze(-1)  # [B, T]
+        loss = None
+        if labels is not None:
+            real = (torch.ones_like(labels, dtype=torch.bool) if attention_mask is None
+                    else attention_mask.bool())
+            loss = F.binary_cross_entropy_with_logits(logits[real].float(),
+                                                      labels[real].float())
+        if not return_dict:
+            return tuple(v for v in (loss, logits, out.hidden_states) if v is not None)
+        return ElectraForPreTrainingOutput(loss=loss, logits=logits,
+                                           hidden_states=out.hidden_states)

@@ -9,15 +9,32 @@ Both of xlme's vocabulary layouts put <s>=0, <pad>=1, </s>=2, <unk>=3 first and 
         0..3: piece i -> i, <mask> = the piece count.
 Sequences are framed as XLM-R's: <s> a </s>, and <s> a </s></s> b </s> for a pair (as
 xlme-finetune frames them). Needs the `sentencepiece` Python module.
+XlmeTokenizerFast (what AutoTokenizer gives by default) reads tokenizer.json instead, which
+xlme-export builds from the same spm.model as transformers' SpmConverter builds XLM-R's (ids in the
+export's vocab_layout): the same ids, plus word_ids() and return_offsets_mapping.
 """
 import os
 import shutil
 import zlib
 
 import sentencepiece
-from transformers import PreTrainedTokenizer
+from transformers import PreTrainedTokenizer, PreTrainedTokenizerFast
 
 SPIECE_UNDERLINE = "\u2581"
+
+
+def check_spm_model(vocab_file, spm_model_crc32):
+    """xlme-export records the CRC32 of the spm.model it wrote (tokenizer.json is built from it):
+    another model in its place is refused."""
+    if not spm_model_crc32 or not vocab_file or not os.path.isfile(vocab_file):
+        return
+    with open(vocab_file, "rb") as f:
+        found = f"{zlib.crc32(f.read()):08x}"
+    if found != spm_model_crc32:
+        raise ValueError(f"{vocab_file} (CRC32 {found}) is not the SentencePiece model "
+                         f"this export was made with (tokenizer_config.json records CRC32 "
+                         f"{spm_model_crc32}); its ids would mean other pieces. Put the "
+                         "export's own spm.model back, or export the checkpoint again")
 
 
 class XlmeTokenizer(PreTrainedTokenizer):
@@ -30,14 +47,7 @@ class XlmeTokenizer(PreTrainedTokenizer):
         if vocab_layout not in ("xlmr", "own"):
             raise ValueError(f"XlmeTokenizer: vocab_layout is '{vocab_layout}', not xlmr or own "
                              "(tokenizer_config.json)")
-        if spm_model_crc32:  # xlme-export records the CRC32 of the spm.model it wrote
-            with open(vocab_file, "rb") as f:
-                found = f"{zlib.crc32(f.read()):08x}"
-            if found != spm_model_crc32:
-                raise ValueError(f"{vocab_file} (CRC32 {found}) is not the SentencePiece model "
-                                 f"this export was made with (tokenizer_config.json records CRC32 "
-                                 f"{spm_model_crc32}); its ids would mean other pieces. Put the "
-                                 "export's own spm.model back, or export the checkpoint again")
+        check_spm_model(vocab_file, spm_model_crc32)
         self.vocab_file = vocab_file
         self.vocab_layout = vocab_layout
         self.sp_model = sentencepiece.SentencePieceProcessor(model_file=vocab_file)
@@ -86,6 +96,48 @@ class XlmeTokenizer(PreTrainedTokenizer):
         return "".join(tokens).replace(SPIECE_UNDERLINE, " ").strip()
 
     def save_vocabulary(self, save_directory, filename_prefix=None):
+        out = os.path.join(save_directory,
+                           (filename_prefix + "-" if filename_prefix else "") + "spm.model")
+        if os.path.abspath(out) != os.path.abspath(self.vocab_file):
+            shutil.copyfile(self.vocab_file, out)
+        return (out,)
+
+
+class XlmeTokenizerFast(PreTrainedTokenizerFast):
+    """The export's tokenizer.json run by the `tokenizers` library: XlmeTokenizer's ids and
+    framing, with offsets and word ids (the token-classification pipeline's spans)."""
+
+    vocab_files_names = {"vocab_file": "spm.model", "tokenizer_file": "tokenizer.json"}
+    model_input_names = ["input_ids", "attention_mask"]
+    slow_tokenizer_class = XlmeTokenizer
+
+    @classmethod
+    def convert_to_native_format(cls, trust_remote_code=False, **kwargs):
+        """tokenizer.json is loaded as it is (transformers would otherwise take it apart for a class
+        with its own __init__)."""
+        return kwargs
+
+    def __init__(self, vocab_file=None, tokenizer_file=None, vocab_layout="xlmr",
+                 bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                 mask_token="<mask>", cls_token="<s>", sep_token="</s>", spm_model_crc32=None,
+                 **kwargs):
+        if not tokenizer_file or not os.path.isfile(tokenizer_file):
+            raise ValueError(f"XlmeTokenizerFast needs the export's tokenizer.json (found "
+                             f"{tokenizer_file!r}); export the checkpoint again with this xlme, "
+                             "or load XlmeTokenizer with use_fast=False")
+        check_spm_model(vocab_file, spm_model_crc32)
+        self.vocab_file = vocab_file
+        super().__init__(vocab_file=vocab_file, tokenizer_file=tokenizer_file,
+                         vocab_layout=vocab_layout, spm_model_crc32=spm_model_crc32,
+                         bos_token=bos_token, pad_token=pad_token, eos_token=eos_token,
+                         unk_token=unk_token, mask_token=mask_token, cls_token=cls_token,
+                         sep_token=sep_token, **kwargs)
+
+    def save_vocabulary(self, save_directory, filename_prefix=None):
+        """spm.model beside the tokenizer.json save_pretrained writes (the slow tokenizer and
+        xlme's C++ loader read it)."""
+        if not self.vocab_file or not os.path.isfile(self.vocab_file):
+            return ()
         out = os.path.join(save_directory,
                            (filename_prefix + "-" if filename_prefix else "") + "spm.model")
         if os.path.abspath(out) != os.path.abspath(self.vocab_file):

@@ -200,6 +200,7 @@ const std::set<std::string>& export_file_names() {
     std::set<std::string> own = {checkpoint::kExportWeightsFile, checkpoint::kExportConfigFile,
                                  checkpoint::kExportTokenizerFile, checkpoint::kExportReadmeFile,
                                  checkpoint::kExportMarkerFile, "tokenizer_config.json",
+                                 kTokenizerJsonFile,
                                  // Python's byte-code cache of the remote code, once imported
                                  "__pycache__"};
     for (const auto& file : transformers_files()) own.insert(file.name);

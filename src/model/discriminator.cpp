@@ -14,6 +14,13 @@ torch::Tensor default_positions(const torch::Tensor& input_ids) {
       .expand({input_ids.size(0), input_ids.size(1)});
 }
 
+torch::Tensor default_positions(const torch::Tensor& input_ids, const torch::Tensor& padding) {
+  const auto positions = default_positions(input_ids);
+  if (!padding.defined()) return positions;
+  const auto leading = padding.to(torch::kInt64).cumprod(1).sum(1, /*keepdim=*/true);  // [B, 1]
+  return (positions - leading).clamp_min(0);
+}
+
 DiscriminatorModelImpl::DiscriminatorModelImpl(const config::ModelConfig& config, bool with_head)
     : config_(config) {
   XLME_CHECK(config.vocab_size > 0,
@@ -34,8 +41,8 @@ DiscriminatorModelImpl::DiscriminatorModelImpl(const config::ModelConfig& config
 torch::Tensor DiscriminatorModelImpl::forward(const torch::Tensor& input_ids,
                                               const torch::Tensor& positions,
                                               const torch::Tensor& padding) {
-  return discriminator(input_ids, positions.defined() ? positions : default_positions(input_ids),
-                       padding);
+  return discriminator(
+      input_ids, positions.defined() ? positions : default_positions(input_ids, padding), padding);
 }
 
 std::vector<torch::Tensor> DiscriminatorModelImpl::hidden_states(const torch::Tensor& input_ids,
@@ -43,7 +50,7 @@ std::vector<torch::Tensor> DiscriminatorModelImpl::hidden_states(const torch::Te
                                                                  const torch::Tensor& padding,
                                                                  int64_t up_to_layer) {
   return discriminator->hidden_states(
-      input_ids, positions.defined() ? positions : default_positions(input_ids), padding,
+      input_ids, positions.defined() ? positions : default_positions(input_ids, padding), padding,
       up_to_layer);
 }
 

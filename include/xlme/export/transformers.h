@@ -1,8 +1,8 @@
 // The HuggingFace `transformers` side of an export folder
 // (docs/export.md#loading-an-export-with-huggingface-transformers): config.json gains model_type,
 // architectures, auto_map and torch_dtype; the remote code that auto_map names (scripts/hf/*.py and
-// scripts/xlme_reference.py, built into xlme) and tokenizer_config.json for AutoTokenizer are
-// written beside it.
+// scripts/xlme_reference.py, built into xlme), tokenizer_config.json and tokenizer.json for
+// AutoTokenizer are written beside it.
 #pragma once
 
 #include "xlme/checkpoint/export_folder.h"
@@ -16,6 +16,9 @@ struct EmbeddedFile {
   const char* name;  // file name in the export folder, e.g. "modeling_xlme.py"
   const char* text;
 };
+
+// The fast tokenizer's file in an export folder (tokenizer_json.h).
+inline constexpr const char* kTokenizerJsonFile = "tokenizer.json";
 
 // scripts/hf/*.py and scripts/xlme_reference.py as they were when xlme was built (generated from
 // the sources by CMakeLists.txt).

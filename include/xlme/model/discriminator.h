@@ -24,7 +24,8 @@ class DiscriminatorModelImpl : public torch::nn::Module {
   // RTD head of the ELECTRA architecture; the mlm baselines have none).
   DiscriminatorModelImpl(const config::ModelConfig& config, bool with_head);
 
-  // input_ids: [B, T] int64; positions: [B, T] int64 (undefined = 0..T-1 in every row);
+  // input_ids: [B, T] int64; positions: [B, T] int64 (undefined =
+  // default_positions(input_ids, padding));
   // padding: [B, T] bool, true at <pad> (undefined = none) -> [B, T, hidden].
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& positions = {},
                         const torch::Tensor& padding = {});
@@ -52,5 +53,9 @@ TORCH_MODULE(DiscriminatorModel);
 
 // input_ids: [B, T] -> [B, T] int64: 0..T-1 in every row, on input_ids' device.
 torch::Tensor default_positions(const torch::Tensor& input_ids);
+// The same less each row's leading padding (padding: [B, T] bool, true at <pad>; undefined =
+// none): a left-padded row's first real token is 0 (the padding before it too), so that left and
+// right padding give the same outputs; right-padded rows keep 0..T-1.
+torch::Tensor default_positions(const torch::Tensor& input_ids, const torch::Tensor& padding);
 
 }  // namespace xlme::model
