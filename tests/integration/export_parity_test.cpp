@@ -2,8 +2,8 @@
 // architecture variant is trained a few steps and perturbed (so that LayerNorm, biases and gates
 // are far from their initial values), saved by the trainer, exported by the binary, and run on a
 // padded batch by C++ and by XLME_PYTHON scripts/xlme_reference.py, which reads the export
-// with its own numpy safetensors reader. Every hidden state (embeddings and each layer) must agree
-// to 1e-4 at the real positions.
+// with its own numpy safetensors reader (its command line, every variant in one process). Every
+// hidden state (embeddings and each layer) must agree to 1e-4 at the real positions.
 #include "xlme/checkpoint/pretrained.h"
 #include "xlme/checkpoint/safetensors.h"
 
@@ -13,7 +13,10 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <regex>
+#include <set>
+#include <sstream>
 
 namespace xlme::export_ {
 namespace {
@@ -55,22 +58,23 @@ class ExportParity : public ::testing::Test {
     ASSERT_TRUE(lacks.empty()) << lacks;
   }
 
-  // Exports a checkpoint of the variant, runs both sides on a padded batch (the generator where
-  // the variant exports it, the discriminator otherwise) and returns the reference's largest
-  // |difference| per hidden state.
-  std::vector<double> parity(const ExportVariant& variant) {
-    const std::string& name = variant.label;
+  // Exports a checkpoint of the variant into `dir`, runs it on a padded batch in C++ (the generator
+  // where the variant exports it, the discriminator otherwise) and returns the xlme_reference.py
+  // case that compares the same batch (null when the export failed); `state_count` gets the
+  // number of hidden states.
+  static nlohmann::json prepare(const ExportVariant& variant, const fs::path& dir,
+                                size_t* state_count) {
+    const std::string& name = variant.name;
     const std::vector<std::string>& export_args = variant.export_args;
     const std::string encoder =
         xlme::testing::exports_generator(variant) ? "generator" : "discriminator";
-    TempDir dir;
     const auto config = xlme::testing::tiny_export_config(*tokenizer_, variant.overrides);
     auto checkpoint = xlme::testing::make_tiny_checkpoint(config, dir / "run");
     std::vector<std::string> args{"--checkpoint", checkpoint.path, "--out", dir / "export"};
     args.insert(args.end(), export_args.begin(), export_args.end());
     const auto run = run_tool("xlme-export", args);
-    EXPECT_EQ(run.code, 0) << run.err;
-    if (run.code != 0) return {};
+    EXPECT_EQ(run.code, 0) << name << ": " << run.err;
+    if (run.code != 0) return nullptr;
 
     PretrainedOptions options;
     options.with_generator = encoder == "generator";
@@ -99,26 +103,55 @@ class ExportParity : public ::testing::Test {
     }
     write_safetensors(dir / "inputs.safetensors", inputs);
     write_safetensors(dir / "expected.safetensors", expected);
+    *state_count = states.size();
+    return {{"name", name},
+            {"args",
+             {"--model", dir / "export", "--encoder", encoder, "--inputs",
+              dir / "inputs.safetensors", "--compare", dir / "expected.safetensors", "--tolerance",
+              std::to_string(kParityTolerance)}}};
+  }
 
-    const auto [code, out] = shell(
-        "cd " + quote(XLME_SOURCE_DIR) + " && " + kReferencePython +
-        " scripts/xlme_reference.py --model " + quote(dir / "export") + " --encoder " + encoder +
-        " --inputs " + quote(dir / "inputs.safetensors") + " --compare " +
-        quote(dir / "expected.safetensors") + " --tolerance " + std::to_string(kParityTolerance));
-    std::smatch match;
-    const bool parsed = std::regex_search(out, match, std::regex(R"(\{"max_abs_diff": .*\})"));
-    EXPECT_TRUE(parsed) << out;
-    if (!parsed) return {};
-    const auto report = nlohmann::json::parse(match[0].str());
-    const auto diffs = report["max_abs_diff"].get<std::vector<double>>();
-    std::cout << "[ parity   ] " << name << ": max |diff| per hidden state "
-              << nlohmann::json(diffs) << std::endl;
-    EXPECT_EQ(code, 0) << out;
-    EXPECT_EQ(diffs.size(), states.size());
-    for (size_t i = 0; i < diffs.size(); ++i) {
-      EXPECT_LE(diffs[i], kParityTolerance) << name << " hidden state " << i;
+  // Every variant's export against scripts/xlme_reference.py, run as its command line runs it but
+  // all in one process (tests/python/run_reference_cases.py); each variant is checked on its own:
+  // exit code 0 and every hidden state within kParityTolerance of the C++ model's.
+  static void check_variants(const std::vector<ExportVariant>& variants) {
+    TempDir dir;
+    nlohmann::json cases = nlohmann::json::array();
+    std::map<std::string, size_t> state_counts;
+    for (const auto& variant : variants) {
+      auto c = prepare(variant, dir / variant.name, &state_counts[variant.name]);
+      if (!c.is_null()) cases.push_back(std::move(c));
     }
-    return diffs;
+    xlme::testing::write_file(dir / "cases.json", cases.dump(2));
+    const auto [code, out] =
+        shell("cd " + quote(XLME_SOURCE_DIR) + " && " + quote(kReferencePython) +
+              " tests/python/run_reference_cases.py " + quote(dir / "cases.json"));
+    ASSERT_EQ(code, 0) << out;
+    std::set<std::string> reported;
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("{\"case\": ", 0) != 0) continue;
+      const auto result = nlohmann::json::parse(line);
+      const std::string name = result["case"];
+      const std::string output = result["output"];
+      reported.insert(name);
+      EXPECT_EQ(result["code"], 0) << name << ":\n" << output;
+      std::smatch match;
+      const bool parsed = std::regex_search(output, match, std::regex(R"(\{"max_abs_diff": .*\})"));
+      EXPECT_TRUE(parsed) << name << ":\n" << output;
+      if (!parsed) continue;
+      const auto diffs =
+          nlohmann::json::parse(match[0].str())["max_abs_diff"].get<std::vector<double>>();
+      std::cout << "[ parity   ] " << name << ": max |diff| per hidden state "
+                << nlohmann::json(diffs) << std::endl;
+      EXPECT_EQ(diffs.size(), state_counts.at(name)) << name;
+      for (size_t i = 0; i < diffs.size(); ++i) {
+        EXPECT_LE(diffs[i], kParityTolerance) << name << " hidden state " << i;
+      }
+    }
+    for (const auto& c : cases) {
+      EXPECT_TRUE(reported.count(c["name"].get<std::string>())) << c["name"] << ":\n" << out;
+    }
   }
 
   static TempDir* dir_;
@@ -129,16 +162,9 @@ std::string* ExportParity::tokenizer_ = nullptr;
 
 // Each variant of export_variants(); a bf16 export runs the same bf16-rounded weights in fp32 on
 // both sides.
-class ExportParityOfVariant : public ExportParity,
-                              public ::testing::WithParamInterface<ExportVariant> {};
-
-TEST_P(ExportParityOfVariant, MatchesTheReference) {
-  parity(GetParam());
+TEST_F(ExportParity, EveryVariantMatchesTheReference) {
+  check_variants(xlme::testing::export_variants());
 }
-
-INSTANTIATE_TEST_SUITE_P(Variants, ExportParityOfVariant,
-                         ::testing::ValuesIn(xlme::testing::export_variants()),
-                         xlme::testing::export_variant_name);
 
 TEST_F(ExportParity, DistilledStudent) {
   // A student half as wide as its teacher (objectives.set=distill): the encoder alone, exported
@@ -146,11 +172,11 @@ TEST_F(ExportParity, DistilledStudent) {
   TempDir dir;
   const auto teacher = xlme::testing::make_tiny_checkpoint(
       xlme::testing::tiny_export_config(*tokenizer_, {}), dir / "teacher");
-  parity({"DistilledStudent",
-          "distilled student",
-          {"objectives.set=distill", "distill.teacher=" + teacher.path, "distill.relation_heads=4",
-           "model.hidden_size=16"},
-          {}});
+  check_variants({{"DistilledStudent",
+                   "distilled student",
+                   {"objectives.set=distill", "distill.teacher=" + teacher.path,
+                    "distill.relation_heads=4", "model.hidden_size=16"},
+                   {}}});
 }
 
 TEST_F(ExportParity, TheBinaryRefusesToOverwriteAndNamesBadInput) {
