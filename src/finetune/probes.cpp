@@ -156,8 +156,9 @@ ProbeReport run_tatoeba(const config::FinetuneConfig& settings, model::Encoder& 
   for (const auto& language : evaluated_languages(settings)) {
     // Gold needs LASER's line-aligned originals; XTREME's copy has its English side sorted.
     const bool gold = !settings.gold_dir.empty();
-    const auto pairs = gold ? read_tatoeba_laser(settings.gold_dir, language)
-                            : read_tatoeba_xtreme(settings.data_dir, language);
+    const auto test = read_tatoeba(settings.gold_dir, settings.data_dir, language);
+    const auto& pairs = test.pairs;
+    spdlog::info("tatoeba test {}: {} pairs {}", language, pairs.source.size(), test.from);
     std::vector<torch::Tensor> english_to_xx;
     if (gold) {
       // source = xx, target = en. XTREME's headline is en -> xx (each English sentence retrieves
