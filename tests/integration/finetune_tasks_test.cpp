@@ -297,6 +297,21 @@ TEST_F(FinetuneTasks, RetrievalComparesTrainedAndUntrainedOnEveryLayer) {
     EXPECT_TRUE(layers["layer 1"]["en-de"].contains("en_to_de"));
     EXPECT_TRUE(layers["layer 1"].contains("mean"));
   }
+  EXPECT_FALSE(json["trained"].contains("subset"));
+  // finetune.max_eval_examples: the log, the console and results.json say the pairs were cut.
+  c.finetune.max_eval_examples = 10;
+  c.finetune.compare_untrained = false;
+  const auto log = logged_run(c);
+  EXPECT_TRUE(contains_all(log, {"retrieval en-de: scored 10 of 30 pairs (the first; "
+                                 "finetune.max_eval_examples)",
+                                 "scored on subsets (finetune.max_eval_examples: en-de 10 of 30 "
+                                 "pairs; en-fr 10 of 30 pairs), not comparable"}))
+      << log;
+  json = nlohmann::json::parse(read_file(data_.path() / "out" / "results.json"));
+  EXPECT_EQ(json["trained"]["subset"]["languages"]["en-de"],
+            nlohmann::json::parse(R"({"scored": 10, "of": 30, "unit": "pair"})"))
+      << json["trained"].dump();
+  c.finetune.max_eval_examples = 0;
   c.finetune.pairs = {"en-xx"};
   EXPECT_TRUE(contains_all(error_message([&] { run_finetune(c); }),
                            {"finetune.pairs names en-xx", "en-xx.<a> and .<b> files"}));
