@@ -27,11 +27,22 @@ def retrieval_by_layer(path):
             for name, pairs in block["layers"].items()}
 
 
+def coverage(average):
+    """What a results.json average covers ("over 1 of 1 languages"; "" where not recorded)."""
+    if "covers" not in average:
+        return ""
+    return f"over {len(average['covers'])} of {average['of']} languages"
+
+
 def pos_values(path):
-    """The test average (the task's main score, per fine-tuning seed) of a results.json."""
+    """The test average (the task's main score, per fine-tuning seed) of a results.json, and the
+    header of its column: the main score and what the average covers."""
     with open(path) as f:
         results = json.load(f)
-    return results["test"]["average"]["values"], results["test"]["main"]
+    test = results["test"]
+    label = ", ".join(x for x in (test["main"], coverage(test["average"]),
+                                  "on subsets" if "subset" in test else "") if x)
+    return test["average"]["values"], label
 
 
 def spread(values):

@@ -76,7 +76,9 @@ def main():
               "mean ± std:")
         for name, result in pos.items():
             values = ", ".join(f"{v:.2f}" for v in result["values"])
-            print(f"  {name:12}{result['mean']:6.2f} ± {result['std']:.2f}   ({values})")
+            covered = (f"; over {len(result['covers'])} of {result['of']} languages"
+                       if "covers" in result else "")
+            print(f"  {name:12}{result['mean']:6.2f} ± {result['std']:.2f}   ({values}{covered})")
     print()
     print(f"curves: {run}/plots/summary.png; export: {run}/export/; "
           f"retrieval: {run}/retrieval/results.json; POS: {run}/pos*/results.json")

@@ -11,12 +11,15 @@
 # names the best (the first of equal scores); the best point's folder holds its predictions. A task
 # without a train-language dev set (TyDiQA-GoldP in XTREME) is run as XTREME's scripts run it: every
 # point keeps its final weights, grid.json lists each point's test average, and none is selected
-# ("best": null).
+# ("best": null). Each point's test average is shown with the languages it covers ("over 2 of 33
+# languages"; grid.json: test_covers, test_lacks). Scores of sets cut by finetune.max_eval_examples
+# are flagged ("subset" in grid.json, "[subset]" on the console); points scored on subsets and on
+# full sets are not compared: that is an error.
 # XLME_FINETUNE names the binary (default: build/xlme-finetune beside this script's checkout).
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then
-  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 config=$1
@@ -73,9 +76,22 @@ for n, point in enumerate(points, 1):
     dev = None
     if scored and devs and all(d is not None and math.isfinite(d) for d in devs):
         dev = sum(devs) / len(devs)
+    average = results.get("test", {}).get("average", {})
+    # The sets finetune.max_eval_examples cut, per split: "dev en 300 of 2077 sentences".
+    cuts = [f"{split} {lang} {c['scored']} of {c['of']} {c['unit']}s"
+            for split in ("dev", "test")
+            for lang, c in results.get(split, {}).get("subset", {}).get("languages", {}).items()]
     rows.append({"point": point, "dir": folder, "dev": dev, "path": path,
-                 "test_average": results.get("test", {}).get("average", {}).get("mean")})
+                 "test_average": average.get("mean"),
+                 "test_covers": average.get("covers"), "test_lacks": average.get("lacks"),
+                 "test_of": average.get("of"), "subset": cuts or None})
 task = results.get("task")
+cut = [r for r in rows if r["subset"]]
+if cut and len(cut) < len(rows):
+    whole = next(r for r in rows if not r["subset"])
+    sys.exit(f"finetune_grid: {cut[0]['path']} scores subsets (finetune.max_eval_examples: "
+             f"{'; '.join(cut[0]['subset'])}) but {whole['path']} full sets; their scores are "
+             "not comparable: run every point with the same finetune.max_eval_examples")
 without = [r for r in rows if r["dev"] is None]
 if without and len(without) < len(rows):
     sys.exit(f"finetune_grid: {without[0]['path']} records no {language} dev score for {task} "
@@ -95,13 +111,23 @@ else:
 with open(os.path.join(out, "grid.json"), "w") as f:
     json.dump(summary, f, indent=2)
     f.write("\n")
+def coverage(r):
+    if r["test_average"] is None:
+        return "no test score"
+    over = f"test average {r['test_average']:.4f}"
+    if r["test_covers"] is not None and r["test_of"] is not None:
+        over += f" over {len(r['test_covers'])} of {r['test_of']} languages"
+    return over + (" [subset]" if r["subset"] else "")
 for r in rows:
     if without:
-        test = r["test_average"]
-        print(f"  test average {'-' if test is None else f'{test:.4f}'}  {r['point']}  ({r['dir']})")
+        print(f"  {coverage(r)}  {r['point']}  ({r['dir']})")
     else:
         mark = "*" if r is best else " "
-        print(f"{mark} dev {r['dev']:.4f}  {r['point']}  ({r['dir']})")
+        print(f"{mark} dev {r['dev']:.4f}{' [subset]' if r['subset'] else ''}  {r['point']}  "
+              f"({r['dir']}; {coverage(r)})")
+if cut:
+    print("finetune_grid: every score is on subsets (finetune.max_eval_examples: "
+          f"{'; '.join(cut[0]['subset'])}), not comparable to full-set scores")
 if without:
     print(f"no point selected: {summary['selection']}; {os.path.join(out, 'grid.json')}")
 else:

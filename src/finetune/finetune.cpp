@@ -121,10 +121,10 @@ int run_finetune(const config::Config& config) {
           train_and_evaluate(settings, *task, factory, seed, device,
                              seed_folder(config.run.out_dir, settings.seeds.size(), seed)));
     }
-    write_file_atomic((fs::path(config.run.out_dir) / "results.json").string(),
-                      results_json(recorded, seeds));
-    // Every run prints a test section: scores, or which predictions were not scored and why.
     const auto languages = evaluated_languages(settings);
+    write_file_atomic((fs::path(config.run.out_dir) / "results.json").string(),
+                      results_json(recorded, seeds, languages));
+    // Every run prints a test section: scores, or which predictions were not scored and why.
     const std::string written =
         fmt::format("the files are in {}",
                     seed_folder(config.run.out_dir, seeds.size(), settings.seeds.front()));

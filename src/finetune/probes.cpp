@@ -95,6 +95,34 @@ void add_means(Json& languages) {
   languages["mean"] = mean;
 }
 
+// Keeps the first finetune.max_eval_examples of `items` (0 = all); a cut is logged and recorded in
+// `subset` ({pair: {scored, of, unit}}) for results.json and the console.
+template <class T>
+void keep_first_scored(std::vector<T>& items, const config::FinetuneConfig& settings,
+                       const std::string& pair, const std::string& unit, Json& subset) {
+  const auto total = static_cast<int64_t>(items.size());
+  if (settings.max_eval_examples <= 0 || total <= settings.max_eval_examples) return;
+  items.resize(static_cast<size_t>(settings.max_eval_examples));
+  spdlog::info("{} {}: scored {} of {} {}s (the first; finetune.max_eval_examples)", settings.task,
+               pair, settings.max_eval_examples, total, unit);
+  subset[pair] = {{"scored", settings.max_eval_examples}, {"of", total}, {"unit", unit}};
+}
+
+// `report` with the sets keep_first_scored cut, in results.json and under the console's table.
+void note_subset(ProbeReport& report, const config::FinetuneConfig& settings, const Json& subset) {
+  if (subset.empty()) return;
+  report.results["subset"] = {{"max_eval_examples", settings.max_eval_examples},
+                              {"languages", subset}};
+  std::vector<std::string> cut;
+  for (const auto& [pair, c] : subset.items()) {
+    cut.push_back(fmt::format("{} {} of {} {}s", pair, c.at("scored").get<int64_t>(),
+                              c.at("of").get<int64_t>(), c.at("unit").get<std::string>()));
+  }
+  report.table += fmt::format(
+      "scored on subsets (finetune.max_eval_examples: {}), not comparable to full-set scores\n",
+      fmt::join(cut, "; "));
+}
+
 // ---- Line-aligned pairs (retrieval, and Tatoeba with the LASER originals) --------------------
 
 Json score_aligned(const SentencePairs& pairs, model::Encoder& encoder,
@@ -120,6 +148,7 @@ ProbeReport run_retrieval(const config::FinetuneConfig& settings, model::Encoder
                           const data::Tokenizer& tokenizer, const torch::Device& device) {
   const auto layers = probe_layers(settings, encoder);
   Json by_layer = Json::object();
+  Json subset = Json::object();
   for (const auto& pair : find_language_pairs(settings.data_dir, settings.pairs)) {
     const auto dash = pair.find('-');
     const auto a = pair.substr(0, dash), b = pair.substr(dash + 1);
@@ -128,10 +157,8 @@ ProbeReport run_retrieval(const config::FinetuneConfig& settings, model::Encoder
                         path_under(settings.data_dir, pair + "." + b), a, b,
                         /*aligned=*/true, io::data_remedy(settings.task, settings.data_dir));
     if (static_cast<int64_t>(sentences.source.size()) < settings.min_sentences) continue;
-    if (settings.max_eval_examples > 0) {
-      const auto n = static_cast<size_t>(settings.max_eval_examples);
-      if (sentences.source.size() > n) sentences.source.resize(n), sentences.target.resize(n);
-    }
+    keep_first_scored(sentences.source, settings, pair, "pair", subset);
+    sentences.target.resize(sentences.source.size());
     const auto scores =
         score_aligned(sentences, encoder, tokenizer, layers, settings, device, nullptr);
     for (const auto& [layer, value] : scores.items()) by_layer[layer][pair] = value;
@@ -145,6 +172,7 @@ ProbeReport run_retrieval(const config::FinetuneConfig& settings, model::Encoder
   report.table = score_table(by_layer, "accuracy",
                              "retrieval accuracy@1 (mean of both directions) per language pair "
                              "and layer:");
+  note_subset(report, settings, subset);
   return report;
 }
 
@@ -156,8 +184,9 @@ ProbeReport run_tatoeba(const config::FinetuneConfig& settings, model::Encoder& 
   for (const auto& language : evaluated_languages(settings)) {
     // Gold needs LASER's line-aligned originals; XTREME's copy has its English side sorted.
     const bool gold = !settings.gold_dir.empty();
-    const auto pairs = gold ? read_tatoeba_laser(settings.gold_dir, language)
-                            : read_tatoeba_xtreme(settings.data_dir, language);
+    const auto test = read_tatoeba(settings.gold_dir, settings.data_dir, language);
+    const auto& pairs = test.pairs;
+    spdlog::info("tatoeba test {}: {} pairs {}", language, pairs.source.size(), test.from);
     std::vector<torch::Tensor> english_to_xx;
     if (gold) {
       // source = xx, target = en. XTREME's headline is en -> xx (each English sentence retrieves
@@ -253,16 +282,14 @@ ProbeReport run_alignment(const config::FinetuneConfig& settings, model::Encoder
                           const data::Tokenizer& tokenizer, const torch::Device& device) {
   const auto layers = probe_layers(settings, encoder);
   Json by_layer = Json::object();
+  Json subset = Json::object();
   for (const auto& pair : find_language_pairs(settings.data_dir, settings.pairs)) {
     const auto dash = pair.find('-');
     auto gold =
         read_aligned_pairs(path_under(settings.data_dir, pair + "." + pair.substr(0, dash)),
                            path_under(settings.data_dir, pair + "." + pair.substr(dash + 1)),
                            path_under(settings.data_dir, pair + ".gold"));
-    if (settings.max_eval_examples > 0 &&
-        static_cast<int64_t>(gold.size()) > settings.max_eval_examples) {
-      gold.resize(static_cast<size_t>(settings.max_eval_examples));
-    }
+    keep_first_scored(gold, settings, pair, "sentence pair", subset);
     for (int64_t layer : layers) {
       std::vector<std::vector<Link>> predicted;
       for (const auto& sentence : gold) {
@@ -284,6 +311,7 @@ ProbeReport run_alignment(const config::FinetuneConfig& settings, model::Encoder
   report.table = score_table(by_layer, "aer",
                              fmt::format("alignment error rate ({}), per layer (lower is better):",
                                          settings.alignment_method));
+  note_subset(report, settings, subset);
   return report;
 }
 

@@ -131,6 +131,47 @@ std::string qa_gold_file(const std::string& gold_dir, const std::string& dataset
                        io::gold_remedy(TaskGold::kSquadJson));
 }
 
+std::string qa_config_file(const std::string& data_dir, const std::string& file,
+                           const std::string& key, const std::string& dataset,
+                           const std::string& split, const std::string& lang) {
+  const std::string default_file =
+      dataset.empty() ? "" : qa_candidates(dataset, split, lang).front().generic_string();
+  const fs::path named(file);
+  const std::string path = named.is_absolute() ? file : (fs::path(data_dir) / named).string();
+  if (fs::is_regular_file(path)) return path;
+  const std::string dir = data_dir.empty() ? "." : data_dir;
+  auto ends_with = [&](const std::string& tail) {
+    const std::string normal = named.lexically_normal().generic_string();
+    return normal == tail ||
+           (normal.size() > tail.size() &&
+            normal.compare(normal.size() - tail.size() - 1, std::string::npos, "/" + tail) == 0);
+  };
+  const bool is_default = !default_file.empty() && ends_with(default_file);
+  std::string what;
+  for (const std::string squad_split : {"train", "dev"}) {
+    const std::string name = squad_split + "-v1.1.json";
+    if (!ends_with("squad/" + name)) continue;
+    what = fmt::format(
+        "it is SQuAD v1.1's {} set, which XTREME's scripts/download_data.sh downloads into "
+        "download/squad/: set finetune.data_dir to that download/ folder, or download {} from "
+        "https://rajpurkar.github.io/SQuAD-explorer/ into '{}'",
+        squad_split, name, (fs::path(dir) / "squad").string());
+  }
+  if (what.empty() && is_default) what = "it is XTREME's file: " + io::download_remedy(data_dir);
+  if (what.empty()) {
+    what = default_file.empty()
+               ? fmt::format("fix {}, or leave it empty (no file)", key)
+               : fmt::format("fix {}, or leave it empty for XTREME's '{}'", key, default_file);
+  }
+  const std::string default_note =
+      default_file.empty() ? fmt::format("empty {} means no file", key)
+      : is_default         ? fmt::format("that is {}'s default, XTREME's file", key)
+                           : fmt::format("empty {} means XTREME's '{}'", key, default_file);
+  XLME_FAIL(
+      "{} '{}': '{}' does not exist (a relative path is under finetune.data_dir '{}'; {}); {}", key,
+      file, path, dir, default_note, what);
+}
+
 QaData read_squad_json(const std::string& path, bool skip_mismatched) {
   io::require_file(path, "SQuAD-format QA data",
                    "check finetune.data_dir, finetune.gold_dir, finetune.train_file and "

@@ -131,6 +131,54 @@ std::vector<int64_t> tatoeba_sorted_order(const std::vector<std::string>& englis
   return order;
 }
 
+TatoebaTest read_tatoeba(const std::string& gold_dir, const std::string& data_dir,
+                         const std::string& lang) {
+  const std::string xtreme_base = path_under(data_dir, fmt::format("tatoeba/{}-en", lang));
+  const std::string xtreme_xx = xtreme_base + "." + lang, xtreme_en = xtreme_base + ".en";
+  TatoebaTest out;
+  if (gold_dir.empty()) {
+    out.pairs = read_tatoeba_xtreme(data_dir, lang);
+    out.from =
+        fmt::format("from XTREME's '{}' and '{}' (English sorted; no gold)", xtreme_xx, xtreme_en);
+    return out;
+  }
+  out.pairs = read_tatoeba_laser(gold_dir, lang);
+  const std::string code = tatoeba_iso3(lang);
+  const std::string laser_base = path_under(gold_dir, fmt::format("tatoeba.{}-eng", code));
+  const std::string laser_xx = laser_base + "." + code, laser_en = laser_base + ".eng";
+  if (!fs::is_regular_file(xtreme_xx) && !fs::is_regular_file(xtreme_en)) {
+    out.from = fmt::format(
+        "from the gold '{}' and '{}' alone (finetune.data_dir has no XTREME copy of {} to check "
+        "it against)",
+        laser_xx, laser_en, lang);
+    return out;
+  }
+  const auto xtreme = read_tatoeba_xtreme(data_dir, lang);
+  // XTREME copies the xx file as it is and writes the English lines stripped, sorted.
+  auto lines = [](const std::vector<std::string>& sentences, const std::string& file,
+                  const std::vector<int64_t>& order, bool strip) {
+    std::vector<ExampleKey> keys;
+    for (size_t k = 0; k < sentences.size(); ++k) {
+      const int64_t line = order.empty() ? static_cast<int64_t>(k) : order[k];
+      const auto& value = sentences[static_cast<size_t>(line)];
+      keys.push_back({{file, line + 1}, {strip ? text::strip_ascii(value) : value}});
+    }
+    return keys;
+  };
+  const std::string what = fmt::format("tatoeba test set of {}", lang);
+  check_test_matches_gold(what, lines(xtreme.source, xtreme_xx, {}, false), xtreme_xx,
+                          lines(out.pairs.source, laser_xx, {}, false), "'" + laser_xx + "'",
+                          "line", {"sentence"});
+  check_test_matches_gold(
+      what + " (English, as XTREME sorts it)", lines(xtreme.target, xtreme_en, {}, false),
+      xtreme_en, lines(out.pairs.target, laser_en, tatoeba_sorted_order(out.pairs.target), true),
+      "'" + laser_en + "'", "line", {"sentence"});
+  out.from =
+      fmt::format("from the gold '{}' and '{}', the same as XTREME's test files '{}' and '{}'",
+                  laser_xx, laser_en, xtreme_xx, xtreme_en);
+  return out;
+}
+
 BuccCorpus read_bucc(const std::string& download_dir, const std::string& lang,
                      const std::string& split, bool require_gold) {
   XLME_CHECK(io::contains(task_languages("bucc"), lang),

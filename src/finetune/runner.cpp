@@ -5,7 +5,7 @@
 #include "xlme/common/precision.h"
 #include "xlme/finetune/xtreme_io.h"
 #include "xlme/optim/optimizer.h"
-#include "xlme/optim/schedule.h"
+#include "xlme/optim/transformers_schedule.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -96,18 +96,24 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
   const int64_t per_epoch = (examples + settings.batch_size - 1) / settings.batch_size;
   int64_t total = per_epoch * settings.epochs;
   if (settings.max_steps > 0) total = std::min(total, settings.max_steps);
+  // XTREME's schedule: a warm-up longer than the run is kept, as transformers keeps it.
   const int64_t warmup =
       settings.warmup_steps > 0
-          ? std::min(settings.warmup_steps, total)
+          ? settings.warmup_steps
           : static_cast<int64_t>(std::llround(settings.warmup_ratio * static_cast<double>(total)));
-  if (settings.warmup_steps > total) {
+  const optim::TransformersLinearSchedule schedule(settings.lr, warmup, total);
+  if (warmup >= total) {
+    const bool steps = settings.warmup_steps > 0;
     spdlog::warn(
-        "finetune.warmup_steps ({}) is longer than the run ({} steps): the whole run is warm-up "
-        "and the learning rate never reaches finetune.lr ({}); lower finetune.warmup_steps or use "
-        "finetune.warmup_ratio",
-        settings.warmup_steps, total, settings.lr);
+        "the warm-up ({} steps, {} {}) is not shorter than the run ({} steps): the whole run is "
+        "warm-up and the learning rate never reaches finetune.lr ({}); the last step runs at "
+        "{:.3g} (XTREME's schedule, transformers' get_linear_schedule_with_warmup, does not cut "
+        "the warm-up); lower {} or set it to fit the run",
+        warmup, steps ? "finetune.warmup_steps" : "finetune.warmup_ratio",
+        steps ? fmt::format("{}", settings.warmup_steps) : fmt::format("{}", settings.warmup_ratio),
+        total, settings.lr, schedule.lr(total - 1),
+        steps ? "finetune.warmup_steps" : "finetune.warmup_ratio");
   }
-  const optim::LinearSchedule schedule(settings.lr, warmup, total);
   const int64_t eval_every = settings.eval_every > 0 ? settings.eval_every : per_epoch;
   const bool select_best = settings.select == "best_dev";
   const auto dev_languages = task.languages(Split::kDev);
@@ -223,9 +229,50 @@ Json summary(const std::vector<double>& values) {
   return Json{{"mean", mean}, {"std", std}, {"values", values}};
 }
 
+// What a split's average covers: the scored languages, and those of `languages` (the evaluated
+// list) without a score, each with why.
+struct Coverage {
+  std::vector<std::string> covers, without_data, unscored;
+
+  std::vector<std::string> lacks() const {
+    std::vector<std::string> out = without_data;
+    out.insert(out.end(), unscored.begin(), unscored.end());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  size_t of() const { return covers.size() + without_data.size() + unscored.size(); }
+};
+
+Coverage coverage(const SeedResult& front, const std::string& split,
+                  const std::vector<std::string>& languages) {
+  Coverage out;
+  const auto unscored_it = front.unscored.find(split);
+  if (unscored_it != front.unscored.end()) out.unscored = unscored_it->second;
+  const auto by_it = front.by.find(split);
+  if (by_it != front.by.end()) {
+    for (const auto& [language, unused] : by_it->second) out.covers.push_back(language);
+  }
+  auto listed = [](const std::vector<std::string>& list, const std::string& language) {
+    return std::find(list.begin(), list.end(), language) != list.end();
+  };
+  for (const auto& language : languages) {
+    if (!listed(out.covers, language) && !listed(out.unscored, language)) {
+      out.without_data.push_back(language);
+    }
+  }
+  return out;
+}
+
+// " (scored 300 of 2077 sentences)" for a set cut by finetune.max_eval_examples, else "".
+std::string subset_note(const Scores& scores) {
+  if (scores.scored >= scores.total) return "";
+  return fmt::format(" (scored {} of {} {}s)", scores.scored, scores.total, scores.unit);
+}
+
 }  // namespace
 
-std::string results_json(const config::Config& config, const std::vector<SeedResult>& seeds) {
+std::string results_json(const config::Config& config, const std::vector<SeedResult>& seeds,
+                         const std::vector<std::string>& languages) {
   XLME_CHECK(!seeds.empty(), "no fine-tuning results to write");
   Json out;
   out["task"] = config.finetune.task;
@@ -246,7 +293,8 @@ std::string results_json(const config::Config& config, const std::vector<SeedRes
     const auto& first = seeds.front().by;
     if (!first.count(name) || first.at(name).empty()) continue;
     Json block;
-    Json languages = Json::object();
+    Json per_language = Json::object();
+    Json subset = Json::object();
     std::string main;
     std::vector<double> averages(seeds.size(), 0.0);
     for (const auto& [language, scores] : first.at(name)) {
@@ -257,15 +305,26 @@ std::string results_json(const config::Config& config, const std::vector<SeedRes
         for (const auto& s : seeds) values.push_back(s.by.at(name).at(language).values.at(key));
         per_score[key] = summary(values);
       }
-      languages[language] = per_score;
+      per_language[language] = per_score;
       for (size_t i = 0; i < seeds.size(); ++i) {
         averages[i] += seeds[i].by.at(name).at(language).main_value() /
                        static_cast<double>(first.at(name).size());
       }
+      if (scores.scored < scores.total) {
+        subset[language] = {{"scored", scores.scored}, {"of", scores.total}, {"unit", scores.unit}};
+      }
     }
+    const auto covered = coverage(seeds.front(), name, languages);
     block["main"] = main;
     block["average"] = summary(averages);
-    block["languages"] = languages;
+    block["average"]["covers"] = covered.covers;
+    block["average"]["lacks"] = covered.lacks();
+    block["average"]["of"] = covered.of();
+    if (!subset.empty()) {
+      block["subset"] = {{"max_eval_examples", config.finetune.max_eval_examples},
+                         {"languages", subset}};
+    }
+    block["languages"] = per_language;
     out[name] = block;
   }
   out["config"] = to_yaml(config, /*docs=*/false);
@@ -278,18 +337,17 @@ std::string results_table(const std::vector<SeedResult>& seeds, Split split,
   if (seeds.empty()) return "";
   const std::string name = split_name(split);
   const auto& front = seeds.front();
-  const auto unscored_it = front.unscored.find(name);
-  const std::vector<std::string> unscored =
-      unscored_it == front.unscored.end() ? std::vector<std::string>() : unscored_it->second;
+  const auto covered = coverage(front, name, languages);
   const std::string unscored_line =
-      unscored.empty() ? ""
-                       : fmt::format("{}: predictions for {} written but not scored: {}\n", name,
-                                     fmt::join(unscored, " "), unscored_why);
+      covered.unscored.empty() ? ""
+                               : fmt::format("{}: predictions for {} written but not scored: {}\n",
+                                             name, fmt::join(covered.unscored, " "), unscored_why);
   if (!front.by.count(name)) return unscored_line;
   const auto& first = front.by.at(name);
   std::string out;
   std::vector<double> averages(seeds.size(), 0.0);
   std::string main;
+  bool cut = false;
   for (const auto& [language, scores] : first) {
     main = scores.main;
     std::vector<double> values;
@@ -299,24 +357,19 @@ std::string results_table(const std::vector<SeedResult>& seeds, Split split,
       averages[i] += v / static_cast<double>(first.size());
     }
     auto [mean, std] = mean_std(values);
-    out += fmt::format("  {:<8} {:>7.2f} ± {:.2f}\n", language, mean, std);
-  }
-  std::vector<std::string> without_data;
-  for (const auto& language : languages) {
-    if (!first.count(language) &&
-        std::find(unscored.begin(), unscored.end(), language) == unscored.end()) {
-      without_data.push_back(language);
-    }
+    const std::string note = subset_note(scores);
+    cut = cut || !note.empty();
+    out += fmt::format("  {:<8} {:>7.2f} ± {:.2f}{}\n", language, mean, std, note);
   }
   auto [mean, std] = mean_std(averages);
-  std::string coverage = fmt::format("over {} of {} languages", first.size(),
-                                     std::max(languages.size(), first.size()));
-  if (!without_data.empty())
-    coverage += fmt::format("; no data for: {}", fmt::join(without_data, " "));
-  if (!unscored.empty()) coverage += fmt::format("; not scored: {}", fmt::join(unscored, " "));
+  std::string over = fmt::format("over {} of {} languages", covered.covers.size(), covered.of());
+  if (!covered.without_data.empty())
+    over += fmt::format("; no data for: {}", fmt::join(covered.without_data, " "));
+  if (!covered.unscored.empty())
+    over += fmt::format("; not scored: {}", fmt::join(covered.unscored, " "));
+  if (cut) over += "; on subsets (finetune.max_eval_examples), not comparable to full-set scores";
   return fmt::format("{} {} per language:\n", name, main) + out +
-         fmt::format("  {:<8} {:>7.2f} ± {:.2f} {}\n", "average", mean, std, coverage) +
-         unscored_line;
+         fmt::format("  {:<8} {:>7.2f} ± {:.2f} {}\n", "average", mean, std, over) + unscored_line;
 }
 
 }  // namespace xlme::finetune

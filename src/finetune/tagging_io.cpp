@@ -322,6 +322,44 @@ std::vector<TaggedSentence> read_tagging_gold(const std::string& gold_dir, const
   return sentences;
 }
 
+std::string check_ud_release(const std::string& gold_dir, const std::string& dev_file,
+                             const std::string& lang) {
+  const auto gold_dev = find_ud_files(gold_dir, lang, "dev");
+  if (dev_file.empty() || gold_dev.empty()) {
+    return fmt::format(
+        "; the tags' release not checked: {} has no dev set of {} to compare (UD has none for "
+        "some languages)",
+        dev_file.empty() ? "finetune.data_dir" : "the gold folder", lang);
+  }
+  auto tagged = [](const std::vector<TaggedSentence>& sentences) {
+    std::vector<ExampleKey> out;
+    for (const auto& s : sentences) {
+      ExampleKey key{s.source, {}};
+      for (size_t w = 0; w < s.words.size(); ++w) {
+        key.fields.push_back(text::strip_ascii(s.words[w]) + "/" +
+                             (w < s.tags.size() ? s.tags[w] : std::string()));
+      }
+      out.push_back(std::move(key));
+    }
+    return out;
+  };
+  std::vector<TaggedSentence> release;
+  for (const auto& file : gold_dev) {
+    auto part = read_conllu(file, lang);
+    release.insert(release.end(), std::make_move_iterator(part.begin()),
+                   std::make_move_iterator(part.end()));
+  }
+  std::vector<std::string> quoted;
+  for (const auto& file : gold_dev) quoted.push_back("'" + file + "'");
+  const auto gold_files = io::join(quoted, ", ");
+  check_test_matches_gold(
+      fmt::format("udpos test set of {}: the gold's release, checked on its dev set", lang),
+      tagged(read_conll_tsv(dev_file, "udpos")), dev_file, tagged(release), gold_files, "sentence",
+      {"word/tag"}, {}, "dev file");
+  return fmt::format("; the gold's release checked: its dev set {} (words and tags) is '{}'",
+                     gold_files, dev_file);
+}
+
 // ---- XTREME's processed layout from the downloads -----------------------------------------------
 
 void write_tagged_tsv(const std::string& path, const std::vector<TaggedSentence>& sentences,

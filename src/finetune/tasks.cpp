@@ -112,15 +112,19 @@ class EvalSets {
 
 // Logs where a language's evaluation set came from: `files` without a gold folder, or the gold
 // `files` alone or checked against XTREME's processed test file.
+// `compared` says what was compared with the test file ("" = whole examples; "words" for
+// tagging, whose test files hold words only), `note` what else was checked.
 void log_source(const config::FinetuneConfig& settings, const std::string& language, Split split,
                 size_t count, const std::string& unit, const std::string& files,
-                const std::string& test_file, bool gold) {
+                const std::string& test_file, bool gold, const std::string& compared = "",
+                const std::string& note = "") {
   const std::string head =
       fmt::format("{} {} {}: {} {}s", settings.task, split_name(split), language, count, unit);
   if (!gold) {
     spdlog::info("{} from {}", head, files);
   } else if (!test_file.empty()) {
-    spdlog::info("{} from the gold {}, the same as the test file '{}'", head, files, test_file);
+    spdlog::info("{} from the gold {}, the same {}as the test file '{}'{}", head, files,
+                 compared.empty() ? "" : compared + " ", test_file, note);
   } else {
     spdlog::info(
         "{} from the gold {} alone (finetune.data_dir has no test file of {} to check it "
@@ -158,17 +162,25 @@ class EvalCache {
   struct Set {
     std::vector<Example> examples;  // the first finetune.max_eval_examples
     Features features;
+    int64_t total = 0;  // examples in the set before the cut
   };
 
+  // The set of `language`'s `split`; a cut to `max_examples` is logged with `task` and `unit`.
   template <class Read, class Featurize>
-  const Set& get(const std::string& language, Split split, int64_t max_examples, const Read& read,
+  const Set& get(const std::string& task, const std::string& language, Split split,
+                 int64_t max_examples, const std::string& unit, const Read& read,
                  const Featurize& featurize) {
     const auto key = std::make_pair(language, split);
     auto it = sets_.find(key);
     if (it != sets_.end()) return it->second;
     Set set;
     set.examples = read();
+    set.total = static_cast<int64_t>(set.examples.size());
     keep_first(set.examples, max_examples);
+    if (static_cast<int64_t>(set.examples.size()) < set.total) {
+      spdlog::info("{} {} {}: scored {} of {} {}s (the first; finetune.max_eval_examples)", task,
+                   split_name(split), language, set.examples.size(), set.total, unit);
+    }
     set.features = featurize(set.examples);
     return sets_.emplace(key, std::move(set)).first->second;
   }
@@ -176,6 +188,15 @@ class EvalCache {
  private:
   std::map<std::pair<std::string, Split>, Set> sets_;
 };
+
+// `scores` with the examples scored and in the set.
+template <class Set>
+Scores with_counts(Scores scores, const Set& set, const std::string& unit) {
+  scores.scored = static_cast<int64_t>(set.examples.size());
+  scores.total = set.total;
+  scores.unit = unit;
+  return scores;
+}
 
 // ---- Sentence pairs --------------------------------------------------------------------------
 
@@ -205,7 +226,8 @@ class PairTask : public TrainableTask {
 
   Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
                   const torch::Device& device, const std::string& predictions_path) override {
-    const auto& [examples, features] = load(language, split);
+    const auto& set = load(language, split);
+    const auto& [examples, features, total] = set;
     std::vector<std::string> predicted, gold;
     for (const auto& indices :
          eval_batches(static_cast<int64_t>(features.size()), settings_.eval_batch_size)) {
@@ -219,7 +241,7 @@ class PairTask : public TrainableTask {
     if (!predictions_path.empty()) write_label_predictions(predictions_path, predicted);
     for (const auto& e : examples) gold.push_back(e.label);
     if (!has_gold(examples)) return {};
-    return {{{"accuracy", accuracy(gold, predicted)}}, "accuracy"};
+    return with_counts({{{"accuracy", accuracy(gold, predicted)}}, "accuracy"}, set, "pair");
   }
 
   void read(const std::string& language, Split split) override { load(language, split); }
@@ -284,7 +306,8 @@ class PairTask : public TrainableTask {
 
   const Cache::Set& load(const std::string& language, Split split) {
     return cache_.get(
-        language, split, settings_.max_eval_examples, [&] { return read_set(language, split); },
+        settings_.task, language, split, settings_.max_eval_examples, "pair",
+        [&] { return read_set(language, split); },
         [&](const auto& e) { return featurize_pairs(e, labels_, tokenizer_, settings_.max_len); });
   }
 
@@ -326,7 +349,8 @@ class TaggingTask : public TrainableTask {
 
   Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
                   const torch::Device& device, const std::string& predictions_path) override {
-    const auto& [sentences, features] = load(language, split);
+    const auto& set = load(language, split);
+    const auto& [sentences, features, total] = set;
     std::vector<std::vector<int64_t>> per_token(features.size());
     for (const auto& indices :
          eval_batches(static_cast<int64_t>(features.size()), settings_.eval_batch_size)) {
@@ -351,11 +375,12 @@ class TaggingTask : public TrainableTask {
     if (!predictions_path.empty()) write_tag_predictions(predictions_path, predicted);
     if (!tagged) return {};
     const auto scores = seqeval_scores(gold, predicted);
-    return {{{"f1", scores.f1},
-             {"precision", scores.precision},
-             {"recall", scores.recall},
-             {"token_accuracy", scores.accuracy}},
-            "f1"};
+    return with_counts({{{"f1", scores.f1},
+                         {"precision", scores.precision},
+                         {"recall", scores.recall},
+                         {"token_accuracy", scores.accuracy}},
+                        "f1"},
+                       set, "sentence");
   }
 
   void read(const std::string& language, Split split) override { load(language, split); }
@@ -413,14 +438,23 @@ class TaggingTask : public TrainableTask {
                               keys(read_conll_tsv(test_file, settings_.task)), test_file,
                               keys(sentences), gold_files, "sentence", {"word"}, same);
     }
+    const std::string note = test_file.empty() ? "" : check_release(language);
     log_source(settings_, language, split, sentences.size(), "sentence", gold_files, test_file,
-               true);
+               true, "words", note);
     return sentences;
+  }
+
+  std::string check_release(const std::string& language) const {
+    if (task_info(settings_.task).gold != TaskGold::kUdRelease) return "";
+    const auto dev_file = optional_test_file(
+        [&] { return tagging_file(settings_.data_dir, settings_.task, "dev", language); });
+    return check_ud_release(settings_.gold_dir, dev_file, language);
   }
 
   const Cache::Set& load(const std::string& language, Split split) {
     return cache_.get(
-        language, split, settings_.max_eval_examples, [&] { return read_set(language, split); },
+        settings_.task, language, split, settings_.max_eval_examples, "sentence",
+        [&] { return read_set(language, split); },
         [&](const auto& e) { return featurize_tagging(e, labels_, tokenizer_, options_); });
   }
 
@@ -448,7 +482,8 @@ class QaTask : public TrainableTask {
     const std::string train_file =
         settings.train_file.empty()
             ? qa_file(settings.data_dir, train_task, "train", settings.train_language)
-            : named_file(settings.train_file, "finetune.train_file");
+            : qa_config_file(settings.data_dir, settings.train_file, "finetune.train_file",
+                             train_task, "train", settings.train_language);
     spdlog::info("{} train: {}", settings.task, train_file);
     auto data = read_squad_json(train_file, /*skip_mismatched=*/true);
     keep_first(data.examples, settings.max_train_examples);
@@ -477,7 +512,8 @@ class QaTask : public TrainableTask {
 
   Scores evaluate(FinetuneModel& model, const std::string& language, Split split,
                   const torch::Device& device, const std::string& predictions_path) override {
-    const auto& [gold, features] = load(language, split);
+    const auto& set = load(language, split);
+    const auto& [gold, features, total] = set;
     std::vector<QaLogits> logits(features.features.size());
     for (const auto& indices :
          eval_batches(static_cast<int64_t>(features.features.size()), settings_.eval_batch_size)) {
@@ -504,7 +540,8 @@ class QaTask : public TrainableTask {
     // MLQA normalizes answers by their language; SQuAD's English rules serve the others.
     const bool by_language = task_info(settings_.task).metric == TaskMetric::kMlqaF1;
     const auto scores = qa_scores(gold, decoded.text, by_language ? language : std::string());
-    return {{{"f1", scores.f1}, {"exact_match", scores.exact_match}}, "f1"};
+    return with_counts({{{"f1", scores.f1}, {"exact_match", scores.exact_match}}, "f1"}, set,
+                       "question");
   }
 
   void read(const std::string& language, Split split) override { load(language, split); }
@@ -530,21 +567,12 @@ class QaTask : public TrainableTask {
   }
 
  private:
-  // A file a config key names: relative to finetune.data_dir, or absolute; it must exist.
-  std::string named_file(const std::string& file, const std::string& key) const {
-    const std::string path =
-        fs::path(file).is_absolute() ? file : (fs::path(settings_.data_dir) / file).string();
-    XLME_CHECK(file_exists(path),
-               "{} '{}': '{}' does not exist (a relative path is under finetune.data_dir '{}'); "
-               "fix {}, or leave it empty for XTREME's file",
-               key, file, path, settings_.data_dir, key);
-    return path;
-  }
-
   std::string path(const std::string& language, Split split) const {
     if (split == Split::kDev && language == settings_.train_language &&
         !settings_.dev_file.empty()) {
-      return named_file(settings_.dev_file, "finetune.dev_file");
+      const auto& info = task_info(settings_.task);
+      return qa_config_file(settings_.data_dir, settings_.dev_file, "finetune.dev_file",
+                            info.has_dev ? settings_.task : "", "dev", language);
     }
     // XQuAD and TyDiQA have no dev set in XTREME (their models are not selected on one).
     if (split == Split::kDev && !task_info(settings_.task).has_dev) {
@@ -588,7 +616,8 @@ class QaTask : public TrainableTask {
 
   const Cache::Set& load(const std::string& language, Split split) {
     return cache_.get(
-        language, split, settings_.max_eval_examples, [&] { return read_set(language, split); },
+        settings_.task, language, split, settings_.max_eval_examples, "question",
+        [&] { return read_set(language, split); },
         [&](const auto& e) { return featurize_qa(e, tokenizer_, options_, /*training=*/false); });
   }
 

@@ -279,7 +279,8 @@ std::string place(const Source& source) {
 void check_test_matches_gold(const std::string& what, const std::vector<ExampleKey>& test,
                              const std::string& test_file, const std::vector<ExampleKey>& gold,
                              const std::string& gold_files, const std::string& unit,
-                             const std::vector<std::string>& field_names, const SameValue& same) {
+                             const std::vector<std::string>& field_names, const SameValue& same,
+                             const std::string& kind) {
   auto field_name = [&](size_t j) {
     return field_names.size() == 1 ? fmt::format("{} {}", field_names[0], j + 1)
                                    : field_names.at(j);
@@ -295,13 +296,13 @@ void check_test_matches_gold(const std::string& what, const std::vector<ExampleK
     const auto& b = gold[k].fields;
     for (size_t j = 0; j < std::min(a.size(), b.size()) && difference.empty(); ++j) {
       if (!equal(a[j], b[j])) {
-        difference = fmt::format("{} is {} in the test file and {} in the gold", field_name(j),
-                                 excerpt(a[j]), excerpt(b[j]));
+        difference = fmt::format("{} is {} in the {} and {} in the gold", field_name(j),
+                                 excerpt(a[j]), kind, excerpt(b[j]));
       }
     }
     if (difference.empty() && a.size() != b.size()) {
       const std::string name = field_names.size() == 1 ? field_names[0] + "s" : "fields";
-      difference = fmt::format("{} {} in the test file, {} in the gold", a.size(), name, b.size());
+      difference = fmt::format("{} {} in the {}, {} in the gold", a.size(), name, kind, b.size());
     }
     if (!difference.empty()) {
       difference = fmt::format("{} {} ({}; gold {}): {}", unit, k + 1, place(test[k].source),
@@ -311,15 +312,15 @@ void check_test_matches_gold(const std::string& what, const std::vector<ExampleK
   if (difference.empty() && test.size() != gold.size()) {
     const bool gold_longer = gold.size() > test.size();
     const auto& first = gold_longer ? gold[n] : test[n];
-    difference = fmt::format("after {} {}s the {} ends; the {} goes on at {}", n, unit,
-                             gold_longer ? "test file" : "gold", gold_longer ? "gold" : "test file",
-                             place(first.source));
+    difference =
+        fmt::format("after {} {}s the {} ends; the {} goes on at {}", n, unit,
+                    gold_longer ? kind : "gold", gold_longer ? "gold" : kind, place(first.source));
   }
   XLME_CHECK(difference.empty(),
-             "{}: the test file '{}' ({} {}s) and the gold {} ({} {}s) differ; first difference: "
-             "{}. XTREME's test file is the gold without its labels: are both complete and of "
-             "the same release?",
-             what, test_file, test.size(), unit, gold_files, gold.size(), unit, difference);
+             "{}: the {} '{}' ({} {}s) and the gold {} ({} {}s) differ; first difference: {}. "
+             "XTREME's {} is made from the gold: are both complete and of the same release?",
+             what, kind, test_file, test.size(), unit, gold_files, gold.size(), unit, difference,
+             kind);
 }
 
 // ---- Submission layout -------------------------------------------------------------------------

@@ -179,6 +179,88 @@ TEST_F(FinetuneGrid, TaskWithoutDevSetRunsEveryPointAndSelectsNone) {
   EXPECT_TRUE(contains_all(run.output, {"no point selected", "test average"})) << run.output;
 }
 
+// A stand-in for xlme-finetune that writes the results.json of a point: dev 50 at lr 1e-5, 60
+// otherwise; a test average over 2 of 4 languages; the en dev set cut when the point sets
+// finetune.max_eval_examples. The grid's reading of results.json is tested without training.
+const char* kFakeFinetune = R"(#!/usr/bin/env bash
+out=; lr=; cut=
+for a in "$@"; do
+  case $a in
+    run.out_dir=*) out=${a#*=} ;;
+    finetune.lr=*) lr=${a#*=} ;;
+    finetune.max_eval_examples=*) cut=${a#*=} ;;
+  esac
+done
+dev=60; [[ $lr == 1e-5 ]] && dev=50
+subset=
+[[ -n $cut ]] && subset=", \"subset\": {\"max_eval_examples\": $cut, \"languages\": {\"en\":
+  {\"scored\": $cut, \"of\": 2077, \"unit\": \"sentence\"}}}"
+mkdir -p "$out"
+cat >"$out/results.json" <<JSON
+{"task": "udpos", "train_language": "en", "selection": [{"seed": 1, "dev": $dev}],
+ "dev": {"main": "f1", "average": {"mean": $dev, "covers": ["en"], "lacks": [], "of": 1},
+         "languages": {"en": {}} $subset},
+ "test": {"main": "f1", "average": {"mean": 40.5, "covers": ["de", "en"], "lacks": ["af", "ar"],
+          "of": 4}, "languages": {}}}
+JSON
+)";
+
+GridRun run_fake_grid(const TempDir& dir, const std::string& grid_lines) {
+  const auto fake = (dir.path() / "fake-finetune").string();
+  write_file(fake, kFakeFinetune);
+  std::filesystem::permissions(fake, std::filesystem::perms::owner_all);
+  const auto config = (dir.path() / "grid.yaml").string();
+  write_file(config, grid_lines + "finetune:\n  task: udpos\n");
+  const auto log = (dir.path() / "grid.log").string();
+  std::filesystem::remove_all(dir.path() / "out");
+  const std::string command = "XLME_FINETUNE=" + quote(fake) + " bash " +
+                              quote(std::string(XLME_SOURCE_DIR) + "/scripts/finetune_grid.sh") +
+                              " " + quote(config) + " " + quote((dir.path() / "out").string()) +
+                              " >" + quote(log) + " 2>&1";
+  const int status = std::system(command.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_file(log)};
+}
+
+// The grid shows what each test average covers, flags scores of sets cut by
+// finetune.max_eval_examples, and refuses to compare subset scores with full-set ones.
+TEST(FinetuneGridResults, ShowCoverageAndFlagSubsets) {
+  TempDir dir;
+  auto run = run_fake_grid(dir, "# grid: finetune.lr=1e-5\n# grid: finetune.lr=2e-5\n");
+  ASSERT_EQ(run.code, 0) << run.output;
+  auto grid = nlohmann::json::parse(read_file(dir.path() / "out/grid.json"));
+  EXPECT_EQ(grid["points"][0]["test_covers"], nlohmann::json::parse(R"(["de", "en"])"));
+  EXPECT_EQ(grid["points"][0]["test_lacks"], nlohmann::json::parse(R"(["af", "ar"])"));
+  EXPECT_TRUE(grid["points"][0]["subset"].is_null()) << grid.dump(2);
+  EXPECT_TRUE(contains_all(run.output, {"* dev 60.0000  finetune.lr=2e-5",
+                                        "test average 40.5000 over 2 of 4 languages)"}))
+      << run.output;
+  EXPECT_EQ(run.output.find("subset"), std::string::npos) << run.output;
+
+  run = run_fake_grid(dir,
+                      "# grid: finetune.lr=1e-5 finetune.max_eval_examples=300\n"
+                      "# grid: finetune.lr=2e-5 finetune.max_eval_examples=300\n");
+  ASSERT_EQ(run.code, 0) << run.output;
+  grid = nlohmann::json::parse(read_file(dir.path() / "out/grid.json"));
+  EXPECT_EQ(grid["points"][1]["subset"],
+            nlohmann::json::parse(R"(["dev en 300 of 2077 sentences"])"))
+      << grid.dump(2);
+  EXPECT_TRUE(contains_all(run.output, {"* dev 60.0000 [subset]  finetune.lr=2e-5",
+                                        "every score is on subsets (finetune.max_eval_examples: "
+                                        "dev en 300 of 2077 sentences)"}))
+      << run.output;
+
+  run = run_fake_grid(dir,
+                      "# grid: finetune.lr=1e-5 finetune.max_eval_examples=300\n"
+                      "# grid: finetune.lr=2e-5\n");
+  EXPECT_EQ(run.code, 1) << run.output;
+  EXPECT_TRUE(
+      contains_all(run.output, {(dir.path() / "out/point1/results.json").string(), "scores subsets",
+                                (dir.path() / "out/point2/results.json").string(), "full sets",
+                                "run every point with the same finetune.max_eval_examples"}))
+      << run.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "out/grid.json"));
+}
+
 // The values of the XLM-E paper's Table 11 (../shared/PAPER.md), one row per trained task: batch
 // sizes, learning rates, epochs (a set is a grid), and the warm-up (a ratio, or steps).
 struct Table11Row {

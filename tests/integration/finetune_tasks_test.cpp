@@ -297,6 +297,21 @@ TEST_F(FinetuneTasks, RetrievalComparesTrainedAndUntrainedOnEveryLayer) {
     EXPECT_TRUE(layers["layer 1"]["en-de"].contains("en_to_de"));
     EXPECT_TRUE(layers["layer 1"].contains("mean"));
   }
+  EXPECT_FALSE(json["trained"].contains("subset"));
+  // finetune.max_eval_examples: the log, the console and results.json say the pairs were cut.
+  c.finetune.max_eval_examples = 10;
+  c.finetune.compare_untrained = false;
+  const auto log = logged_run(c);
+  EXPECT_TRUE(contains_all(log, {"retrieval en-de: scored 10 of 30 pairs (the first; "
+                                 "finetune.max_eval_examples)",
+                                 "scored on subsets (finetune.max_eval_examples: en-de 10 of 30 "
+                                 "pairs; en-fr 10 of 30 pairs), not comparable"}))
+      << log;
+  json = nlohmann::json::parse(read_file(data_.path() / "out" / "results.json"));
+  EXPECT_EQ(json["trained"]["subset"]["languages"]["en-de"],
+            nlohmann::json::parse(R"({"scored": 10, "of": 30, "unit": "pair"})"))
+      << json["trained"].dump();
+  c.finetune.max_eval_examples = 0;
   c.finetune.pairs = {"en-xx"};
   EXPECT_TRUE(contains_all(error_message([&] { run_finetune(c); }),
                            {"finetune.pairs names en-xx", "en-xx.<a> and .<b> files"}));
@@ -316,7 +331,15 @@ TEST_F(FinetuneTasks, TatoebaAndBuccReadXtremesFilesAndScoreUpstreamGold) {
   write_file(file("download/tatoeba/de-en.en"), en_sorted);
   write_file(file("gold/tatoeba.deu-eng.deu"), xx);
   write_file(file("gold/tatoeba.deu-eng.eng"), xx);
-  auto json = run(config_for("tatoeba", {"finetune.languages=[de]", "finetune.layer=2"}));
+  const auto log =
+      logged_run(config_for("tatoeba", {"finetune.languages=[de]", "finetune.layer=2"}));
+  EXPECT_TRUE(contains_all(
+      log,
+      {"tatoeba test de: 20 pairs from the gold '" + file("gold/tatoeba.deu-eng.deu") + "' and '" +
+       file("gold/tatoeba.deu-eng.eng") + "', the same as XTREME's test files '" +
+       file("download/tatoeba/de-en.de") + "' and '" + file("download/tatoeba/de-en.en") + "'"}))
+      << log;
+  auto json = nlohmann::json::parse(read_file(data_.path() / "out" / "results.json"));
   const auto& de = json["trained"]["layers"]["layer 2"]["de"];
   EXPECT_DOUBLE_EQ(de["accuracy"].get<double>(), 100.0);
   EXPECT_TRUE(de.contains("en_to_xx") && de.contains("xx_to_en")) << de.dump();
@@ -325,6 +348,23 @@ TEST_F(FinetuneTasks, TatoebaAndBuccReadXtremesFilesAndScoreUpstreamGold) {
   std::string leaderboard;
   for (const int64_t line : tatoeba_sorted_order(lines)) leaderboard += std::to_string(line) + "\n";
   EXPECT_EQ(read_file(data_.path() / "out/predictions/tatoeba/test-de.tsv"), leaderboard);
+  // The gold cut by a line: an error naming both files and where they part, not a shorter
+  // submission that XTREME's evaluate.py refuses.
+  std::string cut;
+  for (size_t i = 0; i + 1 < lines.size(); ++i) cut += lines[i] + "\n";
+  write_file(file("gold/tatoeba.deu-eng.deu"), cut);
+  write_file(file("gold/tatoeba.deu-eng.eng"), cut);
+  const auto error =
+      failed_run(config_for("tatoeba", {"finetune.languages=[de]", "finetune.layer=2"})).first;
+  EXPECT_TRUE(
+      contains_all(error, {"tatoeba test set of de: the test file '" +
+                               file("download/tatoeba/de-en.de") + "' (20 lines)",
+                           "the gold '" + file("gold/tatoeba.deu-eng.deu") + "' (19 lines) differ",
+                           "after 19 lines the gold ends; the test file goes on at " +
+                               file("download/tatoeba/de-en.de") + ":20"}))
+      << error;
+  write_file(file("gold/tatoeba.deu-eng.deu"), xx);
+  write_file(file("gold/tatoeba.deu-eng.eng"), xx);
   // XTREME's copy (English sorted, no gold) gives the same submission.
   auto copy = config_for("tatoeba", {"finetune.languages=[de]", "finetune.layer=2"});
   copy.finetune.gold_dir.clear();
@@ -354,6 +394,8 @@ TEST_F(FinetuneTasks, TatoebaAndBuccReadXtremesFilesAndScoreUpstreamGold) {
   }
   write_file(file("gold/tatoeba.deu-eng.eng"), en_text);
   write_file(file("gold/tatoeba.deu-eng.deu"), xx_text);
+  // The gold alone (XTREME's copy holds the other sentences).
+  fs::remove_all(data_.path() / "download/tatoeba");
   json = run(config_for("tatoeba", {"finetune.languages=[de]", "finetune.layer=2"}));
   const auto& asymmetric = json["trained"]["layers"]["layer 2"]["de"];
   EXPECT_GT(asymmetric["en_to_xx"].get<double>(), asymmetric["xx_to_en"].get<double>())
@@ -540,7 +582,9 @@ TEST_F(FinetuneTasks, TestFileAndGoldAreMatchedAndTheSourceIsLogged) {
   auto log = logged_run(c);
   EXPECT_TRUE(
       contains_all(log, {"udpos test en: 3 sentences from the gold '" + gold +
-                             "', the same as the test file '" + test + "'",
+                             "', the same words as the test file '" + test +
+                             "'; the tags' release not checked: the gold folder has no dev set "
+                             "of en to compare",
                          "udpos dev en: 2 sentences from '" + file("download/udpos/dev-en.tsv")}))
       << log;
   // The gold cut at a sentence boundary: an error naming both files and where they part.
@@ -614,6 +658,68 @@ TEST_F(FinetuneTasks, SummarySaysWhatTheAverageCoversAndWhatWasNotScored) {
   EXPECT_TRUE(
       contains_all(scored, {"test f1 per language:", "over 1 of 33 languages; no data for: af"}))
       << scored;
+  // results.json records what each average covers and lacks.
+  auto json = nlohmann::json::parse(read_file(data_.path() / "out" / "results.json"));
+  const auto& average = json["test"]["average"];
+  EXPECT_EQ(average["covers"], nlohmann::json::parse(R"(["en"])")) << average.dump();
+  EXPECT_EQ(average["of"], 33) << average.dump();
+  ASSERT_EQ(average["lacks"].size(), 32u) << average.dump();
+  EXPECT_EQ(average["lacks"][0], "af");
+  EXPECT_EQ(json["dev"]["average"]["covers"], nlohmann::json::parse(R"(["en"])"));
+  EXPECT_FALSE(json["test"].contains("subset")) << json["test"].dump();
+
+  // finetune.max_eval_examples: the log, the summary and results.json say what was scored.
+  const auto subset = logged_run(config_for(
+      "udpos", {"finetune.max_steps=1", "finetune.select=last", "finetune.max_eval_examples=1"}));
+  EXPECT_TRUE(contains_all(subset, {"udpos dev en: scored 1 of 2 sentences (the first; "
+                                    "finetune.max_eval_examples)",
+                                    "dev f1 per language:", " (scored 1 of 2 sentences)\n",
+                                    "on subsets (finetune.max_eval_examples), not comparable"}))
+      << subset;
+  json = nlohmann::json::parse(read_file(data_.path() / "out" / "results.json"));
+  EXPECT_EQ(json["dev"]["subset"], nlohmann::json::parse(R"({"max_eval_examples": 1,
+      "languages": {"en": {"scored": 1, "of": 2, "unit": "sentence"}}})"))
+      << json["dev"].dump();
+  EXPECT_FALSE(json["test"].contains("subset")) << json["test"].dump();
+}
+
+// A UD gold of another release with the same words but other tags passes the test-file check
+// (XTREME's test file holds words only); the release is checked on the dev set, words and tags.
+TEST_F(FinetuneTasks, UdGoldOfAnotherReleaseIsRefusedByItsDevTags) {
+  write_file(file("download/udpos/train-en.tsv"), "a\tNOUN\nb\tVERB\n\nc\tDET\n");
+  const std::string dev = file("download/udpos/dev-en.tsv");
+  write_file(dev, "Ich\tPRON\nbin\tAUX\n\nda\tADV\n");
+  write_file(file("download/udpos/test-en.tsv"), "Ja\n");
+  const std::string gold_dev = file("gold/UD_English-X/en_x-ud-dev.conllu");
+  write_file(file("gold/UD_English-X/en_x-ud-test.conllu"), conllu_of({"Ja"}));
+  auto conllu = [](const std::vector<std::pair<std::string, std::string>>& words) {
+    std::string out;
+    for (size_t i = 0; i < words.size(); ++i) {
+      out += std::to_string(i + 1) + "\t" + words[i].first + "\t_\t" + words[i].second +
+             "\t_\t_\t" + (i ? "1" : "0") + "\t_\t_\t_\n";
+    }
+    return out + "\n";
+  };
+  // The same release: accepted, and the log says what was compared.
+  write_file(gold_dev, conllu({{"Ich", "PRON"}, {"bin", "AUX"}}) + conllu({{"da", "ADV"}}));
+  auto c = config_for("udpos",
+                      {"finetune.languages=[en]", "finetune.max_steps=1", "finetune.select=last"});
+  const auto log = logged_run(c);
+  EXPECT_TRUE(contains_all(log, {"the same words as the test file",
+                                 "; the gold's release checked: its dev set '" + gold_dev +
+                                     "' (words and tags) is '" + dev + "'"}))
+      << log;
+  // Another release: the words agree, one tag changed (AUX -> VERB).
+  write_file(gold_dev, conllu({{"Ich", "PRON"}, {"bin", "VERB"}}) + conllu({{"da", "ADV"}}));
+  const auto [error, failed_log] = failed_run(c);
+  EXPECT_TRUE(contains_all(
+      error, {"udpos test set of en: the gold's release, checked on its dev set: the dev file '" +
+                  dev + "' (2 sentences) and the gold '" + gold_dev + "' (2 sentences) differ",
+              "sentence 1 (" + dev + ":1; gold " + gold_dev + ":1)",
+              "word/tag 2 is 'bin/AUX' in the dev file and 'bin/VERB' in the gold",
+              "of the same release"}))
+      << error;
+  EXPECT_EQ(failed_log.find("step 1/1"), std::string::npos) << failed_log;
 }
 
 // Issue 37: xlme-data xtreme refuses an empty download instead of writing the other files, and
@@ -656,7 +762,10 @@ TEST_F(FinetuneTasks, QaTrainAndDevFilesAreConfigKeys) {
   EXPECT_TRUE(contains_all(
       log, {"xquad train: " + file("download/mine/train.json"),
             "xquad dev: en from finetune.dev_file '" + file("download/mine/dev.json") + "'",
-            "[warning] finetune.warmup_steps (500) is longer than the run (2 steps)"}))
+            "[warning] the warm-up (500 steps, finetune.warmup_steps 500) is not shorter than "
+            "the run (2 steps)",
+            // XTREME's schedule keeps the warm-up: the last step runs at 2e-5 * 1 / 500.
+            "step 2/2 lr 4e-08"}))
       << log;
   // Without the keys xquad has XTREME's layout: SQuAD's train file, no dev set.
   c.finetune.train_file.clear();
@@ -665,7 +774,31 @@ TEST_F(FinetuneTasks, QaTrainAndDevFilesAreConfigKeys) {
   c.finetune.train_file = "nope.json";
   EXPECT_TRUE(contains_all(failed_run(c).first,
                            {"finetune.train_file 'nope.json'", file("download/nope.json"),
-                            "does not exist", "under finetune.data_dir"}));
+                            "does not exist", "under finetune.data_dir",
+                            "empty finetune.train_file means XTREME's 'squad/train-v1.1.json'",
+                            "fix finetune.train_file, or leave it empty for XTREME's "
+                            "'squad/train-v1.1.json'"}));
+  // xquad.yaml's own value, XTREME's SQuAD file, missing: the message says it is the default and
+  // where SQuAD v1.1 comes from, not to fix the key.
+  c.finetune.train_file = "squad/train-v1.1.json";
+  auto error = failed_run(c).first;
+  EXPECT_TRUE(contains_all(
+      error, {"finetune.train_file 'squad/train-v1.1.json'", file("download/squad/train-v1.1.json"),
+              "does not exist", "that is finetune.train_file's default, XTREME's file",
+              "SQuAD v1.1's train set", "scripts/download_data.sh",
+              "https://rajpurkar.github.io/SQuAD-explorer/", "'" + file("download/squad") + "'"}))
+      << error;
+  EXPECT_EQ(error.find("fix finetune.train_file"), std::string::npos) << error;
+  // paper/xquad.yaml's dev_file: SQuAD's dev set (xquad has no dev file of its own).
+  c.finetune.train_file = "mine/train.json";
+  c.finetune.dev_file = "squad/dev-v1.1.json";
+  error = failed_run(c).first;
+  EXPECT_TRUE(contains_all(
+      error, {"finetune.dev_file 'squad/dev-v1.1.json'", "empty finetune.dev_file means no file",
+              "SQuAD v1.1's dev set", "scripts/download_data.sh"}))
+      << error;
+  EXPECT_EQ(error.find("fix finetune.dev_file"), std::string::npos) << error;
+  c.finetune.dev_file.clear();
   auto tagging = config_for("udpos", {"finetune.train_file=x.json"});
   EXPECT_TRUE(contains_all(failed_run(tagging).first,
                            {"finetune.train_file and finetune.dev_file", "udpos reads XTREME's"}));

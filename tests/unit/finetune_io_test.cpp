@@ -336,6 +336,44 @@ TEST(Tatoeba, ReadsLaserOriginalsAndXtremesSortedCopy) {
                            {"tatoeba.deu-eng.deu", "not found"}));
 }
 
+// LASER's originals and XTREME's copy (xx side copied, English lines stripped and sorted) are
+// matched as the other tasks' test files and gold: counts, then the first differing line.
+TEST(Tatoeba, GoldIsMatchedWithXtremesCopyLineByLine) {
+  TempDir dir;
+  write_file(dir / "laser/tatoeba.deu-eng.deu", "Guten Tag\nTschüss\nDanke\n");
+  write_file(dir / "laser/tatoeba.deu-eng.eng", "hello \ngoodbye\nthanks\n");
+  write_file(dir / "download/tatoeba/de-en.de", "Guten Tag\nTschüss\nDanke\n");
+  write_file(dir / "download/tatoeba/de-en.en", "goodbye\nhello\nthanks\n");
+  const std::string deu = dir / "laser/tatoeba.deu-eng.deu",
+                    eng = dir / "laser/tatoeba.deu-eng.eng";
+  const std::string de = dir / "download/tatoeba/de-en.de", en = dir / "download/tatoeba/de-en.en";
+  const auto matched = read_tatoeba(dir / "laser", dir / "download", "de");
+  EXPECT_TRUE(matched.pairs.aligned);
+  EXPECT_EQ(matched.from, "from the gold '" + deu + "' and '" + eng +
+                              "', the same as XTREME's test files '" + de + "' and '" + en + "'");
+  // An English line of another release: the sorted line and its LASER line are named.
+  write_file(dir / "laser/tatoeba.deu-eng.eng", "hello \ngood bye\nthanks\n");
+  EXPECT_TRUE(
+      contains_all(error_message([&] { read_tatoeba(dir / "laser", dir / "download", "de"); }),
+                   {"tatoeba test set of de (English, as XTREME sorts it): the test file '" + en +
+                        "' (3 lines) and the gold '" + eng + "' (3 lines) differ",
+                    "line 1 (" + en + ":1; gold " + eng +
+                        ":2): sentence 1 is 'goodbye' in the test file and "
+                        "'good bye' in the gold"}));
+  // The gold cut by a line.
+  write_file(dir / "laser/tatoeba.deu-eng.deu", "Guten Tag\nTschüss\n");
+  write_file(dir / "laser/tatoeba.deu-eng.eng", "hello\ngoodbye\n");
+  EXPECT_TRUE(contains_all(
+      error_message([&] { read_tatoeba(dir / "laser", dir / "download", "de"); }),
+      {"the test file '" + de + "' (3 lines) and the gold '" + deu + "' (2 lines) differ",
+       "after 2 lines the gold ends; the test file goes on at " + de + ":3"}));
+  // Without XTREME's copy the gold is used alone; without gold, XTREME's copy; both said.
+  EXPECT_TRUE(contains_all(read_tatoeba(dir / "laser", dir / "elsewhere", "de").from,
+                           {"from the gold '" + deu + "' and '" + eng + "' alone"}));
+  EXPECT_EQ(read_tatoeba("", dir / "download", "de").from,
+            "from XTREME's '" + de + "' and '" + en + "' (English sorted; no gold)");
+}
+
 TEST(BuccFiles, ReadsIdsSentencesAndGold) {
   TempDir dir;
   write_file(dir / "bucc2018/de-en.dev.de", "de-000001\tHallo Welt\nde-000002\tGuten Tag\n");

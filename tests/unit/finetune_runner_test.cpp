@@ -193,28 +193,32 @@ TEST(FinetuneRunner, SelectLastKeepsTheFinalWeightsAndMaxStepsStops) {
   EXPECT_EQ(result.best_step, 10);
 }
 
-// A recipe's warmup_steps (QA: 500) longer than a short run: the run is all warm-up, which is
-// said with both numbers; warm-up within the run says nothing.
+// A recipe's warmup_steps (QA: 500) longer than a short run: as in XTREME's schedule the warm-up
+// is not cut, so the whole run is warm-up; the warning says so with the numbers and the last
+// step's rate (2 / 500 of lr). A warm-up that ends within the run says nothing.
 TEST(FinetuneRunner, WarmupLongerThanTheRunIsAWarningWithBothNumbers) {
   ContainsTokenTask task;
   auto settings = synthetic_settings();
   settings.select = "last";
   settings.max_steps = 3;
   settings.warmup_steps = 500;
+  settings.lr = 1e-3;
   std::ostringstream log;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
   spdlog::default_logger()->sinks().push_back(sink);
   train_and_evaluate(settings, task, tiny_model, 2, torch::kCPU, "");
-  settings.warmup_steps = 3;
+  settings.warmup_steps = 2;
   const auto long_warmup = log.str();
   train_and_evaluate(settings, task, tiny_model, 2, torch::kCPU, "");
   spdlog::default_logger()->sinks().pop_back();
   EXPECT_TRUE(contains_all(long_warmup, {"[warning]",
-                                         "finetune.warmup_steps (500) is longer than the run (3 "
-                                         "steps)",
-                                         "never reaches finetune.lr"}))
+                                         "the warm-up (500 steps, finetune.warmup_steps 500) is "
+                                         "not shorter than the run (3 steps)",
+                                         "never reaches finetune.lr (0.001); the last step runs "
+                                         "at 4e-06",
+                                         "step 3/3 lr 4e-06"}))
       << long_warmup;
-  EXPECT_EQ(log.str().find("longer than the run", long_warmup.size()), std::string::npos);
+  EXPECT_EQ(log.str().find("not shorter than the run", long_warmup.size()), std::string::npos);
 }
 
 TEST(FinetuneRunner, SameSeedSameResult) {
@@ -260,7 +264,8 @@ TEST(FinetuneResults, MeanStdAndJson) {
   seeds[1].by["test"]["de"] = {{{"accuracy", 84.0}}, "accuracy"};
   seeds[1].by["test"]["fr"] = {{{"accuracy", 74.0}}, "accuracy"};
   config::Config config;
-  auto json = nlohmann::json::parse(results_json(config, seeds));
+  seeds[0].unscored["test"] = seeds[1].unscored["test"] = {"ru"};
+  auto json = nlohmann::json::parse(results_json(config, seeds, {"de", "en", "fr", "ru"}));
   EXPECT_EQ(json["seeds"], nlohmann::json::parse("[1, 2]"));
   EXPECT_DOUBLE_EQ(json["test"]["languages"]["de"]["accuracy"]["mean"].get<double>(), 82.0);
   EXPECT_NEAR(json["test"]["languages"]["de"]["accuracy"]["std"].get<double>(), std::sqrt(8.0),
@@ -271,7 +276,10 @@ TEST(FinetuneResults, MeanStdAndJson) {
   EXPECT_FALSE(json.contains("dev"));
   // The average says what it covers: 2 of the 4 evaluated languages; en had no data, ru was
   // predicted without gold.
-  seeds[0].unscored["test"] = seeds[1].unscored["test"] = {"ru"};
+  EXPECT_EQ(json["test"]["average"]["covers"], nlohmann::json::parse(R"(["de", "fr"])"));
+  EXPECT_EQ(json["test"]["average"]["lacks"], nlohmann::json::parse(R"(["en", "ru"])"));
+  EXPECT_EQ(json["test"]["average"]["of"], 4);
+  EXPECT_FALSE(json["test"].contains("subset"));
   const auto table = results_table(seeds, Split::kTest, {"de", "en", "fr", "ru"}, "no gold here");
   EXPECT_TRUE(
       contains_all(table, {"de", "82.00 ± 2.83",
@@ -279,6 +287,24 @@ TEST(FinetuneResults, MeanStdAndJson) {
                            "not scored: ru",
                            "test: predictions for ru written but not scored: no gold here"}))
       << table;
+  // finetune.max_eval_examples cut de's set: the row, the average and results.json say so.
+  for (auto& seed : seeds) {
+    auto& de = seed.by["test"]["de"];
+    de.scored = 300, de.total = 2077, de.unit = "sentence";
+    auto& fr = seed.by["test"]["fr"];
+    fr.scored = fr.total = 150, fr.unit = "sentence";
+  }
+  config.finetune.max_eval_examples = 300;
+  json = nlohmann::json::parse(results_json(config, seeds, {"de", "en", "fr", "ru"}));
+  EXPECT_EQ(json["test"]["subset"],
+            nlohmann::json::parse(R"({"max_eval_examples": 300, "languages": {"de": {"scored": 300,
+                "of": 2077, "unit": "sentence"}}})"))
+      << json["test"].dump();
+  const auto cut = results_table(seeds, Split::kTest, {"de", "en", "fr", "ru"}, "no gold here");
+  EXPECT_TRUE(contains_all(cut, {"82.00 ± 2.83 (scored 300 of 2077 sentences)\n", "72.00 ± 2.83\n",
+                                 "not scored: ru; on subsets (finetune.max_eval_examples), not "
+                                 "comparable to full-set scores"}))
+      << cut;
   // Nothing scored: the section still says what was predicted and why it was not scored.
   seeds[0].by.clear();
   EXPECT_EQ(results_table(seeds, Split::kTest, {"ru"}, "no gold here"),

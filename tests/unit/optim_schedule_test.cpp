@@ -1,6 +1,7 @@
 // Learning-rate schedule and AdamW parameter groups.
 #include "xlme/optim/optimizer.h"
 #include "xlme/optim/schedule.h"
+#include "xlme/optim/transformers_schedule.h"
 
 #include "test_util.h"
 
@@ -24,6 +25,43 @@ TEST(LinearSchedule, WarmsUpThenDecaysToZero) {
   EXPECT_EQ(constant.lr(0), 2.0);
   EXPECT_TRUE(contains_all(error_message([] { LinearSchedule(1.0, 11, 10); }),
                            {"warm-up 11 must be in [0, total steps 10]"}));
+}
+
+// Values of transformers' get_linear_schedule_with_warmup read from an AdamW's lr before each
+// optimizer.step(); scheduler.step() pair (as XTREME's run_*.py step them), printed by the
+// project's venv.
+TEST(TransformersLinearSchedule, MatchesGetLinearScheduleWithWarmup) {
+  const TransformersLinearSchedule s(/*peak=*/1e-3, /*warmup=*/4, /*total=*/10);
+  const double expected[] = {0.0,
+                             0.00025,
+                             0.0005,
+                             0.00075,
+                             0.001,
+                             0.0008333333333333334,
+                             0.0006666666666666666,
+                             0.0005,
+                             0.0003333333333333333,
+                             0.00016666666666666666,
+                             0.0,
+                             0.0};
+  for (int step = 0; step < 12; ++step) EXPECT_NEAR(s.lr(step), expected[step], 1e-18) << step;
+  // A warm-up of 500 in a 3-step run is not cut: the run ends at 2 / 500 of the peak.
+  const TransformersLinearSchedule long_warmup(3e-5, 500, 3);
+  const double long_expected[] = {0.0, 6.000000000000001e-08, 1.2000000000000002e-07,
+                                  1.8000000000000002e-07};
+  for (int step = 0; step < 4; ++step) {
+    EXPECT_NEAR(long_warmup.lr(step), long_expected[step], 1e-20) << step;
+  }
+  // Warm-up as long as the run: [0, 1/3, 2/3] of the peak; no warm-up: [1, 2/3, 1/3].
+  const TransformersLinearSchedule whole(1.0, 3, 3), none(2.0, 0, 3);
+  const double whole_expected[] = {0.0, 0.3333333333333333, 0.6666666666666666, 0.0};
+  const double none_expected[] = {2.0, 1.3333333333333333, 0.6666666666666666, 0.0};
+  for (int step = 0; step < 4; ++step) {
+    EXPECT_NEAR(whole.lr(step), whole_expected[step], 1e-15) << step;
+    EXPECT_NEAR(none.lr(step), none_expected[step], 1e-15) << step;
+  }
+  EXPECT_TRUE(contains_all(error_message([] { TransformersLinearSchedule(1.0, -1, 10); }),
+                           {"warm-up -1 must be >= 0 and total steps 10 > 0"}));
 }
 
 TEST(AdamW, DecaysMatricesButNotBiasesOrNorms) {

@@ -25,6 +25,14 @@ std::string qa_file(const std::string& download_dir, const std::string& dataset,
 std::string qa_gold_file(const std::string& gold_dir, const std::string& dataset,
                          const std::string& split, const std::string& lang);
 
+// The file a QA config key (finetune.train_file, finetune.dev_file) names: `file` relative to
+// `data_dir` or absolute. The key's default when empty is XTREME's file of `dataset`'s `split`
+// for `lang` (none when `dataset` is empty). Throws when the file does not exist, naming the key,
+// the value, the path, the default, and what to download (SQuAD v1.1's files by name).
+std::string qa_config_file(const std::string& data_dir, const std::string& file,
+                           const std::string& key, const std::string& dataset,
+                           const std::string& split, const std::string& lang);
+
 struct QaData {
   std::vector<QaExample> examples;
   // Questions left out because an answer's text is not the context's text at its `answer_start`

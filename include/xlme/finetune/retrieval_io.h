@@ -33,6 +33,19 @@ SentencePairs read_tatoeba_laser(const std::string& dir, const std::string& lang
 // so not aligned). Throws saying to set finetune.gold_dir when `download_dir` holds LASER's files.
 SentencePairs read_tatoeba_xtreme(const std::string& download_dir, const std::string& lang);
 
+// A language's Tatoeba test set and where it came from, for the log.
+struct TatoebaTest {
+  SentencePairs pairs;
+  std::string from;  // "from the gold '…' and '…', the same as XTREME's test files '…' and '…'"
+};
+
+// The Tatoeba test set of `lang`: without `gold_dir`, XTREME's copy under `data_dir` (not
+// aligned); with it, LASER's originals, which must then hold what XTREME's copy holds when that is
+// there (its xx side line for line, its English side as XTREME sorts it): a gold cut short or
+// changed is an error naming both files, both counts and the first differing line.
+TatoebaTest read_tatoeba(const std::string& gold_dir, const std::string& data_dir,
+                         const std::string& lang);
+
 // For each line of XTREME's sorted English file, the line of the LASER English file it came from
 // (XTREME sorts the stripped lines with a stable sort): the gold of a leaderboard-order prediction.
 std::vector<int64_t> tatoeba_sorted_order(const std::vector<std::string>& english);

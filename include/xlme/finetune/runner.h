@@ -24,6 +24,11 @@ const char* split_name(Split split);
 struct Scores {
   std::map<std::string, double> values;
   std::string main;
+  // The examples scored and the examples in the set ("sentence", "pair", "question"): fewer are
+  // scored under finetune.max_eval_examples. 0 when the task does not say.
+  int64_t scored = 0;
+  int64_t total = 0;
+  std::string unit{};
 
   double main_value() const;
 };
@@ -82,14 +87,18 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
                               const torch::Device& device, const std::string& predictions_dir);
 
 // results.json: per split, language and score the mean and std over seeds, each seed's values,
-// the task average of the main score, and the resolved config.
-std::string results_json(const config::Config& config, const std::vector<SeedResult>& seeds);
+// the task average of the main score with the languages it covers and those of `languages` (the
+// evaluated list) it lacks, the subset scored where finetune.max_eval_examples cut a set
+// ("subset"), and the resolved config.
+std::string results_json(const config::Config& config, const std::vector<SeedResult>& seeds,
+                         const std::vector<std::string>& languages);
 
 // The console's section of `split`: one row per language, "de  81.20 ± 0.35" of the main score,
 // then the average and what it covers: "average  18.30 ± 0.00 over 2 of 33 languages; no data
 // for: af ar ...", `languages` being the evaluated list. Languages predicted without gold are
 // named with `unscored_why` ("test: predictions for de en written but not scored: <why>"), also
-// when nothing was scored. Empty when `split` has neither.
+// when nothing was scored. A set cut by finetune.max_eval_examples says so on its row ("scored
+// 300 of 2077 sentences"). Empty when `split` has neither.
 std::string results_table(const std::vector<SeedResult>& seeds, Split split,
                           const std::vector<std::string>& languages,
                           const std::string& unscored_why);

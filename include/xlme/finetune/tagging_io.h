@@ -55,6 +55,15 @@ std::vector<std::string> tagging_gold_files(const std::string& gold_dir, const s
 std::vector<TaggedSentence> read_tagging_gold(const std::string& gold_dir, const std::string& task,
                                               const std::string& lang);
 
+// XTREME's udpos test files hold words only, so a gold of another UD release with the same words
+// (tags changed) passes the test-file check; the release is checked on the dev set instead: the
+// `gold_dir` release's dev sentences of `lang` (read_conllu), words and tags, must be XTREME's
+// `dev_file` ("" = none). Returns what was checked, for the log ("; the gold's release checked:
+// ..." or "; the tags' release not checked: ..." when either dev set is missing); throws naming
+// both files and the first difference.
+std::string check_ud_release(const std::string& gold_dir, const std::string& dev_file,
+                             const std::string& lang);
+
 // ---- XTREME's processed layout from the downloads -----------------------------------------------
 
 // A file prepare_udpos / prepare_panx wrote.

@@ -67,12 +67,13 @@ using SameValue = std::function<bool(const std::string& test, const std::string&
 // upstream file(s) `gold_files` that carry them) hold the same examples in the same order: the
 // error names both files, both counts and the first difference (its lines in both files and the
 // differing value). `what` starts the message ("udpos test set of de"); `unit` names an example
-// ("sentence"); `field_names` the fields (one name: "word" -> "word 3").
+// ("sentence"); `field_names` the fields (one name: "word" -> "word 3"); `kind` what `test_file`
+// is ("test file"; "dev file" when a dev set checks the gold's release).
 void check_test_matches_gold(const std::string& what, const std::vector<ExampleKey>& test,
                              const std::string& test_file, const std::vector<ExampleKey>& gold,
                              const std::string& gold_files, const std::string& unit,
                              const std::vector<std::string>& field_names,
-                             const SameValue& same = {});
+                             const SameValue& same = {}, const std::string& kind = "test file");
 
 // ---- Submission layout -------------------------------------------------------------------------
 
