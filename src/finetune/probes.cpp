@@ -123,6 +123,29 @@ void note_subset(ProbeReport& report, const config::FinetuneConfig& settings, co
       fmt::join(cut, "; "));
 }
 
+// Records what every per-layer "mean" covers, as the fine-tuned tasks' averages do: the languages
+// (pairs) scored, those of `requested` that were not (too few sentences, no test gold) and how
+// many were asked for; every layer scores the same ones. A mean over fewer than were asked for
+// says so under the table.
+void note_coverage(ProbeReport& report, const Json& by_layer,
+                   const std::vector<std::string>& requested) {
+  if (by_layer.empty()) return;
+  std::vector<std::string> covers, lacks;
+  const Json& scored = by_layer.begin().value();
+  for (const auto& [name, unused] : scored.items()) {
+    if (name != "mean") covers.push_back(name);
+  }
+  for (const auto& name : requested) {
+    if (!scored.contains(name)) lacks.push_back(name);
+  }
+  report.results["coverage"] = {
+      {"covers", covers}, {"lacks", lacks}, {"of", covers.size() + lacks.size()}};
+  if (!lacks.empty()) {
+    report.table += fmt::format("mean over {} of {}; not scored: {}\n", covers.size(),
+                                covers.size() + lacks.size(), fmt::join(lacks, ", "));
+  }
+}
+
 // ---- Line-aligned pairs (retrieval, and Tatoeba with the LASER originals) --------------------
 
 Json score_aligned(const SentencePairs& pairs, model::Encoder& encoder,
@@ -149,7 +172,8 @@ ProbeReport run_retrieval(const config::FinetuneConfig& settings, model::Encoder
   const auto layers = probe_layers(settings, encoder);
   Json by_layer = Json::object();
   Json subset = Json::object();
-  for (const auto& pair : find_language_pairs(settings.data_dir, settings.pairs)) {
+  const auto pairs = find_language_pairs(settings.data_dir, settings.pairs);
+  for (const auto& pair : pairs) {
     const auto dash = pair.find('-');
     const auto a = pair.substr(0, dash), b = pair.substr(dash + 1);
     auto sentences =
@@ -172,6 +196,7 @@ ProbeReport run_retrieval(const config::FinetuneConfig& settings, model::Encoder
   report.table = score_table(by_layer, "accuracy",
                              "retrieval accuracy@1 (mean of both directions) per language pair "
                              "and layer:");
+  note_coverage(report, by_layer, pairs);
   note_subset(report, settings, subset);
   return report;
 }
@@ -181,7 +206,8 @@ ProbeReport run_tatoeba(const config::FinetuneConfig& settings, model::Encoder& 
                         const std::string& predictions_dir) {
   const auto layers = probe_layers(settings, encoder);
   Json by_layer = Json::object();
-  for (const auto& language : evaluated_languages(settings)) {
+  const auto languages = evaluated_languages(settings);
+  for (const auto& language : languages) {
     // Gold needs LASER's line-aligned originals; XTREME's copy has its English side sorted.
     const bool gold = !settings.gold_dir.empty();
     const auto test = read_tatoeba(settings.gold_dir, settings.data_dir, language);
@@ -228,6 +254,7 @@ ProbeReport run_tatoeba(const config::FinetuneConfig& settings, model::Encoder& 
   report.table = score_table(by_layer, "accuracy",
                              "tatoeba accuracy@1 en->xx (XTREME's; xx->en in results.json), per "
                              "layer:");
+  note_coverage(report, by_layer, languages);
   return report;
 }
 
@@ -236,7 +263,8 @@ ProbeReport run_bucc(const config::FinetuneConfig& settings, model::Encoder& enc
                      const std::string& predictions_dir) {
   const auto layers = probe_layers(settings, encoder);
   Json by_layer = Json::object();
-  for (const auto& language : evaluated_languages(settings)) {
+  const auto languages = evaluated_languages(settings);
+  for (const auto& language : languages) {
     const auto dev = read_bucc(settings.data_dir, language, "dev", /*require_gold=*/true);
     const auto test = read_bucc(settings.gold_dir.empty() ? settings.data_dir : settings.gold_dir,
                                 language, "test", /*require_gold=*/false);
@@ -275,6 +303,7 @@ ProbeReport run_bucc(const config::FinetuneConfig& settings, model::Encoder& enc
   for (auto& [layer, languages] : by_layer.items()) add_means(languages);
   report.results = {{"main", "f1"}, {"layers", by_layer}};
   report.table = score_table(by_layer, "f1", "bucc F1 (threshold tuned on dev), per layer:");
+  note_coverage(report, by_layer, languages);
   return report;
 }
 
@@ -283,7 +312,8 @@ ProbeReport run_alignment(const config::FinetuneConfig& settings, model::Encoder
   const auto layers = probe_layers(settings, encoder);
   Json by_layer = Json::object();
   Json subset = Json::object();
-  for (const auto& pair : find_language_pairs(settings.data_dir, settings.pairs)) {
+  const auto pairs = find_language_pairs(settings.data_dir, settings.pairs);
+  for (const auto& pair : pairs) {
     const auto dash = pair.find('-');
     auto gold =
         read_aligned_pairs(path_under(settings.data_dir, pair + "." + pair.substr(0, dash)),
@@ -311,6 +341,7 @@ ProbeReport run_alignment(const config::FinetuneConfig& settings, model::Encoder
   report.table = score_table(by_layer, "aer",
                              fmt::format("alignment error rate ({}), per layer (lower is better):",
                                          settings.alignment_method));
+  note_coverage(report, by_layer, pairs);
   note_subset(report, settings, subset);
   return report;
 }

@@ -8,6 +8,7 @@
 #include "xlme/common/io.h"
 #include "xlme/common/runtime.h"
 #include "xlme/data/batches.h"
+#include "xlme/data/shard.h"
 #include "xlme/data/tokenizer.h"
 #include "xlme/objectives/term_sums.h"
 #include "xlme/train/distill.h"
@@ -26,7 +27,9 @@
 #include <cmath>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -271,47 +274,51 @@ bool may_differ_between_ranks(const std::string& key) {
   return false;
 }
 
-// Every rank must train with the same config: ranks with another model.hidden_size died of
-// SIGABRT inside Gloo, another train.steps hung at the end, another train.lr trained on silently.
-// Each rank's 52-bit hash of its resolved config (without the keys that may differ) is gathered by
-// a sum over one slot per rank; when they differ, the ranks exchange their key=value lists through
-// the store and every rank fails naming the keys and the values of rank 0 and each other rank.
-void check_same_config(const config::Config& config, dist::Communicator& comm) {
-  if (comm.world_size() == 1) return;
-  std::string text;
-  for (const auto& [key, value] : config::flat_values(config::to_yaml(config))) {
-    if (!may_differ_between_ranks(key)) text += key + "=" + value + "\n";
-  }
+// Where `text` (lines "key=value") of some rank differs from rank 0's: "key (rank 0: v, rank r:
+// w)" for at most 10 keys and a count of the rest, the other ranks in `other_ranks`; empty when
+// every rank has rank 0's. Every rank calls it. Each rank's 52-bit hash of its text is gathered
+// by a sum over one slot per rank; only when they differ do the ranks exchange their texts
+// through the store.
+std::vector<std::string> keys_differing_from_rank0(const std::string& text,
+                                                   dist::Communicator& comm,
+                                                   std::set<std::size_t>& other_ranks) {
   const auto ranks = static_cast<std::size_t>(comm.world_size());
   std::vector<double> slots(ranks, 0.0);
   slots[static_cast<std::size_t>(comm.rank())] =
       static_cast<double>(std::hash<std::string>{}(text) >> 12);
   slots = comm.reduce_scalars(slots, dist::ScalarOp::kSum);
-  if (std::all_of(slots.begin(), slots.end(), [&](double h) { return h == slots[0]; })) return;
+  if (std::all_of(slots.begin(), slots.end(), [&](double h) { return h == slots[0]; })) return {};
   const std::vector<std::string> texts = comm.all_gather_strings(text);
   const auto parse = [](const std::string& list) {
     std::map<std::string, std::string> values;
     std::istringstream in(list);
     for (std::string line; std::getline(in, line);) {
       const auto eq = line.find('=');
-      values[line.substr(0, eq)] = line.substr(eq + 1);
+      values[line.substr(0, eq)] = eq == std::string::npos ? "" : line.substr(eq + 1);
     }
     return values;
   };
   const auto reference = parse(texts[0]);
   std::map<std::string, std::vector<std::string>> differing;  // key -> "rank r: value"
-  std::set<std::size_t> other_ranks;
+  const auto differs = [&](const std::string& key, const std::string& value0, std::size_t r,
+                           const std::string& value) {
+    auto& shown = differing[key];
+    if (shown.empty()) shown.push_back("rank 0: " + value0);
+    shown.push_back(fmt::format("rank {}: {}", r, value));
+    other_ranks.insert(r);
+  };
   for (std::size_t r = 1; r < ranks; ++r) {
     const auto values = parse(texts[r]);
     for (const auto& [key, value] : values) {
       const auto it = reference.find(key);
-      if (it != reference.end() && it->second == value) continue;
-      auto& shown = differing[key];
-      if (shown.empty()) {
-        shown.push_back("rank 0: " + (it == reference.end() ? "(absent)" : it->second));
+      if (it == reference.end()) {
+        differs(key, "(absent)", r, value);
+      } else if (it->second != value) {
+        differs(key, it->second, r, value);
       }
-      shown.push_back(fmt::format("rank {}: {}", r, value));
-      other_ranks.insert(r);
+    }
+    for (const auto& [key, value] : reference) {
+      if (!values.count(key)) differs(key, value, r, "(absent)");
     }
   }
   std::vector<std::string> keys;
@@ -324,12 +331,66 @@ void check_same_config(const config::Config& config, dist::Communicator& comm) {
         "{} ({})", key,
         fmt::join(shown.begin(), shown.begin() + std::min<std::size_t>(shown.size(), 4), ", ")));
   }
-  XLME_FAIL(
+  return keys;
+}
+
+// Every rank must train with the same config: ranks with another model.hidden_size died of
+// SIGABRT inside Gloo, another train.steps hung at the end, another train.lr trained on silently.
+// Every rank fails naming the keys and the values of rank 0 and each other rank.
+void check_same_config(const config::Config& config, dist::Communicator& comm) {
+  if (comm.world_size() == 1) return;
+  std::string text;
+  for (const auto& [key, value] : config::flat_values(config::to_yaml(config))) {
+    if (!may_differ_between_ranks(key)) text += key + "=" + value + "\n";
+  }
+  std::set<std::size_t> other_ranks;
+  const auto keys = keys_differing_from_rank0(text, comm, other_ranks);
+  XLME_CHECK(
+      keys.empty(),
       "rank {}: the config of rank(s) {} differs from rank 0's in {}; every rank must train the "
       "same model the same way (the ranks exchange its weights and gradients, and step together): "
       "give all ranks the same --config and the same --set values (only run.out_dir's path, "
       "run.threads, run.log_level, data file paths and loader settings may differ)",
       comm.rank(), fmt::join(other_ranks, ", "), fmt::join(keys, "; "));
+}
+
+// What a rank reads, by content rather than by path: for every shard under data.shards (named
+// relative to it: "mono/de"), what its header records of its files (counts, the CRC32 of the
+// .bin and of the index, the tokenizer it was made with). Reads 256 bytes a shard; a shard whose
+// header cannot be read is left to the loader, which names what is wrong with it.
+std::string data_fingerprint(const config::Config& config) {
+  std::error_code ec;
+  if (config.data.shards.empty() || !fs::is_directory(config.data.shards, ec)) return "";
+  std::string text;
+  for (const auto& stem : data::list_shards(config.data.shards)) {
+    data::ShardHeader header;
+    std::ifstream in(stem + ".idx", std::ios::binary);
+    if (!in.read(reinterpret_cast<char*>(&header), sizeof(header))) continue;
+    text += fmt::format(
+        "{}={} sequences, {} tokens, .bin CRC32 {:08x}, index CRC32 {:08x}, tokenizer {:016x}\n",
+        (fs::path(stem).parent_path().filename() / fs::path(stem).filename()).string(),
+        header.sequences, header.tokens, header.bin_crc32, header.index_crc32,
+        header.tokenizer_hash);
+  }
+  return text;
+}
+
+// Every rank must read the same data: data.shards may be another path on each host, but a rank
+// given another folder trained on with the others, exit 0. The ranks compare data_fingerprint()
+// and fail naming the shards that differ, with each rank's counts and checksums. Each rank's
+// tokenizer is checked against its shards' when they are opened, so equal shards mean equal
+// tokenizers.
+void check_same_data(const config::Config& config, dist::Communicator& comm) {
+  if (comm.world_size() == 1) return;
+  std::set<std::size_t> other_ranks;
+  const auto shards = keys_differing_from_rank0(data_fingerprint(config), comm, other_ranks);
+  XLME_CHECK(shards.empty(),
+             "rank {}: the shards of rank(s) {} differ from rank 0's (data.shards '{}' on this "
+             "rank) in {}; every rank must read the same data: data.shards may be another path "
+             "on each host, but to the same files (copy the folder rank 0 reads, or binarize the "
+             "same corpus with the same tokenizer and settings)",
+             comm.rank(), fmt::join(other_ranks, ", "), config.data.shards,
+             fmt::join(shards, "; "));
 }
 
 // When the checkpoint `folder` was written by another run than the other checkpoints beside it
@@ -409,6 +470,7 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
   CheckpointManager manager(checkpoint::checkpoints_folder(config.run.out_dir),
                             config.train.keep_last, config.train.keep_every);
   check_same_config(config, *comm);
+  check_same_data(config, *comm);
   check_shared_run_folder(config, *comm);
   std::unique_ptr<FileLock> lock;
   if (leader) {

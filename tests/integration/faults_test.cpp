@@ -502,6 +502,47 @@ TEST(Faults, RanksWithDifferentModelConfigsFailAtStartNamingTheRank) {
   }
 }
 
+// Ranks compare what they read, not where: rank 1 given a copy of rank 0's shards at another path
+// trains with it; given other shards (another corpus: same languages, other sentences), both
+// ranks fail at start naming the rank and the shards that differ, before any step.
+TEST(Faults, RanksWithOtherShardsFailAtStartNamingTheRankAndTheShard) {
+  TempDir dir;
+  const std::string copy = dir / "copy", other = dir / "other";
+  fs::copy(testing::tiny_shards(), copy, fs::copy_options::recursive);
+  data::write_synthetic_shards(other, 64, 20000, 10000, /*seed=*/6);
+  for (const std::string& shards : {copy, other}) {
+    SCOPED_TRACE(shards);
+    const std::string run = dir / ("run-" + fs::path(shards).filename().string());
+    const std::string env =
+        "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(testing::free_port()) +
+        " RANK=";
+    std::vector<pid_t> pids;
+    for (int rank = 0; rank < 2; ++rank) {
+      // One micro-batch per rank of two.
+      std::vector<std::string> extra = {"--set", "train.tokens_per_task=128"};
+      if (rank == 1) extra.insert(extra.end(), {"--set", "data.shards=" + shards});
+      pids.push_back(testing::start_tool("xlme-pretrain", tiny_pretrain_args(run, 2, extra),
+                                         env + std::to_string(rank),
+                                         dir / ("err" + std::to_string(rank))));
+    }
+    for (int rank = 0; rank < 2; ++rank) {
+      const int code = testing::wait_exit_code(pids[rank]);
+      const std::string err = read_file(dir / ("err" + std::to_string(rank)));
+      if (shards == copy) {
+        EXPECT_EQ(code, kExitOk) << err;
+        continue;
+      }
+      EXPECT_EQ(code, kExitError) << err;
+      EXPECT_TRUE(contains_all(
+          err, {"rank " + std::to_string(rank) + ": the shards of rank(s) 1 differ from rank 0's",
+                "mono/de (rank 0: ", "rank 1: ", "tokens, .bin CRC32",
+                "every rank must read the same data"}))
+          << err;
+    }
+    EXPECT_EQ(fs::exists(run + "/checkpoints"), shards == copy);
+  }
+}
+
 // Item 9: a resumed run rewrites what the stopped run logged after its checkpoint: each step once.
 TEST(Faults, MetricsAreNotDuplicatedAfterAResume) {
   TempDir dir;

@@ -286,8 +286,11 @@ TEST_F(FinetuneTasks, RetrievalComparesTrainedAndUntrainedOnEveryLayer) {
   write_file(file("pairs/en-de.de"), de);
   write_file(file("pairs/en-fr.en"), en);
   write_file(file("pairs/en-fr.fr"), en);  // identical sides: retrieval is exact
+  // Fewer than finetune.min_sentences: not scored, and the means say they lack it.
+  write_file(file("pairs/en-es.en"), join(a, 0, 5) + "\n" + join(a, 2, 5) + "\n");
+  write_file(file("pairs/en-es.es"), join(b, 0, 5) + "\n" + join(b, 2, 5) + "\n");
   auto c = config_for("retrieval", {"finetune.sweep_layers=true", "finetune.compare_untrained=true",
-                                    "finetune.layer=1"});
+                                    "finetune.layer=1", "finetune.min_sentences=5"});
   c.finetune.data_dir = file("pairs");
   auto json = run(c);
   for (const char* model : {"trained", "untrained"}) {
@@ -296,6 +299,11 @@ TEST_F(FinetuneTasks, RetrievalComparesTrainedAndUntrainedOnEveryLayer) {
     EXPECT_DOUBLE_EQ(layers["layer 2"]["en-fr"]["accuracy"].get<double>(), 100.0);
     EXPECT_TRUE(layers["layer 1"]["en-de"].contains("en_to_de"));
     EXPECT_TRUE(layers["layer 1"].contains("mean"));
+    EXPECT_FALSE(layers["layer 1"].contains("en-es"));
+    EXPECT_EQ(json[model]["coverage"],
+              nlohmann::json::parse(R"({"covers": ["en-de", "en-fr"], "lacks": ["en-es"],
+                                        "of": 3})"))
+        << json[model].dump();
   }
   EXPECT_FALSE(json["trained"].contains("subset"));
   // finetune.max_eval_examples: the log, the console and results.json say the pairs were cut.
@@ -305,7 +313,8 @@ TEST_F(FinetuneTasks, RetrievalComparesTrainedAndUntrainedOnEveryLayer) {
   EXPECT_TRUE(contains_all(log, {"retrieval en-de: scored 10 of 30 pairs (the first; "
                                  "finetune.max_eval_examples)",
                                  "scored on subsets (finetune.max_eval_examples: en-de 10 of 30 "
-                                 "pairs; en-fr 10 of 30 pairs), not comparable"}))
+                                 "pairs; en-fr 10 of 30 pairs), not comparable",
+                                 "mean over 2 of 3; not scored: en-es"}))
       << log;
   json = nlohmann::json::parse(read_file(data_.path() / "out" / "results.json"));
   EXPECT_EQ(json["trained"]["subset"]["languages"]["en-de"],
