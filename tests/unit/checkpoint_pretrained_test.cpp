@@ -113,10 +113,10 @@ TEST_F(PretrainedWeights, WritesTheExportFolder) {
   const std::string out = exported(dir);
   std::set<std::string> files;
   for (const auto& entry : fs::directory_iterator(out)) files.insert(entry.path().filename());
-  EXPECT_EQ(files, (std::set<std::string>{".xlme-export", "README.md", "config.json",
-                                          "configuration_xlme.py", "model.safetensors",
-                                          "modeling_xlme.py", "spm.model", "tokenization_xlme.py",
-                                          "tokenizer_config.json", "xlme_reference.py"}));
+  EXPECT_EQ(files, (std::set<std::string>{
+                       ".xlme-export", "README.md", "config.json", "configuration_xlme.py",
+                       "model.safetensors", "modeling_xlme.py", "spm.model", "tokenization_xlme.py",
+                       "tokenizer.json", "tokenizer_config.json", "xlme_reference.py"}));
   EXPECT_EQ(read_file(out + "/spm.model"), read_file(tokenizer()));
   // Nothing else next to it: the temporary folder was renamed.
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), {}), 1);
