@@ -124,7 +124,8 @@ class XlmeTokenizerFast(PreTrainedTokenizerFast):
         if not tokenizer_file or not os.path.isfile(tokenizer_file):
             raise ValueError(f"XlmeTokenizerFast needs the export's tokenizer.json (found "
                              f"{tokenizer_file!r}); export the checkpoint again with this xlme, "
-                             "or load XlmeTokenizer with use_fast=False")
+                             "or use the folder's Python tokenizer, "
+                             "tokenization_xlme.XlmeTokenizer.from_pretrained(folder)")
         check_spm_model(vocab_file, spm_model_crc32)
         self.vocab_file = vocab_file
         super().__init__(vocab_file=vocab_file, tokenizer_file=tokenizer_file,

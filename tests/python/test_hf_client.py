@@ -202,7 +202,17 @@ def check_tokenizer(args, tokens):
     report = {}
     for layout, folder in (("own", args.model), ("xlmr", args.xlmr_model)):
         fast = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-        slow = AutoTokenizer.from_pretrained(folder, trust_remote_code=True, use_fast=False)
+        # The folder's Python tokenizer over sentencepiece (transformers 5 gives AutoTokenizer
+        # callers the fast one whatever use_fast says).
+        sys.path.insert(0, folder)
+        try:
+            import tokenization_xlme
+            slow = tokenization_xlme.XlmeTokenizer.from_pretrained(folder)
+        finally:
+            sys.path.remove(folder)
+            sys.modules.pop("tokenization_xlme", None)
+        require(type(slow).__name__ == "XlmeTokenizer" and not slow.is_fast,
+                f"{layout}: the folder's XlmeTokenizer gave {type(slow).__name__}")
         require(type(fast).__name__ == "XlmeTokenizerFast" and fast.is_fast,
                 f"{layout}: AutoTokenizer gave {type(fast).__name__}, not XlmeTokenizerFast")
         require(len(fast) == len(slow),
