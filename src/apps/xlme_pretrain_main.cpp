@@ -18,13 +18,13 @@ int main(int argc, char** argv) {
   // First: a stop signal during start-up (config, rendezvous, data) is honoured at the first step
   // (checkpoint, exit code 75) instead of killing the process.
   xlme::train::install_stop_signal_handlers();
-  const xlme::AppSpec spec{
-      "xlme-pretrain",
-      "pre-train XLM-E: generator + discriminator, MLM + TLM + MRTD + TRTD, DDP over c10d",
-      /*run_logs=*/true};
   bool print_model = false;
   bool comm_estimate = false;
   int64_t benchmark_steps = 0;
+  const xlme::AppSpec spec{
+      "xlme-pretrain",
+      "pre-train XLM-E: generator + discriminator, MLM + TLM + MRTD + TRTD, DDP over c10d",
+      /*run_logs=*/true, [&] { return print_model || comm_estimate || benchmark_steps > 0; }};
   std::string profile_path;
   xlme::train::PretrainOptions run_options;
   const int code = xlme::run_app(

@@ -84,7 +84,7 @@ int run_app(int argc, char** argv, const AppSpec& spec,
     runtime::ensure_process_defaults(argv);
     const int rank = dist::launch_info_from_env().rank;
     logging::Options log_options{cfg.run.log_level, rank, ""};
-    if (spec.run_logs) {
+    if (spec.run_logs && !(spec.prints_only && spec.prints_only())) {
       // The run writes logs/, checkpoints/, metrics.jsonl... into run.out_dir, never into '/'.
       std::error_code ec;
       const auto out_dir =

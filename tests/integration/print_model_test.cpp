@@ -32,6 +32,20 @@ TEST(PrintModel, PrintsParametersPerModule) {
   EXPECT_EQ(mlm.out.find("generator"), std::string::npos) << mlm.out;
 }
 
+// Printing a table or an estimate is not a run: run.out_dir (by default runs/default in the
+// current folder) is not created for a log file.
+TEST(PrintModel, PrintingCreatesNoRunFolder) {
+  const testing::TempDir dir;
+  const std::string run = dir / "run";
+  for (const std::string flag : {"--print-model", "--comm-estimate"}) {
+    const auto r = testing::run_tool("xlme-pretrain",
+                                     {flag, "--config", "configs/model/tiny.yaml", "--set",
+                                      "model.vocab_size=8000", "--set", "run.out_dir=" + run});
+    EXPECT_EQ(r.code, 0) << flag << "\n" << r.err;
+    EXPECT_FALSE(std::filesystem::exists(run)) << flag << " created " << run;
+  }
+}
+
 // A distillation student: its own parameters in the table, the frozen teacher's beside it.
 TEST(PrintModel, DistillationCountsTheStudentAndStatesTheTeacher) {
   const testing::TempDir dir;

@@ -18,6 +18,9 @@ struct AppSpec {
   std::string name;       // "xlme-pretrain"
   std::string summary;    // one line for --help
   bool run_logs = false;  // also log to <run.out_dir>/logs/rank<N>.log
+  // Called after parsing: true when the options given only print something (a parameter table,
+  // an estimate) and the run's folder must not be created for the log file.
+  std::function<bool()> prints_only = nullptr;
 };
 
 // Parses the command line, resolves the config, prints it for --print-config, then sets up
