@@ -28,7 +28,10 @@ void install_stop_signal_handlers() {
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
-  for (const int signal : {SIGTERM, SIGINT, SIGUSR1, SIGHUP}) sigaction(signal, &action, nullptr);
+  // SIGUSR2 and SIGXCPU: the warnings batch systems send before a kill (Grid Engine's -notify
+  // before SIGKILL; a CPU-time limit's soft limit before its hard one).
+  for (const int signal : {SIGTERM, SIGINT, SIGUSR1, SIGHUP, SIGUSR2, SIGXCPU})
+    sigaction(signal, &action, nullptr);
   // A console that goes away (`| tee` or `| head` ended) makes writes to it fail instead of
   // killing the run: the rank's log file records everything.
   std::signal(SIGPIPE, SIG_IGN);

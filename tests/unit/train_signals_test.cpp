@@ -1,4 +1,4 @@
-// The stop-signal flag (SIGTERM, SIGINT, SIGUSR1 set it instead of killing the process).
+// The stop-signal flag (the stop signals set it instead of killing the process).
 #include "xlme/train/signals.h"
 
 #include "test_util.h"
@@ -18,6 +18,17 @@ TEST(StopSignals, SetTheFlagInsteadOfKilling) {
   EXPECT_EQ(stop_signal(), SIGTERM);
   clear_stop_signal();
   EXPECT_EQ(stop_signal(), 0);
+}
+
+// A hang-up and the warnings batch systems send before a kill stop the run the same way.
+TEST(StopSignals, HangUpAndBatchSystemWarningsSetTheFlag) {
+  install_stop_signal_handlers();
+  for (const int signal : {SIGHUP, SIGUSR2, SIGXCPU}) {
+    clear_stop_signal();
+    std::raise(signal);
+    EXPECT_EQ(stop_signal(), signal);
+  }
+  clear_stop_signal();
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// Preemption: SIGTERM (schedulers), SIGINT (Ctrl-C), SIGUSR1 (SLURM's --signal) and SIGHUP (a
-// closed terminal or a dropped ssh session) only set a flag; the training loop polls it at each
+// Preemption: SIGTERM (schedulers), SIGINT (Ctrl-C), SIGUSR1 (SLURM's --signal), SIGHUP (a
+// closed terminal or a dropped ssh session), SIGUSR2 and SIGXCPU (batch systems' warnings before a
+// kill) only set a flag; the training loop polls it at each
 // micro-step, all ranks agree on it, a checkpoint is written and the process exits with
 // kExitPreempted. SIGPIPE is ignored: a closed console pipe does not end the run.
 #pragma once
@@ -11,7 +12,7 @@ namespace xlme::train {
 // Installs the handlers (idempotent).
 void install_stop_signal_handlers();
 
-// The signal received since installation (SIGTERM, SIGINT, SIGUSR1 or SIGHUP), or 0.
+// The stop signal received since installation, or 0.
 int stop_signal();
 
 // Forgets a received signal (for tests and after a handled stop).

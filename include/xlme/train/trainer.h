@@ -137,7 +137,7 @@ class Trainer {
   const torch::Device& device() const { return device_; }
   bool bf16() const { return bf16_; }
   int64_t parameter_count() const;
-  // Whether a stop signal (SIGTERM, SIGINT, SIGUSR1, SIGHUP) reached any rank: every rank calls it
+  // Whether a stop signal (signals.h) reached any rank: every rank calls it
   // at the same point and gets the same answer (one all-reduce of a flag and one host read: once
   // per step).
   bool stop_requested();
