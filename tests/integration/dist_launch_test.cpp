@@ -19,6 +19,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <thread>
 
@@ -167,10 +168,28 @@ TEST_P(TorchrunPreemption, WrapperExits75AfterTheWorkersSaved) {
   EXPECT_TRUE(contains_all(read_file(run + "/logs/rank1.log"), {"stopping at step"}));
 }
 
-INSTANTIATE_TEST_SUITE_P(Signals, TorchrunPreemption, ::testing::Values(SIGTERM, SIGUSR1),
+INSTANTIATE_TEST_SUITE_P(Signals, TorchrunPreemption, ::testing::Values(SIGTERM, SIGUSR1, SIGUSR2),
                          [](const auto& info) {
-                           return info.param == SIGTERM ? "SIGTERM" : "SIGUSR1";
+                           return std::string("SIG") + sigabbrev_np(info.param);
                          });
+
+// An unusable TMPDIR (the wrapper keeps the workers' exit codes there) is named with what to set,
+// before torchrun starts; the wrapper used to go on with no folder and lose the exit codes.
+TEST(TorchrunWrapper, UnusableTmpdirIsNamedWithWhatToSet) {
+  TempDir dir;
+  const std::string missing = dir / "no-such-folder";
+  const pid_t pid = start_shell("env TMPDIR=" + quote(missing) +
+                                    " TORCHRUN=/bin/false scripts/xlme-torchrun --standalone "
+                                    "--nproc-per-node 1 " +
+                                    quote(pretrain_binary()) + " --help",
+                                dir / "log");
+  const int code = wait_code(pid, 30);
+  const std::string log = read_file(dir / "log");
+  EXPECT_EQ(code, kExitError) << log;
+  EXPECT_TRUE(contains_all(log, {"xlme-torchrun: cannot create its folder", "TMPDIR '" + missing,
+                                 "set TMPDIR to a writable folder"}))
+      << log;
+}
 
 // SIGUSR1 kills torchrun (it does not handle it) and used to leave its workers training on,
 // orphaned: each worker now stops when its torchrun dies, saving and exiting 75. This process is
