@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <string_view>
+#include <unordered_map>
 
 namespace xlme::finetune {
 
@@ -182,6 +183,10 @@ QaData read_squad_json(const std::string& path, bool skip_mismatched) {
   XLME_CHECK(root.is_object(), "{}: the top level is {}, not a JSON object with a 'data' list",
              path, describe_json(root));
   QaData out;
+  // Predictions are keyed by question id (predictions.json, the official scorer), so in a file
+  // scored as gold two questions with one id would both be scored with one answer.
+  std::unordered_map<std::string, std::string> first_with_id;
+  int64_t repeated_ids = 0;
   const auto& data = qa_field(root, "data", T::array, path, "<root>");
   for (size_t d = 0; d < data.size(); ++d) {
     const std::string at_d = fmt::format("data[{}]", d);
@@ -194,6 +199,15 @@ QaData read_squad_json(const std::string& path, bool skip_mismatched) {
         const std::string at_q = fmt::format("{}.qas[{}]", at_p, q);
         QaExample ex;
         ex.id = qa_field(qas[q], "id", T::string, path, at_q).get<std::string>();
+        const auto [first, fresh] = first_with_id.emplace(ex.id, at_q);
+        if (!fresh) {
+          XLME_CHECK(skip_mismatched,
+                     "{}: the question id '{}' of {} is also the id of {}: predictions are keyed "
+                     "by id, so both would be scored with one answer; give every question its "
+                     "own id",
+                     path, ex.id, at_q, first->second);
+          ++repeated_ids;
+        }
         ex.question = qa_field(qas[q], "question", T::string, path, at_q).get<std::string>();
         ex.context = context.get<std::string>();
         ex.source = {path, 0};
@@ -223,6 +237,10 @@ QaData read_squad_json(const std::string& path, bool skip_mismatched) {
   }
   io::require_content(!out.examples.empty() || out.skipped > 0, path,
                       "question (data[].paragraphs[].qas[])");
+  if (repeated_ids > 0) {
+    spdlog::warn("{}: {} question(s) repeat an earlier question's id (trained on all the same)",
+                 path, repeated_ids);
+  }
   if (out.skipped > 0) {
     spdlog::warn(
         "{}: skipped {} question(s) whose answer text does not match the context at "

@@ -287,6 +287,19 @@ TEST(SquadJson, ErrorsNameTheLineOrTheJsonPath) {
       {"tydiqa test split", "'sw'", "tydiqa.goldp.sw.dev.json", "tydiqa-goldp-dev-swahili.json"}));
 }
 
+// Gold questions are scored by id: two with one id would both be scored with one answer.
+TEST(SquadJson, RepeatedQuestionIdsAreRefusedInGold) {
+  TempDir dir;
+  std::string json = kIoSquadJson;
+  json.replace(json.find("\"q2\""), 4, "\"q1\"");
+  write_file(dir / "dup.json", json);
+  EXPECT_TRUE(contains_all(
+      error_message([&] { read_squad_json(dir / "dup.json", /*skip_mismatched=*/false); }),
+      {dir / "dup.json", "the question id 'q1' of data[0].paragraphs[0].qas[1]",
+       "is also the id of data[0].paragraphs[0].qas[0]", "give every question its own id"}));
+  EXPECT_EQ(read_squad_json(dir / "dup.json").examples.size(), 2u);  // training: kept, logged
+}
+
 // The project's JSON reader (common/json.h) refuses nesting past kMaxJsonDepth before anything
 // walks the value; nlohmann's own parser took the 100000 levels and left them to the reader.
 TEST(SquadJson, DeepNestingIsRefused) {

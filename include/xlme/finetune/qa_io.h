@@ -47,6 +47,8 @@ struct QaData {
 // kept with start = -1. Read by common/json.h's parse_json (nesting limited to kMaxJsonDepth).
 // Throws naming the file and the JSON path (data[0].paragraphs[2].qas[1].id) and the value found
 // for a missing or mistyped field, the file and the parser's line and column for invalid JSON.
+// Question ids must be unique in gold (without skip_mismatched): a repeated id is an error naming
+// both questions; in training data it is counted and logged.
 QaData read_squad_json(const std::string& path, bool skip_mismatched = true);
 
 }  // namespace xlme::finetune
