@@ -209,15 +209,25 @@ const std::set<std::string>& export_file_names() {
   return names;
 }
 
-// The first entry of folder `dir` that xlme-export does not write ("" when none).
 // The file an export writes first into its unfinished folder (<out>.tmp-<pid>) and removes last,
 // before the folder moves into place: only a folder holding it is removed as a killed export's.
 constexpr const char* kUnfinishedMarker = ".xlme-export-unfinished";
 
-std::string foreign_entry(const fs::path& dir) {
+// The first entry of folder `dir` that xlme-export does not write ("" when none). With
+// `temporary_suffix` (".tmp-<pid>" of the export that made an unfinished folder), a file that
+// export was writing when it was killed (write_file_streamed's `<name>.tmp-<pid>`) is its own too.
+std::string foreign_entry(const fs::path& dir, const std::string& temporary_suffix = "") {
+  const auto own = [&](const std::string& name) {
+    return export_file_names().count(name) > 0 || name == kUnfinishedMarker;
+  };
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (export_file_names().count(name) == 0 && name != kUnfinishedMarker) return name;
+    const bool own_temporary = !temporary_suffix.empty() && name.size() > temporary_suffix.size() &&
+                               name.compare(name.size() - temporary_suffix.size(),
+                                            std::string::npos, temporary_suffix) == 0 &&
+                               own(name.substr(0, name.size() - temporary_suffix.size())) &&
+                               entry.is_regular_file() && !entry.is_symlink();
+    if (!own(name) && !own_temporary) return name;
   }
   return "";
 }
@@ -257,9 +267,11 @@ void clean_leftovers(const fs::path& out) {
     if (ours && entry.is_directory(ec) && !entry.is_symlink(ec)) found.push_back(entry.path());
   }
   for (const auto& path : found) {
-    const bool unfinished = path.filename().string().rfind(prefix + ".tmp-", 0) == 0;
+    const std::string name = path.filename().string();
+    const bool unfinished = name.rfind(prefix + ".tmp-", 0) == 0;
     if (unfinished && fs::is_regular_file(path / kUnfinishedMarker, ec) &&
-        !fs::is_symlink(path / kUnfinishedMarker, ec) && foreign_entry(path).empty()) {
+        !fs::is_symlink(path / kUnfinishedMarker, ec) &&
+        foreign_entry(path, name.substr(prefix.size())).empty()) {
       fs::remove_all(path, ec);
       spdlog::warn("removed '{}', the unfinished folder of an xlme-export that was killed",
                    path.string());

@@ -346,6 +346,9 @@ TEST_F(HostileExport, UnfinishedFoldersOfKilledExportsAreRemovedByTheNext) {
   write_file(out + ".tmp-999991/model.safetensors", std::string(1 << 20, 'x'));
   write_file(out + ".tmp-999991/.xlme-export-unfinished", "an unfinished xlme-export\n");
   write_file(out + ".tmp-999992/notes.txt", "mine\n");
+  // Killed while writing its weights: the half-written file is the export's own.
+  write_file(out + ".tmp-999993/model.safetensors.tmp-999993", std::string(1 << 20, 'x'));
+  write_file(out + ".tmp-999993/.xlme-export-unfinished", "an unfinished xlme-export\n");
   write_file(out + ".tmp-download/config.json", "{}\n");
   write_file(out + ".tmp-download/model.safetensors", "user's weights");
   const auto run = run_hostile("xlme-export", {"--checkpoint", checkpoint(), "--out", out});
@@ -358,6 +361,7 @@ TEST_F(HostileExport, UnfinishedFoldersOfKilledExportsAreRemovedByTheNext) {
                                          "xlme-export left, but holds other files; it is kept"}))
       << run.err;
   EXPECT_FALSE(fs::exists(out + ".tmp-999991"));
+  EXPECT_FALSE(fs::exists(out + ".tmp-999993"));
   EXPECT_EQ(read_file(out + ".tmp-999992/notes.txt"), "mine\n");
   EXPECT_EQ(read_file(out + ".tmp-download/model.safetensors"), "user's weights");
   EXPECT_TRUE(contains_all(run.err, {"'" + out + ".tmp-download' looks like a folder"})) << run.err;
