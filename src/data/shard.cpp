@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 
 namespace xlme::data {
 
@@ -213,23 +214,32 @@ std::vector<std::string> list_shards(const std::string& dir) {
   for (const char* kind : {"mono", "para"}) {
     const auto sub = std::filesystem::path(dir) / kind;
     if (!std::filesystem::is_directory(sub)) continue;
-    std::vector<std::string> unfinished;
+    // (stem, the file that shows the shard was begun)
+    std::vector<std::pair<std::string, std::string>> unfinished;
+    const std::string partial = ".bin.partial";
     for (const auto& e : std::filesystem::directory_iterator(sub)) {
+      const std::string name = e.path().filename().string();
+      const std::string folder = e.path().parent_path().string() + "/";
       if (e.path().extension() == ".idx") {
         stems.push_back((e.path().parent_path() / e.path().stem()).string());
       } else if (e.path().extension() == ".progress") {
-        unfinished.push_back((e.path().parent_path() / e.path().stem()).string());
+        unfinished.emplace_back(folder + e.path().stem().string(), e.path().string());
+      } else if (name.size() > partial.size() &&
+                 name.compare(name.size() - partial.size(), partial.size(), partial) == 0) {
+        unfinished.emplace_back(folder + name.substr(0, name.size() - partial.size()),
+                                e.path().string());
       }
     }
-    // A shard whose binarize was stopped has its .progress and .partial files but no .idx yet:
-    // listing only the .idx files would leave its language out of training without a word.
-    for (const auto& stem : unfinished) {
+    // A shard whose binarize was stopped has its .partial files (and, after its first progress
+    // record, its .progress) but no .idx yet: listing only the .idx files would leave its
+    // language out of training without a word.
+    for (const auto& [stem, begun] : unfinished) {
       XLME_CHECK(std::filesystem::exists(stem + ".idx"),
-                 "shard '{}' is unfinished: '{}.progress' is there but '{}.idx' is not (xlme-data "
+                 "shard '{}' is unfinished: '{}' is there but '{}.idx' is not (xlme-data "
                  "binarize was stopped before it finished), and its {} '{}' would be missing from "
                  "training; run xlme-data binarize again (it resumes), or remove '{}.*' to go on "
                  "without it",
-                 stem, stem, stem, std::string(kind) == "mono" ? "language" : "language pair",
+                 stem, begun, stem, std::string(kind) == "mono" ? "language" : "language pair",
                  std::filesystem::path(stem).filename().string(), stem);
     }
   }

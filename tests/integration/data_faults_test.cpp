@@ -259,17 +259,21 @@ TEST_F(DataFaults, CorpusFilesThatAreNotRegularFilesAreNamedNotSkipped) {
   }
 }
 
-// Issue 36 (weak): a shard whose binarize was killed (only its .progress and .partial files) was
-// skipped by the reader; it is an error naming the shard and what to do.
+// A shard whose binarize was killed (its .progress and .partial files, or only the .partial
+// files when it was killed before its first progress record) was skipped by the reader; it is an
+// error naming the shard and what to do.
 TEST_F(DataFaults, UnfinishedShardIsNamedNotSkipped) {
-  write_file(dir_ / "shards/para/en-de.progress", "source_signature 1\n");
   write_file(dir_ / "shards/para/en-de.bin.partial", std::string(64, '\0'));
-  const auto r = run_data_tool({"inspect", "--shards", dir_ / "shards"});
-  EXPECT_EQ(r.code, 1) << r.err;
-  EXPECT_TRUE(contains_all(r.err, {"shard '" + (dir_ / "shards/para/en-de") + "' is unfinished",
-                                   "language pair 'en-de' would be missing from training",
-                                   "run xlme-data binarize again (it resumes)"}))
-      << r.err;
+  for (const bool with_progress : {false, true}) {
+    if (with_progress) write_file(dir_ / "shards/para/en-de.progress", "source_signature 1\n");
+    const auto r = run_data_tool({"inspect", "--shards", dir_ / "shards"});
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_TRUE(contains_all(r.err, {"shard '" + (dir_ / "shards/para/en-de") + "' is unfinished",
+                                     "language pair 'en-de' would be missing from training",
+                                     "run xlme-data binarize again (it resumes)"}))
+        << with_progress << "\n"
+        << r.err;
+  }
 }
 
 // Issue 36 (weak): an edit that keeps the file's size, with its old mtime put back (touch -d,
