@@ -300,9 +300,16 @@ bool LineReader::next(std::string& line) {
   if (newline == std::string::npos || newline - pos_ > limit) {
     check_first_line(pos_, std::min(newline, buffer_.size()));
     line.clear();
+    if (options_.keep_long_line_prefix) {
+      size_t end = pos_ + limit;
+      // Not inside a UTF-8 character: back up over continuation bytes (10xxxxxx) to its lead.
+      while (end > pos_ && (static_cast<unsigned char>(buffer_[end]) & 0xC0) == 0x80) --end;
+      line.assign(buffer_, pos_, end - pos_);
+    }
     too_long_ = true;
     ++long_lines_;
     ++lines_;
+    if (options_.keep_long_line_prefix) check_utf8(line);
     skip_long_line();
     return true;
   }

@@ -18,6 +18,15 @@ namespace xlme::finetune {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// The bytes of a retrieval sentence that are read: a model sees at most finetune.max_seq_len
+// tokens of it, far fewer than this; a longer line (a damaged or concatenated file) is cut while
+// it is read, so that memory never follows the length of a line.
+constexpr int64_t kSentenceBytesKept = int64_t{1} << 20;
+
+}  // namespace
+
 // ---- Retrieval ---------------------------------------------------------------------------------
 
 const std::string& tatoeba_iso3(const std::string& lang) {
@@ -81,8 +90,8 @@ SentencePairs read_line_pairs(const std::string& source_path, const std::string&
   SentencePairs pairs;
   pairs.source_language = source_language;
   pairs.target_language = target_language;
-  pairs.source = io::read_lines(source_path);
-  pairs.target = io::read_lines(target_path);
+  pairs.source = io::read_lines(source_path, kSentenceBytesKept);
+  pairs.target = io::read_lines(target_path, kSentenceBytesKept);
   pairs.aligned = aligned;
   XLME_CHECK(pairs.source.size() == pairs.target.size(),
              "'{}' has {} lines but '{}' has {}; the "
@@ -198,7 +207,7 @@ BuccCorpus read_bucc(const std::string& download_dir, const std::string& lang,
                        std::unordered_set<std::string>& ids) {
     const std::string path = base + "." + ext;
     io::require_file(path, fmt::format("bucc {} split for language '{}'", split, lang), remedy);
-    io::Lines reader(path);
+    io::Lines reader(path, kSentenceBytesKept);
     for (std::string line; reader.next(line);) {
       if (line.empty()) continue;
       const std::string at = io::where(path, reader.lines_read());

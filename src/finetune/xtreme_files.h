@@ -17,15 +17,19 @@ namespace xlme::finetune::io {
 // rule for every text file: Windows editors write one; XTREME's Python readers decode it away or
 // fail, and no XTREME file needs it), and a NUL byte an error naming the file and line (a binary
 // or damaged file, whose NUL would end a field early in C code downstream).
+//
+// With `keep_bytes` > 0 a longer line is cut to its first `keep_bytes` bytes (at a character
+// boundary) while it is read, with a warning naming the file and line: the rest is never held.
 class Lines {
  public:
-  explicit Lines(const std::string& path);
+  explicit Lines(const std::string& path, int64_t keep_bytes = 0);
   // The next line without its line end; false at the end of the file.
   bool next(std::string& line);
   int64_t lines_read() const { return reader_.lines_read(); }
 
  private:
   data::LineReader reader_;
+  int64_t keep_bytes_ = 0;
 };
 
 // "path:line".
@@ -59,8 +63,8 @@ std::string visible(const std::string& text);
 // label shown through visible(), a byte-order mark in it named).
 std::string check_label(const std::string& label, const std::string& task, const std::string& at);
 
-// Every line of `path` (no line ends).
-std::vector<std::string> read_lines(const std::string& path);
+// Every line of `path` (no line ends); `keep_bytes` as for Lines.
+std::vector<std::string> read_lines(const std::string& path, int64_t keep_bytes = 0);
 
 // `lines`, each ended by "\n", written atomically.
 void write_lines_atomic(const std::string& path, const std::vector<std::string>& lines);

@@ -7,6 +7,7 @@
 #include "xtreme_files.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -20,19 +21,35 @@ namespace io {
 
 namespace {
 
-data::LineReaderOptions reader_options() {
+data::LineReaderOptions reader_options(int64_t keep_bytes) {
   data::LineReaderOptions options;
   options.warn_invalid_utf8 = true;
   options.refuse_cr_inside_later_lines = false;
+  options.max_line_bytes = keep_bytes;
+  options.keep_long_line_prefix = keep_bytes > 0;
   return options;
 }
 
+// Long lines named one by one, then counted.
+constexpr int64_t kLongLinesNamed = 5;
+
 }  // namespace
 
-Lines::Lines(const std::string& path) : reader_(path, reader_options()) {}
+Lines::Lines(const std::string& path, int64_t keep_bytes)
+    : reader_(path, reader_options(keep_bytes)), keep_bytes_(keep_bytes) {}
 
 bool Lines::next(std::string& line) {
-  if (!reader_.next(line)) return false;
+  if (!reader_.next(line)) {
+    if (reader_.long_lines() > kLongLinesNamed) {
+      spdlog::warn("'{}': {} lines longer than {} bytes were cut to their first {}", reader_.path(),
+                   reader_.long_lines(), keep_bytes_, keep_bytes_);
+    }
+    return false;
+  }
+  if (reader_.too_long() && reader_.long_lines() <= kLongLinesNamed) {
+    spdlog::warn("{}: a line longer than {} bytes: only its first {} are read",
+                 where(reader_.path(), reader_.lines_read()), keep_bytes_, line.size());
+  }
   const size_t nul = line.find('\0');
   XLME_CHECK(nul == std::string::npos,
              "{}: a NUL byte at byte {} of the line; a text file holds none: is it binary, "
@@ -143,8 +160,8 @@ std::string check_label(const std::string& label, const std::string& task, const
                 : "");
 }
 
-std::vector<std::string> read_lines(const std::string& path) {
-  Lines reader(path);
+std::vector<std::string> read_lines(const std::string& path, int64_t keep_bytes) {
+  Lines reader(path, keep_bytes);
   std::vector<std::string> lines;
   for (std::string line; reader.next(line);) lines.push_back(line);
   return lines;

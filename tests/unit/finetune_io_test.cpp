@@ -13,6 +13,9 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/resource.h>
+
+#include <fstream>
 #include <sstream>
 
 namespace xlme::finetune {
@@ -347,6 +350,39 @@ TEST(Tatoeba, ReadsLaserOriginalsAndXtremesSortedCopy) {
                            {"tatoeba.swh-eng.swh' has 1 lines", "has 2"}));
   EXPECT_TRUE(contains_all(error_message([&] { read_tatoeba_laser(dir / "laser", "de"); }),
                            {"tatoeba.deu-eng.deu", "not found"}));
+}
+
+// A line of 96 MiB (a damaged or concatenated file) is cut to its first MiB while it is read: it
+// used to be read whole (its size and more again in memory) and cut later by the tokenizer. Its
+// neighbours are read as they are, and a cut never splits a UTF-8 character.
+TEST(Tatoeba, ALongLineIsCutWhileItIsRead) {
+  TempDir dir;
+  const int64_t long_bytes = int64_t{96} << 20;
+  write_file(dir / "laser/tatoeba.deu-eng.eng", "Good day\nlong\nThanks\n");
+  {
+    std::ofstream out(dir / "laser/tatoeba.deu-eng.deu", std::ios::binary);
+    out << "Guten Tag\n";
+    std::string block;
+    for (int i = 0; i < 1024; ++i) block += "\xE2\x82\xAC";  // the euro sign: 3 bytes
+    for (int64_t done = 0; done < long_bytes; done += static_cast<int64_t>(block.size()))
+      out << block;
+    out << "\nDanke\n";
+  }
+  struct rusage before {};
+  ::getrusage(RUSAGE_SELF, &before);
+  const auto pairs = read_tatoeba_laser(dir / "laser", "de");
+  struct rusage after {};
+  ::getrusage(RUSAGE_SELF, &after);
+  ASSERT_EQ(pairs.source.size(), 3u);
+  EXPECT_EQ(pairs.source[0], "Guten Tag");
+  EXPECT_EQ(pairs.source[2], "Danke");
+  const std::string& cut = pairs.source[1];
+  EXPECT_LE(cut.size(), size_t{1} << 20);
+  EXPECT_GE(cut.size(), (size_t{1} << 20) - 3);
+  EXPECT_EQ(cut.size() % 3, 0u) << "a character was split";
+  EXPECT_EQ(cut.substr(cut.size() - 3), "\xE2\x82\xAC");
+  // ru_maxrss is the peak in KiB: reading the line whole raised it by more than the line.
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 32 << 10);
 }
 
 // LASER's originals and XTREME's copy (xx side copied, English lines stripped and sorted) are

@@ -12,6 +12,10 @@ struct LineReaderOptions {
   // Lines longer than this (bytes, 0 = no limit) are never held in memory: next() returns them
   // empty with too_long() true, so that parallel files stay line-aligned.
   int64_t max_line_bytes = 0;
+  // With max_line_bytes: return the first max_line_bytes bytes of a longer line (cut back to a
+  // UTF-8 character boundary) instead of an empty line; too_long() is still true. The rest of the
+  // line is read past, never held.
+  bool keep_long_line_prefix = false;
   // Log a warning naming the file and line for each of the first invalid UTF-8 lines, and their
   // count at the end of the file.
   bool warn_invalid_utf8 = false;
