@@ -17,6 +17,7 @@
 #include <dlfcn.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
@@ -115,6 +116,51 @@ std::vector<std::string> resolve(const std::string& host) {
   }
   ::freeaddrinfo(found);
   return addresses;
+}
+
+// "" when a TCP connection to host:port opens within `timeout` (and is closed at once), else why
+// not ("connection refused", "timed out", the resolver's error). A client probes the store this
+// way while it waits: c10d's own client logs each failed attempt with a C++ backtrace.
+std::string probe_tcp(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int code = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); code != 0) {
+    return fmt::format("cannot resolve '{}': {}", host, ::gai_strerror(code));
+  }
+  std::string why = "no address";
+  const auto end = Clock::now() + timeout;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd =
+        ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    int error = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    if (error == EINPROGRESS) {
+      pollfd poll_fd{fd, POLLOUT, 0};
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count();
+      const int ready = ::poll(&poll_fd, 1, static_cast<int>(std::max<int64_t>(left, 0)));
+      socklen_t size = sizeof(error);
+      if (ready == 1) {
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size);
+      } else {
+        error = ETIMEDOUT;
+      }
+    }
+    ::close(fd);
+    if (error == 0) {
+      ::freeaddrinfo(found);
+      return "";
+    }
+    why = std::strerror(error);
+  }
+  ::freeaddrinfo(found);
+  return why;
 }
 
 bool is_loopback(const std::string& address) {
@@ -485,25 +531,49 @@ c10::intrusive_ptr<c10d::Store> open_store(const LaunchInfo& launch, bool serve,
   const std::optional<sockaddr_storage> listen_at =
       serve ? store_listen_address(launch.master_addr) : std::nullopt;
   std::string last_error;
+  const auto start = Clock::now();
+  const auto report_every = missing_report_every(deadline - start);
+  auto next_report = start + report_every;
   while (true) {
+    const auto attempt_start = Clock::now();
     const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    options.timeout = serve ? timeout
-                            : std::max(std::min<std::chrono::milliseconds>(kConnectAttempt, left),
-                                       std::chrono::milliseconds(1));
-    try {
-      const StoreListenScope scope(listen_at ? &*listen_at : nullptr);
-      c10::intrusive_ptr<c10d::Store> store =
-          c10::make_intrusive<c10d::TCPStore>(launch.master_addr, options);
-      store->setTimeout(timeout);
-      // The agent's store outlives the workers it restarts: each attempt keeps its keys apart.
-      if (launch.agent_store) {
-        store = c10::make_intrusive<c10d::PrefixStore>(
-            fmt::format("xlme/attempt_{}", launch.restart_count), store);
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - attempt_start);
+    const auto attempt = std::max(std::min<std::chrono::milliseconds>(kConnectAttempt, left),
+                                  std::chrono::milliseconds(1));
+    options.timeout = serve ? timeout : attempt;
+    // A client reaches for c10d's store only once its port accepts connections.
+    const std::string unreachable =
+        serve ? "" : probe_tcp(launch.master_addr, launch.master_port, attempt);
+    if (unreachable.empty()) {
+      try {
+        const StoreListenScope scope(listen_at ? &*listen_at : nullptr);
+        c10::intrusive_ptr<c10d::Store> store =
+            c10::make_intrusive<c10d::TCPStore>(launch.master_addr, options);
+        store->setTimeout(timeout);
+        // The agent's store outlives the workers it restarts: each attempt keeps its keys apart.
+        if (launch.agent_store) {
+          store = c10::make_intrusive<c10d::PrefixStore>(
+              fmt::format("xlme/attempt_{}", launch.restart_count), store);
+        }
+        return store;
+      } catch (const std::exception& e) {
+        last_error = message_of(e);
       }
-      return store;
-    } catch (const std::exception& e) {
-      last_error = message_of(e);
+    } else {
+      last_error = unreachable;
+      if (Clock::now() >= next_report && Clock::now() < deadline) {
+        spdlog::info(
+            "rank {} of {}: the rendezvous at {} is not up yet ({}) after {:.0f} s (giving up "
+            "after {:.0f} s)",
+            launch.rank, launch.world_size, where, unreachable, seconds_since(start),
+            std::chrono::duration<double>(deadline - start).count());
+        next_report += report_every;
+      }
+      // A refused connection returns at once: the attempts stay kConnectAttempt apart.
+      const auto retry_at = std::min(attempt_start + kConnectAttempt, deadline);
+      while (Clock::now() < retry_at && !(stop && stop())) {
+        std::this_thread::sleep_for(kRendezvousPoll);
+      }
     }
     XLME_CHECK(!serve || (last_error.find("EADDRINUSE") == std::string::npos &&
                           last_error.find("ddress already in use") == std::string::npos),

@@ -16,6 +16,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -357,7 +358,34 @@ TEST(DistStartup, StopSignalDuringTheRendezvousExits75AtOnce) {
     const std::string log = read_file(dir / "run/logs/rank" + std::to_string(rank) + ".log");
     EXPECT_TRUE(contains_all(log, {"stopped by a signal while", "exit code 75"})) << log;
     EXPECT_FALSE(fs::exists(dir / "run/checkpoints/step_00000000"));
+    const std::string console = read_file(dir / "log");
+    EXPECT_EQ(console.find("frame #"), std::string::npos) << console;  // no C++ backtrace
   }
+}
+
+// A rank waiting for rank 0's rendezvous says so a few times, in lines of its own: c10d's client
+// used to log each failed attempt with a C++ backtrace (1,235 lines, 65 backtraces a minute).
+TEST(DistStartup, ARankWaitingForRankZeroReportsInAFewLines) {
+  TempDir dir;
+  const int port = testing::free_port();
+  const pid_t pid = start_shell(
+      rank_env(1, port) + " " + quote(pretrain_binary()) +
+          joined(tiny_pretrain_args(dir / "run", 2, {"--set", "dist.startup_timeout_s=6"})),
+      dir / "log");
+  EXPECT_EQ(wait_code(pid, 60), kExitError);
+  const std::string log = read_file(dir / "log");
+  EXPECT_EQ(log.find("frame #"), std::string::npos) << log;
+  EXPECT_EQ(log.find("[c10d]"), std::string::npos) << log;
+  EXPECT_LE(std::count(log.begin(), log.end(), '\n'), 20) << log;
+  EXPECT_TRUE(contains_all(log, {"rank 1 of 2: cannot reach the rendezvous at 127.0.0.1:" +
+                                     std::to_string(port) + " (Connection refused)",
+                                 "that rank 0 is running"}))
+      << log;
+  const std::string rank_log = read_file(dir / "run/logs/rank1.log");
+  EXPECT_TRUE(contains_all(rank_log, {"rank 1 of 2: the rendezvous at 127.0.0.1:" +
+                                      std::to_string(port) + " is not up yet"}))
+      << rank_log;
+  EXPECT_EQ(rank_log.find("frame #"), std::string::npos) << rank_log;
 }
 
 // Two ranks training; rank `victim` gets `signal` once a checkpoint exists. The other rank must
