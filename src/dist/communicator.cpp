@@ -52,6 +52,11 @@ constexpr const char* kAllAliveKey = "xlme/alive/all";
 std::string beat_key(int rank) {
   return fmt::format("xlme/beat/{}", rank);
 }
+// Counts the processes that joined as a rank: only the first may go on (a second one, started by
+// mistake with the same RANK, would share the rank's heartbeat and hang the job's collectives).
+std::string claim_key(int rank) {
+  return fmt::format("xlme/claim/{}", rank);
+}
 std::string left_key(int rank) {
   return fmt::format("xlme/left/{}", rank);
 }
@@ -672,8 +677,25 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
   const std::string host = this_host();
   std::vector<std::string> hosts;
   try {
+    if (group.store->add(claim_key(rank), 1) > 1) {
+      std::string first = "not announced yet";
+      if (group.store->check({alive_key(rank)})) {
+        const auto value = group.store->get(alive_key(rank));
+        first = std::string(value.begin(), value.end());
+      }
+      throw DuplicateRank(
+          fmt::format(
+              "rank {} of {}: another process already joined the rendezvous at {} as rank {} "
+              "(host:pid {}); this one ({}) stops without touching that job. Each rank is "
+              "started once: check RANK (and LOCAL_RANK, SLURM_PROCID) of this launch, or "
+              "whether the same job was launched twice on MASTER_PORT {}",
+              rank, world, where, rank, first, host, launch.master_port),
+          __FILE__, __LINE__);
+    }
     group.store->add(beat_key(rank), 1);
     group.store->set(alive_key(rank), std::vector<uint8_t>(host.begin(), host.end()));
+  } catch (const DuplicateRank&) {
+    throw;
   } catch (const std::exception& e) {
     XLME_FAIL("rank {} of {}: the rendezvous store at {} failed: {}; see rank 0's log", rank, world,
               where, message_of(e));

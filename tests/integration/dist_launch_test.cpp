@@ -388,6 +388,42 @@ TEST(DistStartup, ARankWaitingForRankZeroReportsInAFewLines) {
   EXPECT_EQ(rank_log.find("frame #"), std::string::npos) << rank_log;
 }
 
+// A second process started by mistake with a rank that already joined (a leftover RANK, a job
+// launched twice) is refused at the rendezvous, naming the first one; it used to join, share the
+// rank's heartbeat and hang in an all-reduce. The job trains on.
+TEST(DistStartup, ASecondProcessWithTheSameRankIsRefused) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  const int port = testing::free_port();
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 2; ++rank) {
+    pids.push_back(start_shell(
+        rank_env(rank, port) + " " + quote(pretrain_binary()) + joined(run_args(run, 100000)),
+        dir / ("log" + std::to_string(rank))));
+  }
+  ASSERT_TRUE(wait_for_checkpoint(run, 2, 90, pids[0])) << read_file(dir / "log0");
+  const auto start = Clock::now();
+  const pid_t second = start_shell(
+      rank_env(1, port) + " " + quote(pretrain_binary()) + joined(run_args(dir / "run-second", 12)),
+      dir / "log-second");
+  EXPECT_EQ(wait_code(second, 60), kExitError) << read_file(dir / "log-second");
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 30);
+  const std::string log = read_file(dir / "log-second");
+  EXPECT_TRUE(contains_all(log, {"rank 1 of 2: another process already joined the rendezvous at "
+                                 "127.0.0.1:" +
+                                     std::to_string(port) + " as rank 1 (host:pid ",
+                                 "Each rank is started once: check RANK"}))
+      << log;
+  // The job trains on (a later checkpoint appears) and stops as usual.
+  const int64_t after = testing::newest_checkpoint_step(run);
+  EXPECT_TRUE(wait_for_checkpoint(run, after + 2, 90, pids[0])) << read_file(dir / "log0");
+  for (const pid_t pid : pids) ::kill(pid, SIGTERM);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(wait_code(pids[rank], 60), kExitPreempted)
+        << read_file(dir / ("log" + std::to_string(rank)));
+  }
+}
+
 // Two ranks training; rank `victim` gets `signal` once a checkpoint exists. The other rank must
 // stop within the heartbeat (2 s) plus a margin, naming the lost rank; returns its log and the
 // seconds it took.

@@ -65,6 +65,13 @@ class RendezvousInterrupted : public Error {
   using Error::Error;
 };
 
+// Communicator::create found that another process had already joined the rendezvous with this
+// rank: this process stops before it writes anything the job reads (heartbeat, host, verdict).
+class DuplicateRank : public Error {
+ public:
+  using Error::Error;
+};
+
 class Communicator {
  public:
   // Connects to the rendezvous (a TCPStore served by rank 0 at master_addr:master_port, or by
