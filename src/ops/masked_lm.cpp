@@ -207,6 +207,10 @@ MaskedLm masked_lm(const torch::Tensor& logits, const torch::Tensor& targets,
   return reference::masked_lm(logits, targets, sampling);
 }
 
+int64_t logits_row_multiple(const torch::Device& device) {
+  return device.is_cuda() && implementation(Op::kMaskedLm, device) == Impl::kFused ? 64 : 1;
+}
+
 torch::Tensor sample(const torch::Tensor& logits, const Sampling& sampling) {
 #ifdef XLME_WITH_CUDA
   if (fused_ready(logits)) {
