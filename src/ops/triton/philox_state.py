@@ -1,4 +1,4 @@
-"""Where a random kernel's Philox key and offset come from (docs/ops.md#cuda-graphs-and-the-random-kernels).
+"""Where a random kernel's Philox key and offset come from (docs/gpu.md#cuda-graphs).
 
 Outside a CUDA graph capture the host passes LibTorch's generator state as values: seed, and the
 offset as offset_lo, offset_hi (captured = 0). Inside a capture those values would be frozen into

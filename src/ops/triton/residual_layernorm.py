@@ -154,7 +154,8 @@ def forward(x, y, w, b, eps, p=0.0, seed=0, offset=0, rows=ROWS, captured=None):
     rstd = x.new_empty(n, dtype=torch.float32)
     residual_layernorm_forward[(triton.cdiv(n, rows), )](
         x, y, w, b, out, mean, rstd, n, width, eps,
-        *launch_args(seed, offset, x.device, captured), threshold_of(p), 1.0 / (1.0 - p), ROWS=rows, BLOCK=block, DROPOUT=p > 0)
+        *launch_args(seed, offset, x.device, captured), threshold_of(p), 1.0 / (1.0 - p),
+        ROWS=rows, BLOCK=block, DROPOUT=p > 0)
     return out, mean, rstd
 
 
