@@ -108,7 +108,9 @@ GeneratorHeadImpl::GeneratorHeadImpl(int64_t hidden_size, int64_t embedding_size
 
 torch::Tensor GeneratorHeadImpl::forward(const torch::Tensor& hidden,
                                          const torch::Tensor& token_table) {
-  return linear(norm(torch::gelu(linear(dense, hidden))), token_table, output_bias);
+  // Logits [N, V] in rows padded for the masked-LM op where that makes its loads 16 bytes wide.
+  return linear(norm(torch::gelu(linear(dense, hidden))), token_table, output_bias,
+                ops::logits_row_multiple(hidden.device()));
 }
 
 DiscriminatorHeadImpl::DiscriminatorHeadImpl(int64_t hidden_size, double init_std) {

@@ -58,8 +58,8 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
                                const torch::Tensor& factor, const torch::Tensor& distance,
                                const torch::Tensor& lengths, double p, int64_t far) {
     const bool bias = distance.numel() > 0, gated = factor.numel() > 0, dropout = p > 0;
-    uint64_t seed = 0, offset = 0;
-    if (dropout) std::tie(seed, offset) = tk::philox_inputs(q.device());
+    tk::PhiloxArgs philox;
+    if (dropout) philox = tk::philox_inputs(q.device());
     const int64_t batch = q.size(0), heads = q.size(1), tq = q.size(2), tkeys = k.size(2),
                   d = q.size(3);
     auto out = torch::empty({batch, heads, tq, d}, q.options());
@@ -67,15 +67,14 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
     const auto name = variant("forward", d, bias, gated, dropout);
     const auto block = constant_of(name, "BM", q.device());
     auto args = pointers({q, k, v, out, lse, factor, distance, lengths});
-    append_scalars(args, q, k, v, heads, tq, tkeys, far, d, p, seed, offset);
+    append_scalars(args, q, k, v, heads, tq, tkeys, far, d, p, philox);
     tk::launch(name, q.device(), {(tq + block - 1) / block, batch * heads, 1}, std::move(args),
                fmt::format("{} queries in blocks of {} x {} sequences x {} heads", tq, block, batch,
                            heads));
     ctx->save_for_backward({q, k, v, out, lse, factor, distance, lengths});
     ctx->saved_data["p"] = p;
     ctx->saved_data["far"] = far;
-    ctx->saved_data["seed"] = static_cast<int64_t>(seed);
-    ctx->saved_data["offset"] = static_cast<int64_t>(offset);
+    ctx->saved_data["philox"] = philox.to_ints();
     return out;
   }
 
@@ -86,12 +85,11 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
                &distance = s[6], &lengths = s[7];
     const double p = ctx->saved_data["p"].toDouble();
     const int64_t far = ctx->saved_data["far"].toInt();
-    const auto seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
-    const auto offset = static_cast<uint64_t>(ctx->saved_data["offset"].toInt());
+    const auto philox = tk::PhiloxArgs::from_ints(ctx->saved_data["philox"].toIntVector());
     const bool bias = distance.numel() > 0, gated = factor.numel() > 0, dropout = p > 0;
     const int64_t batch = q.size(0), heads = q.size(1), tq = q.size(2), tkeys = k.size(2),
                   d = q.size(3);
-    const auto dout = grads[0].to(q.scalar_type()).contiguous();
+    const auto dout = tk::aligned_copy(grads[0].to(q.scalar_type()).contiguous());
     const auto delta = (dout.to(torch::kFloat32) * out.to(torch::kFloat32)).sum(-1).contiguous();
     auto dq = torch::empty({batch, heads, tq, d}, q.options());
     auto dk = torch::empty({batch, heads, tkeys, d}, k.options());
@@ -108,14 +106,14 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
         bias ? torch::zeros({batch * heads, q_blocks, (q_blocks + k_blocks) * block + 2}, f32)
              : torch::empty({0}, f32);
     auto dkdv = pointers({q, k, v, dout, lse, delta, factor, distance, lengths, dk, dv});
-    append_scalars(dkdv, q, k, v, heads, tq, tkeys, far, d, p, seed, offset);
+    append_scalars(dkdv, q, k, v, heads, tq, tkeys, far, d, p, philox);
     tk::launch(dkdv_name, q.device(),
                {(tkeys + keys_per_program - 1) / keys_per_program, batch * heads, 1},
                std::move(dkdv),
                fmt::format("{} keys in blocks of {} x {} sequences x {} heads", tkeys,
                            keys_per_program, batch, heads));
     auto dq_args = pointers({q, k, v, dout, lse, delta, factor, distance, lengths, dq, df, sums});
-    append_scalars(dq_args, q, k, v, heads, tq, tkeys, far, d, p, seed, offset);
+    append_scalars(dq_args, q, k, v, heads, tq, tkeys, far, d, p, philox);
     tk::launch(dq_name, q.device(), {q_blocks, batch * heads, 1}, std::move(dq_args),
                fmt::format("{} queries in blocks of {} x {} sequences x {} heads", tq, block, batch,
                            heads));
@@ -146,7 +144,7 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
   static void append_scalars(std::vector<tk::Arg>& args, const torch::Tensor& q,
                              const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
                              int64_t tq, int64_t tkeys, int64_t far, int64_t d, double p,
-                             uint64_t seed, uint64_t offset) {
+                             const tk::PhiloxArgs& philox) {
     for (const auto* t : {&q, &k, &v}) {
       for (int dim = 0; dim < 3; ++dim) args.push_back(tk::Arg::i64(t->stride(dim)));
     }
@@ -155,9 +153,7 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
     args.push_back(tk::Arg::i32(tkeys));
     args.push_back(tk::Arg::i32(far));
     args.push_back(tk::Arg::f32(1.0 / std::sqrt(static_cast<double>(d))));
-    args.push_back(tk::Arg::u64(seed));
-    args.push_back(tk::Arg::u32(offset & 0xFFFFFFFFULL));
-    args.push_back(tk::Arg::u32(offset >> 32));
+    philox.append_to(args);
     args.push_back(tk::Arg::u32(tk::dropout_threshold(p)));
     args.push_back(tk::Arg::f32(p > 0 ? 1.0 / (1.0 - p) : 1.0));
   }
@@ -190,7 +186,10 @@ torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& k,
   const auto f = table.defined() && factor.defined()
                      ? factor.squeeze(-1).to(torch::kFloat32).contiguous()
                      : torch::empty({0}, f32);
-  return FusedAttention::apply(q, k, v, f, distance, lengths, training ? dropout : 0.0,
+  // The kernels load 16 bytes at a time, assuming aligned rows (a signature of ":16" hints):
+  // the model's q, k and v are views of the projection that keep them; anything else is copied.
+  return FusedAttention::apply(tk::aligned_copy(q), tk::aligned_copy(k), tk::aligned_copy(v), f,
+                               distance, lengths, training ? dropout : 0.0,
                                table.defined() ? far : 0);
 }
 

@@ -58,16 +58,30 @@ torch::Tensor stacked(const std::vector<torch::Tensor>& parts) {
 // weight_gradient_in_place() holds (ops/weight_gradient.h). x: the input as the product reads it
 // (autocast's dtype); w [rows, in] and b [rows]: the weights and biases stacked as it reads them
 // (autocast's cached copies, detached); weights and biases: the leaves they stack. The biases'
-// gradients are the column sums of dy in fp32 (or wider), for autograd to add.
+// gradients are the column sums of dy in fp32 (or wider), for autograd to add. row_multiple > 1
+// (x 2-D, not emulated): the result's rows padded as linear(x, weight, bias, row_multiple) says.
 struct AccumulatingLinear : torch::autograd::Function<AccumulatingLinear> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& w, const std::optional<torch::Tensor>& b,
-                               torch::TensorList weights, torch::TensorList biases, bool emulate) {
+                               torch::TensorList weights, torch::TensorList biases, bool emulate,
+                               int64_t row_multiple) {
     ctx->save_for_backward({x, w});
     ctx->saved_data["weights"] = weights.vec();
     ctx->saved_data["biases"] = biases.vec();
     ctx->saved_data["emulate"] = emulate;
     const auto bias = b.value_or(torch::Tensor());
+    if (row_multiple > 1) {
+      // addmm (what torch::linear runs for a 2-D x with a bias) into the padded buffer's view.
+      const int64_t out = w.size(0);
+      const int64_t padded = (out + row_multiple - 1) / row_multiple * row_multiple;
+      auto result = at::empty({x.size(0), padded}, x.options()).narrow(1, 0, out);
+      if (bias.defined()) {
+        at::addmm_out(result, bias, x, w.t());
+      } else {
+        at::mm_out(result, x, w.t());
+      }
+      return result;
+    }
     return emulate ? bf16_emulated_linear(x, w, bias) : torch::linear(x, w, bias);
   }
 
@@ -80,8 +94,8 @@ struct AccumulatingLinear : torch::autograd::Function<AccumulatingLinear> {
     const bool emulate = ctx->saved_data["emulate"].toBool();
     const auto dy = grads[0].reshape({-1, w.size(0)});
     const auto x2 = x.reshape({-1, x.size(-1)});
-    // x, w, b, then one per weight and bias, then `emulate`.
-    torch::autograd::tensor_list out(3 + weights.size() + biases.size() + 1);
+    // x, w, b, then one per weight and bias, then `emulate` and `row_multiple`.
+    torch::autograd::tensor_list out(3 + weights.size() + biases.size() + 2);
     if (ctx->needs_input_grad(0)) {
       out[0] = (emulate ? bf16_emulated_matmul(dy, w) : dy.mm(w)).view(x.sizes());
     }
@@ -104,6 +118,14 @@ struct AccumulatingLinear : torch::autograd::Function<AccumulatingLinear> {
   }
 };
 
+// What the product reads: autocast's cast of t (its cached copy of a weight), as torch::linear
+// would get it.
+torch::Tensor product_operand(const torch::Tensor& t, c10::DeviceType type) {
+  return at::autocast::is_autocast_enabled(type)
+             ? at::autocast::cached_cast(at::autocast::get_autocast_dtype(type), t, type)
+             : t;
+}
+
 }  // namespace
 
 torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
@@ -111,11 +133,7 @@ torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& w
   const auto type = x.device().type();
   // What the product reads: autocast's casts (its cached copies of the weights), as torch::linear
   // would get them.
-  const bool autocast = at::autocast::is_autocast_enabled(type);
-  const auto operand = [&](const torch::Tensor& t) {
-    return autocast ? at::autocast::cached_cast(at::autocast::get_autocast_dtype(type), t, type)
-                    : t;
-  };
+  const auto operand = [&](const torch::Tensor& t) { return product_operand(t, type); };
   // The leaves' casts stacked (detached: outside autograd). Stacked after autocast's cast of each
   // (cached once per step), not cast after stacking (a new tensor every micro-batch, which
   // autocast's cache does not keep): the same values.
@@ -137,7 +155,26 @@ torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& w
   // As TensorLists, so that autograd takes them as inputs (a std::vector would not be).
   return AccumulatingLinear::apply(operand(x), operands(weights, true), b,
                                    torch::TensorList(weights), torch::TensorList(biases),
-                                   emulate_bf16_products(x));
+                                   emulate_bf16_products(x), int64_t{1});
+}
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                     int64_t row_multiple) {
+  if (row_multiple <= 1 || weight.size(0) % row_multiple == 0 || x.dim() != 2 ||
+      emulate_bf16_products(x)) {
+    return linear(x, weight, bias);
+  }
+  const auto type = x.device().type();
+  const std::vector<torch::Tensor> weights{weight};
+  std::optional<torch::Tensor> b;
+  std::vector<torch::Tensor> biases;
+  if (bias.defined()) {
+    b = product_operand(bias, type).detach();
+    biases.push_back(bias);
+  }
+  return AccumulatingLinear::apply(product_operand(x, type), product_operand(weight, type).detach(),
+                                   b, torch::TensorList(weights), torch::TensorList(biases), false,
+                                   row_multiple);
 }
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,

@@ -109,28 +109,31 @@ Forward fused_forward(const torch::Tensor& logits, const torch::Tensor& targets,
   Forward out{torch::empty({rows}, f32), torch::empty({rows}, f32), torch::empty({rows}, i64),
               torch::empty({rows}, i64)};
   std::vector<int64_t> excluded(8, -1);
-  uint64_t seed = 0, offset = 0;
+  tk::PhiloxArgs philox;
   double inv_temperature = 1.0;
   if (sampling != nullptr) {
     XLME_CHECK(sampling->excluded.size() <= 8,
                "masked_lm's fused draw excludes at most 8 ids, not {}", sampling->excluded.size());
     std::copy(sampling->excluded.begin(), sampling->excluded.end(), excluded.begin());
-    std::tie(seed, offset) = tk::philox_inputs(logits.device());
+    philox = tk::philox_inputs(logits.device());
     inv_temperature = 1.0 / sampling->temperature;
   }
   std::vector<tk::Arg> args{tk::Arg::pointer(logits),  tk::Arg::i64(logits.stride(0)),
                             tk::Arg::pointer(targets), tk::Arg::i32(rows),
-                            tk::Arg::i32(vocab),       tk::Arg::f32(inv_temperature),
-                            tk::Arg::u64(seed),        tk::Arg::u32(offset & 0xFFFFFFFFULL),
-                            tk::Arg::u32(offset >> 32)};
+                            tk::Arg::i32(vocab),       tk::Arg::f32(inv_temperature)};
+  philox.append_to(args);
   for (const int64_t id : excluded) args.push_back(tk::Arg::i32(id));
   for (const auto* t : {&out.loss, &out.lse, &out.argmax, &out.sampled}) {
     args.push_back(tk::Arg::pointer(*t));
   }
-  const std::string variant =
-      "masked_lm_forward_" + dtype_suffix(logits) + (sampling != nullptr ? "_sample" : "");
-  tk::launch(variant, logits.device(), {rows, 1, 1}, std::move(args),
-             fmt::format("{} masked rows", rows));
+  // Aligned rows (a 16-byte aligned start, a row stride of a multiple of 16 elements) take the
+  // kernel that loads 16 bytes at a time; any other layout the one that promises nothing.
+  const std::string variant = tk::aligned_variant(
+      "masked_lm_forward_" + dtype_suffix(logits) + (sampling != nullptr ? "_sample" : ""),
+      logits.device(), args);
+  const int64_t per_program = tk::constant(tk::image_for(variant, logits.device()), "ROWS");
+  tk::launch(variant, logits.device(), {(rows + per_program - 1) / per_program, 1, 1},
+             std::move(args), fmt::format("{} masked rows, {} a program", rows, per_program));
   return out;
 }
 
@@ -152,14 +155,20 @@ struct FusedMaskedLmLoss : torch::autograd::Function<FusedMaskedLmLoss> {
     const auto& targets = saved[1];
     const auto& lse = saved[2];
     const auto grad_rows = grads[0].to(torch::kFloat32).contiguous();
-    auto grad = torch::empty_like(logits);
     const int64_t rows = logits.size(0), vocab = logits.size(1);
-    const std::string variant = "masked_lm_backward_" + dtype_suffix(logits);
+    // The gradient in the logits' layout: padded rows stay padded (aligned for the kernel and
+    // for the products after it).
+    auto grad = torch::empty({rows, std::max(logits.stride(0), vocab)}, logits.options())
+                    .narrow(1, 0, vocab);
+    std::vector<tk::Arg> args{tk::Arg::pointer(logits),     tk::Arg::i64(logits.stride(0)),
+                              tk::Arg::pointer(targets),    tk::Arg::pointer(lse),
+                              tk::Arg::pointer(grad_rows),  tk::Arg::pointer(grad),
+                              tk::Arg::i64(grad.stride(0)), tk::Arg::i32(rows),
+                              tk::Arg::i32(vocab)};
+    const std::string variant =
+        tk::aligned_variant("masked_lm_backward_" + dtype_suffix(logits), logits.device(), args);
     const int64_t block = tk::constant(tk::image_for(variant, logits.device()), "BLOCK");
-    tk::launch(variant, logits.device(), {rows, (vocab + block - 1) / block, 1},
-               {tk::Arg::pointer(logits), tk::Arg::i64(logits.stride(0)), tk::Arg::pointer(targets),
-                tk::Arg::pointer(lse), tk::Arg::pointer(grad_rows), tk::Arg::pointer(grad),
-                tk::Arg::i64(grad.stride(0)), tk::Arg::i32(rows), tk::Arg::i32(vocab)},
+    tk::launch(variant, logits.device(), {rows, (vocab + block - 1) / block, 1}, std::move(args),
                fmt::format("{} masked rows x {} ids in blocks of {}", rows, vocab, block));
     return {grad, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
@@ -181,7 +190,8 @@ MaskedLm masked_lm(const torch::Tensor& logits, const torch::Tensor& targets,
   check_inputs(logits, targets);
 #ifdef XLME_WITH_CUDA
   if (fused_ready(logits)) {
-    const auto x = logits.contiguous();
+    // Rows of contiguous ids at any row stride (a padded layout) are read in place.
+    const auto x = logits.stride(1) == 1 ? logits : logits.contiguous();
     // A negative (ignored) target reads column 0 in the kernel; its row's loss is then weighted
     // out, so that its gradient is zero too.
     const auto t = targets.clamp_min(0).contiguous();
@@ -197,10 +207,14 @@ MaskedLm masked_lm(const torch::Tensor& logits, const torch::Tensor& targets,
   return reference::masked_lm(logits, targets, sampling);
 }
 
+int64_t logits_row_multiple(const torch::Device& device) {
+  return device.is_cuda() && implementation(Op::kMaskedLm, device) == Impl::kFused ? 64 : 1;
+}
+
 torch::Tensor sample(const torch::Tensor& logits, const Sampling& sampling) {
 #ifdef XLME_WITH_CUDA
   if (fused_ready(logits)) {
-    const auto x = logits.detach().contiguous();
+    const auto x = logits.stride(1) == 1 ? logits.detach() : logits.detach().contiguous();
     const auto targets = torch::zeros({x.size(0)}, x.options().dtype(torch::kInt64));
     return fused_forward(x, targets, &sampling).sampled;
   }

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 namespace xlme::ops {
 
@@ -48,24 +49,29 @@ struct FusedResidualLayerNorm : torch::autograd::Function<FusedResidualLayerNorm
                                const torch::Tensor& bias, double p, double eps) {
     const int64_t width = x.size(-1), rows = x.numel() / width;
     const bool dropout = p > 0.0;
-    uint64_t seed = 0, offset = 0;
-    if (dropout) std::tie(seed, offset) = tk::philox_inputs(x.device());
-    const auto variant = variant_for("forward", x, y, dropout);
-    const int64_t per_program = tk::constant(tk::image_for(variant, x.device()), "ROWS");
+    tk::PhiloxArgs philox;
+    if (dropout) philox = tk::philox_inputs(x.device());
     auto out = torch::empty_like(x);
     const auto f32 = x.options().dtype(torch::kFloat32);
     auto mean = torch::empty({rows}, f32), rstd = torch::empty({rows}, f32);
-    tk::launch(
-        variant, x.device(), {(rows + per_program - 1) / per_program, 1, 1},
-        {tk::Arg::pointer(x), tk::Arg::pointer(y), tk::Arg::pointer(weight), tk::Arg::pointer(bias),
-         tk::Arg::pointer(out), tk::Arg::pointer(mean), tk::Arg::pointer(rstd), tk::Arg::i32(rows),
-         tk::Arg::i32(width), tk::Arg::f32(eps), tk::Arg::u64(seed),
-         tk::Arg::u32(offset & 0xFFFFFFFFULL), tk::Arg::u32(offset >> 32),
-         tk::Arg::u32(tk::dropout_threshold(p)), tk::Arg::f32(dropout ? 1.0 / (1.0 - p) : 1.0)});
+    std::vector<tk::Arg> args{tk::Arg::pointer(x),      tk::Arg::pointer(y),
+                              tk::Arg::pointer(weight), tk::Arg::pointer(bias),
+                              tk::Arg::pointer(out),    tk::Arg::pointer(mean),
+                              tk::Arg::pointer(rstd),   tk::Arg::i32(rows),
+                              tk::Arg::i32(width),      tk::Arg::f32(eps)};
+    philox.append_to(args);
+    args.push_back(tk::Arg::u32(tk::dropout_threshold(p)));
+    args.push_back(tk::Arg::f32(dropout ? 1.0 / (1.0 - p) : 1.0));
+    // Aligned rows (16-byte aligned tensors, a width that is a multiple of 16) take the kernel
+    // with 16-byte loads and stores; any other layout the one that promises nothing.
+    const auto variant =
+        tk::aligned_variant(variant_for("forward", x, y, dropout), x.device(), args);
+    const int64_t per_program = tk::constant(tk::image_for(variant, x.device()), "ROWS");
+    tk::launch(variant, x.device(), {(rows + per_program - 1) / per_program, 1, 1},
+               std::move(args));
     ctx->save_for_backward({x, y, weight, mean, rstd});
     ctx->saved_data["p"] = p;
-    ctx->saved_data["seed"] = static_cast<int64_t>(seed);
-    ctx->saved_data["offset"] = static_cast<int64_t>(offset);
+    ctx->saved_data["philox"] = philox.to_ints();
     return out;
   }
 
@@ -74,27 +80,31 @@ struct FusedResidualLayerNorm : torch::autograd::Function<FusedResidualLayerNorm
     const auto saved = ctx->get_saved_variables();
     const auto &x = saved[0], &y = saved[1], &weight = saved[2], &mean = saved[3], &rstd = saved[4];
     const double p = ctx->saved_data["p"].toDouble();
-    const auto seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
-    const auto offset = static_cast<uint64_t>(ctx->saved_data["offset"].toInt());
+    const auto philox = tk::PhiloxArgs::from_ints(ctx->saved_data["philox"].toIntVector());
     const bool dropout = p > 0.0;
     const auto dout = grads[0].to(x.scalar_type()).contiguous();
     const int64_t width = x.size(-1), rows = x.numel() / width;
-    const auto variant = variant_for("backward", x, y, dropout);
-    const int64_t step = tk::constant(tk::image_for(variant, x.device()), "ROWS");
-    // At most 256 programs, each over a run of rows: as many [H] partial sums of dw and db.
+    // At most 256 programs, each over a run of rows: as many [H] partial sums of dw and db. The
+    // aligned and the plain variants take the same number of rows a step.
+    const int64_t step =
+        tk::constant(tk::image_for(variant_for("backward", x, y, dropout), x.device()), "ROWS");
     const int64_t per_program = ((rows + 255) / 256 + step - 1) / step * step;
     const int64_t programs = (rows + per_program - 1) / per_program;
     auto dx = torch::empty_like(x), dy = torch::empty_like(y);
     const auto f32 = x.options().dtype(torch::kFloat32);
     auto dw = torch::empty({programs, width}, f32), db = torch::empty({programs, width}, f32);
-    tk::launch(
-        variant, x.device(), {programs, 1, 1},
-        {tk::Arg::pointer(x), tk::Arg::pointer(y), tk::Arg::pointer(weight), tk::Arg::pointer(mean),
-         tk::Arg::pointer(rstd), tk::Arg::pointer(dout), tk::Arg::pointer(dx), tk::Arg::pointer(dy),
-         tk::Arg::pointer(dw), tk::Arg::pointer(db), tk::Arg::i32(rows), tk::Arg::i32(width),
-         tk::Arg::i32(per_program), tk::Arg::u64(seed), tk::Arg::u32(offset & 0xFFFFFFFFULL),
-         tk::Arg::u32(offset >> 32), tk::Arg::u32(tk::dropout_threshold(p)),
-         tk::Arg::f32(dropout ? 1.0 / (1.0 - p) : 1.0)});
+    std::vector<tk::Arg> args{
+        tk::Arg::pointer(x),      tk::Arg::pointer(y),    tk::Arg::pointer(weight),
+        tk::Arg::pointer(mean),   tk::Arg::pointer(rstd), tk::Arg::pointer(dout),
+        tk::Arg::pointer(dx),     tk::Arg::pointer(dy),   tk::Arg::pointer(dw),
+        tk::Arg::pointer(db),     tk::Arg::i32(rows),     tk::Arg::i32(width),
+        tk::Arg::i32(per_program)};
+    philox.append_to(args);
+    args.push_back(tk::Arg::u32(tk::dropout_threshold(p)));
+    args.push_back(tk::Arg::f32(dropout ? 1.0 / (1.0 - p) : 1.0));
+    const auto variant =
+        tk::aligned_variant(variant_for("backward", x, y, dropout), x.device(), args);
+    tk::launch(variant, x.device(), {programs, 1, 1}, std::move(args));
     return {dx, dy, dw.sum(0), db.sum(0), torch::Tensor(), torch::Tensor()};
   }
 };

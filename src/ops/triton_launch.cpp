@@ -121,6 +121,55 @@ Arg Arg::u64(uint64_t value) {
   return Arg("u64", &value, sizeof(value), value % 16 == 0);
 }
 
+Arg Arg::address(const void* address, const std::string& element) {
+  return Arg("*" + element, &address, sizeof(address),
+             reinterpret_cast<uintptr_t>(address) % 16 == 0);
+}
+
+void PhiloxArgs::append_to(std::vector<Arg>& args) const {
+  args.push_back(Arg::u64(seed));
+  args.push_back(Arg::u32(offset & 0xFFFFFFFFULL));
+  args.push_back(Arg::u32(offset >> 32));
+  args.push_back(Arg::address(seed_ptr, "i64"));
+  args.push_back(Arg::address(offset_ptr, "i64"));
+  args.push_back(Arg::i32(captured ? 1 : 0));
+}
+
+std::vector<int64_t> PhiloxArgs::to_ints() const {
+  return {static_cast<int64_t>(seed), static_cast<int64_t>(offset),
+          static_cast<int64_t>(reinterpret_cast<uintptr_t>(seed_ptr)),
+          static_cast<int64_t>(reinterpret_cast<uintptr_t>(offset_ptr)), captured ? 1 : 0};
+}
+
+PhiloxArgs PhiloxArgs::from_ints(const std::vector<int64_t>& ints) {
+  XLME_CHECK(ints.size() == 5, "PhiloxArgs::from_ints takes the 5 integers of to_ints, not {}",
+             ints.size());
+  PhiloxArgs a;
+  a.seed = static_cast<uint64_t>(ints[0]);
+  a.offset = static_cast<uint64_t>(ints[1]);
+  a.seed_ptr = reinterpret_cast<const void*>(static_cast<uintptr_t>(ints[2]));
+  a.offset_ptr = reinterpret_cast<const void*>(static_cast<uintptr_t>(ints[3]));
+  a.captured = ints[4] != 0;
+  return a;
+}
+
+PhiloxArgs philox_args(bool captured, uint64_t seed, uint64_t offset, const void* seed_ptr,
+                       const void* offset_ptr, uint64_t offset_intragraph) {
+  PhiloxArgs a;
+  a.captured = captured;
+  if (captured) {
+    XLME_CHECK(seed_ptr != nullptr && offset_ptr != nullptr,
+               "a captured Philox state without the device addresses of its seed and offset");
+    a.seed_ptr = seed_ptr;
+    a.offset_ptr = offset_ptr;
+    a.offset = offset_intragraph;
+  } else {
+    a.seed = seed;
+    a.offset = offset;
+  }
+  return a;
+}
+
 Arg Arg::f32(double value) {
   const auto v = static_cast<float>(value);
   return Arg("fp32", &v, sizeof(v), false);
@@ -150,6 +199,42 @@ void check_args(const KernelImage& image, const std::vector<Arg>& args) {
                image.variant, i, types[i],
                type[0] == '*' ? "a 16-byte aligned address" : "a multiple of 16");
   }
+}
+
+bool keeps_alignment(const KernelImage& image, const std::vector<Arg>& args) {
+  size_t index = 0;
+  for (const char *p = image.signature, *start = p;; ++p) {
+    if (*p == ',' || *p == '\0') {
+      const std::string type(start, p);
+      if (index < args.size() && type.size() > 3 && type.compare(type.size() - 3, 3, ":16") == 0 &&
+          !args[index].multiple_of_16()) {
+        return false;
+      }
+      ++index;
+      if (*p == '\0') break;
+      start = p + 1;
+    }
+  }
+  return true;
+}
+
+std::string aligned_variant(const std::string& variant, int major, int minor,
+                            const std::vector<Arg>& args) {
+  const KernelImage* aligned = find_image(variant + "_aligned", major, minor);
+  return aligned != nullptr && keeps_alignment(*aligned, args) ? variant + "_aligned" : variant;
+}
+
+bool aligned_rows(const torch::Tensor& t) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  if (t.dim() > 0 && t.stride(-1) != 1) return false;
+  for (int64_t dim = 0; dim + 1 < t.dim(); ++dim) {
+    if (t.stride(dim) % 16 != 0) return false;
+  }
+  return true;
+}
+
+torch::Tensor aligned_copy(const torch::Tensor& t) {
+  return aligned_rows(t) ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
 #ifdef XLME_WITH_CUDA
@@ -235,14 +320,13 @@ Loaded load(const std::string& variant, const torch::Device& device) {
 
 }  // namespace
 
-std::pair<uint64_t, uint64_t> philox_inputs(const torch::Device& device) {
+PhiloxArgs philox_inputs(const torch::Device& device) {
   auto generator = at::cuda::detail::getDefaultCUDAGenerator(device.index());
   std::lock_guard<std::mutex> lock(generator.mutex());
   const auto state = at::check_generator<at::CUDAGeneratorImpl>(generator)->philox_cuda_state(4);
-  XLME_CHECK(!state.captured_,
-             "a fused op reads LibTorch's CUDA generator on the host: it cannot run inside a CUDA "
-             "graph capture yet (XLME_OPS=reference)");
-  return {state.seed_.val, state.offset_.val};
+  return state.captured_
+             ? philox_args(true, 0, 0, state.seed_.ptr, state.offset_.ptr, state.offset_intragraph_)
+             : philox_args(false, state.seed_.val, state.offset_.val, nullptr, nullptr, 0);
 }
 
 const KernelImage& image_for(const std::string& variant, const torch::Device& device) {
@@ -253,6 +337,12 @@ const KernelImage& image_for(const std::string& variant, const torch::Device& de
              "for sm_90a and sm_80: set XLME_OPS=reference to run without them",
              variant, properties->name, properties->major, properties->minor);
   return *image;
+}
+
+std::string aligned_variant(const std::string& variant, const torch::Device& device,
+                            const std::vector<Arg>& args) {
+  const auto* properties = at::cuda::getDeviceProperties(device.index());
+  return aligned_variant(variant, properties->major, properties->minor, args);
 }
 
 bool available(const std::string& variant, const torch::Device& device) {
@@ -292,12 +382,17 @@ void launch(const std::string& variant, const torch::Device& device, const Grid&
 
 #else  // a LibTorch without CUDA: nothing launches
 
-std::pair<uint64_t, uint64_t> philox_inputs(const torch::Device& device) {
+PhiloxArgs philox_inputs(const torch::Device& device) {
   XLME_FAIL("no CUDA generator for {}: this xlme was built without CUDA", device.str());
 }
 
 const KernelImage& image_for(const std::string& variant, const torch::Device& device) {
   XLME_FAIL("no Triton kernel {} on {}: this xlme was built without CUDA", variant, device.str());
+}
+
+std::string aligned_variant(const std::string& variant, const torch::Device&,
+                            const std::vector<Arg>&) {
+  return variant;
 }
 
 bool available(const std::string&, const torch::Device&) {

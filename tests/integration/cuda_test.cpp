@@ -582,6 +582,56 @@ TEST(CudaOps, FusedMaskedLmEqualsTheReference) {
   }
 }
 
+// Base's vocabulary, with the generator's padded rows (a [N, 250,002] view of [N, 250,048], what
+// ops::linear(.., 64) writes) and draws: the aligned kernels run, and loss, argmax count, draws
+// and gradient are the bits of the same logits in contiguous rows (the plain kernels). A view
+// one element in takes the plain kernels too, with the same bits, and no error.
+TEST(CudaOps, PaddedLogitsTakeTheAlignedKernelsWithTheSameBits) {
+  XLME_REQUIRE_CUDA();
+  const fused::OpsRestored restore;
+  ops::set_ops("masked_lm=fused");
+  torch::manual_seed(29);
+  const int64_t rows = 37, vocab = 250002;
+  const auto dense = (torch::randn({rows, vocab}, kCuda) * 4).to(torch::kBFloat16);
+  auto padded_buffer = torch::full({rows, 250048}, std::nan(""), dense.options());
+  auto padded = padded_buffer.narrow(1, 0, vocab);
+  padded.copy_(dense);
+  auto shifted_buffer = torch::empty({rows * vocab + 1}, dense.options());
+  auto shifted = shifted_buffer.narrow(0, 1, rows * vocab).view({rows, vocab});
+  shifted.copy_(dense);
+  const auto targets =
+      torch::randint(0, vocab, {rows}, torch::TensorOptions(kCuda).dtype(torch::kInt64));
+  const ops::Sampling sampling{1.0, {0, 1, 2, 3}};
+  struct Got {
+    torch::Tensor loss, correct, sampled, grad;
+  };
+  const auto run = [&](const torch::Tensor& logits) {
+    auto x = logits.detach().requires_grad_();
+    torch::manual_seed(31);
+    const auto lm = ops::masked_lm(x, targets, &sampling);
+    lm.loss_sum.backward();
+    return Got{lm.loss_sum, lm.correct, lm.sampled, x.grad()};
+  };
+  const int64_t aligned_before = ops::triton::launch_count("masked_lm_forward_bf16_sample_aligned");
+  const int64_t plain_before = ops::triton::launch_count("masked_lm_backward_bf16") -
+                               ops::triton::launch_count("masked_lm_backward_bf16_aligned");
+  const Got want = run(dense);
+  const Got got = run(padded);
+  EXPECT_EQ(ops::triton::launch_count("masked_lm_forward_bf16_sample_aligned"), aligned_before + 1);
+  EXPECT_EQ(got.grad.stride(0), 250048) << "the gradient keeps the padded layout";
+  const Got off = run(shifted);
+  EXPECT_EQ(ops::triton::launch_count("masked_lm_backward_bf16") -
+                ops::triton::launch_count("masked_lm_backward_bf16_aligned"),
+            plain_before + 2)
+      << "the contiguous and the shifted rows take the plain backward";
+  for (const auto* g : {&got, &off}) {
+    EXPECT_TRUE(torch::equal(g->loss, want.loss));
+    EXPECT_TRUE(torch::equal(g->correct, want.correct));
+    EXPECT_TRUE(torch::equal(g->sampled, want.sampled));
+    EXPECT_TRUE(torch::equal(g->grad, want.grad));
+  }
+}
+
 // Rows padded by ModelInputs::padded_masked (target -100) add nothing, in both paths, and their
 // gradient rows are zero.
 TEST(CudaOps, FusedMaskedLmIgnoresPaddingRows) {
@@ -1242,8 +1292,7 @@ TEST(CudaOps, WeightGradientAddsBf16ProductsIntoFp32Buffers) {
 // same generator state: every micro-batch's terms and the accumulated gradients agree (dropout
 // 0.1: a replay draws the eager pass's dropout masks; argmax sampling, whose draws the atomics'
 // rounding cannot flip), and a replay marks the parameters it gives gradients as present.
-TEST(CudaGraphs, ReplaysEqualEagerPassesTermsAndGradients) {
-  XLME_REQUIRE_CUDA();
+void expect_replays_equal_eager_passes() {
   auto c = on_cuda(xlme::testing::tiny_train_config(4, 1, /*dropout=*/0.1));
   c.train.precision = "fp32";
   c.model.generator.sampling_temperature = 1e-6;
@@ -1312,6 +1361,24 @@ TEST(CudaGraphs, ReplaysEqualEagerPassesTermsAndGradients) {
     EXPECT_LE(relative_error(graphed.grads[i], eager.grads[i]), 1e-4) << "parameter " << i;
     EXPECT_EQ(graphed.present[i], eager.present[i]) << "parameter " << i;
   }
+}
+
+TEST(CudaGraphs, ReplaysEqualEagerPassesTermsAndGradients) {
+  XLME_REQUIRE_CUDA();
+  expect_replays_equal_eager_passes();
+}
+
+// The same with the fused random kernels (the generator's draws, residual + dropout + LayerNorm)
+// captured in the graph: under a capture they read the generator's seed and offset on the device,
+// so that every replay draws what its eager pass drew (docs/gpu.md#cuda-graphs). A capture that
+// froze the host's values would replay the first replay's masks and fail here.
+TEST(CudaGraphs, FusedRandomKernelsInAGraphDrawAsTheirEagerPasses) {
+  XLME_REQUIRE_CUDA();
+  const fused::OpsRestored restore;
+  ops::set_ops("masked_lm=fused,residual_layernorm=fused,attention=fused");
+  const fused::ExpectLaunches draws("masked_lm_forward_fp32_sample");
+  const fused::ExpectLaunches dropout("residual_layernorm_forward_fp32_fp32_1024_dropout");
+  expect_replays_equal_eager_passes();
 }
 
 // A trainer with train.cuda_graphs=on: four micro-batches per task, so that the mono shape is

@@ -198,6 +198,32 @@ class GatedBiasAttention(unittest.TestCase):
         self.assertFalse(torch.equal(first, run(4, 12)))
         self.assertFalse(torch.equal(first, run(5, 8)))
 
+    def test_dropout_from_the_generators_device_state(self):
+        # Under a CUDA graph capture the kernels read the seed and the base offset from device
+        # memory and add their offset within the graph (src/ops/triton/philox_state.py): the same
+        # masks, output and gradients as the host values seed and base + that offset (a sum that
+        # carries into the offset's high half).
+        seed, base, intragraph = (9 << 32) | 77, (2 << 32) | 0xFFFFFFFC, 8
+        captured = (torch.tensor([seed]), torch.tensor([base]), intragraph)
+        keep = attention.keep_mask(1, 2, 5, 37, 0.3, seed=seed, offset=base + intragraph,
+                                   block=16)
+        self.assertTrue(torch.equal(keep, attention.keep_mask(1, 2, 5, 37, 0.3, block=16,
+                                                              captured=captured)))
+        torch.manual_seed(2)
+        q, k, v, do = (torch.randn(1, 2, 17, 32) for _ in range(4))
+        lengths = torch.tensor([17], dtype=torch.int32)
+        table, f = torch.randn(2, 33), torch.rand(1, 2, 17) + 0.5
+        common = dict(table=table, f=f, p=0.2, bm=16, bn=16)
+        o, lse = attention.forward(q, k, v, lengths, seed=seed, offset=base + intragraph,
+                                   **common)
+        got_o, got_lse = attention.forward(q, k, v, lengths, captured=captured, **common)
+        self.assertTrue(torch.equal(o, got_o))
+        want = attention.backward(q, k, v, o, lse, do, lengths, seed=seed,
+                                  offset=base + intragraph, **common)
+        got = attention.backward(q, k, v, o, lse, do, lengths, captured=captured, **common)
+        for name, a, g in zip(("dq", "dk", "dv", "df", "dt"), want, got):
+            self.assertTrue(torch.equal(a, g), name)
+
 
 @contextlib.contextmanager
 def programs_in_reverse():

@@ -126,9 +126,13 @@ class Rules(unittest.TestCase):
         for name in ("attention_backward_dq_bf16_d64_gated_dropout", "attention_forward_bf16_d64_"
                      "nobias", "masked_lm_forward_bf16_sample", "masked_lm_backward_bf16",
                      "residual_layernorm_backward_fp32_bf16_1024_dropout",
-                     "gemm_dgelu_bgrad_bf16"):
+                     "masked_lm_forward_bf16_sample_aligned",
+                     "residual_layernorm_backward_fp32_bf16_1024_dropout_aligned",
+                     "residual_layernorm_forward_fp32_bf16_1024_aligned", "gemm_dgelu_bgrad_bf16"):
             self.assertTrue(kernel_checks.used_at_base(name), name)
         for name in ("attention_forward_bf16_d32_gated", "masked_lm_forward_fp32",
+                     "masked_lm_forward_fp32_aligned", "residual_layernorm_forward_fp32_fp32_1024_"
+                     "aligned",
                      "residual_layernorm_forward_fp32_bf16_4096", "residual_layernorm_forward_"
                      "fp32_fp32_1024"):
             self.assertFalse(kernel_checks.used_at_base(name), name)

@@ -86,6 +86,36 @@ class MaskedLmBackward(unittest.TestCase):
                                            msg=f"{n}x{v} {dtype}")
 
 
+class MaskedLmPaddedRows(unittest.TestCase):
+    # Logits laid out with a padded row stride (a multiple of 64, as the generator's head writes
+    # them for 16-byte loads): a view [N, V] of a [N, V + pad] buffer whose pad holds garbage.
+    def test_padded_rows_give_the_same_bits_as_contiguous_ones(self):
+        torch.manual_seed(5)
+        for dtype in (torch.float32, torch.bfloat16):
+            for n, v in ((3, 65), (5, 1031), (2, 2049)):
+                padded = (v + 63) // 64 * 64
+                buffer = torch.full((n, padded), float("nan"), dtype=dtype)
+                view = buffer[:, :v]
+                view.copy_(torch.randn(n, v) * 3)
+                dense = view.contiguous()
+                self.assertEqual(view.stride(0), padded)
+                targets = torch.randint(0, v, (n, ))
+                for sample in (False, True):
+                    got = masked_lm.forward(view, targets, sample=sample, seed=7, offset=12,
+                                            excluded=(0, 2), rows=masked_lm.FORWARD_ROWS)
+                    want = masked_lm.forward(dense, targets, sample=sample, seed=7, offset=12,
+                                             excluded=(0, 2), rows=masked_lm.FORWARD_ROWS)
+                    for a, b in zip(got, want):
+                        if b is not None:
+                            self.assertTrue(torch.equal(a, b), f"{n}x{v} {dtype} {sample}")
+                lse = want[1]
+                grad_rows = torch.rand(n)
+                grad = masked_lm.backward(view, targets, lse, grad_rows, padded_grad=True)
+                self.assertEqual(grad.stride(0), padded)
+                self.assertTrue(torch.equal(grad, masked_lm.backward(dense, targets, lse,
+                                                                     grad_rows)), f"{n}x{v}")
+
+
 class MaskedLmSampling(unittest.TestCase):
     # rows: rows per program, many by default (the interpreter's cost is per program and step).
     def draws(self, x, seed, offset, excluded=(), temperature=1.0, rows=1 << 14):
@@ -186,6 +216,49 @@ class ResidualLayerNorm(unittest.TestCase):
         word = np.choose(cols % 4, words)
         want = torch.from_numpy((word >= rln.threshold_of(p)).astype(np.float32))
         self.assertTrue(torch.equal(keep, want), f"{(keep != want).sum().item()} differ")
+
+
+class GraphCapturedPhilox(unittest.TestCase):
+    # Under a CUDA graph capture the kernels read the generator's seed and base offset from device
+    # memory and add their offset within the graph (src/ops/triton/philox_state.py): the same
+    # numbers as the host values seed and base + that offset, here with a sum that carries into
+    # the offset's high half. The host's seed argument is then ignored (launch_args passes 0).
+    SEED, BASE, INTRAGRAPH = (5 << 32) | 321, (3 << 32) | 0xFFFFFFF0, 0x24
+
+    def captured(self):
+        return (torch.tensor([self.SEED]), torch.tensor([self.BASE]), self.INTRAGRAPH)
+
+    def test_masked_lm_draws_from_the_device_state(self):
+        torch.manual_seed(6)
+        x = torch.randn(8, 50)
+        host = masked_lm.forward(x, torch.zeros(8, dtype=torch.int64), sample=True, seed=self.SEED,
+                                 offset=self.BASE + self.INTRAGRAPH, excluded=(1, ), rows=8,
+                                 quarter=4)[3]
+        device = masked_lm.forward(x, torch.zeros(8, dtype=torch.int64), sample=True,
+                                   excluded=(1, ), rows=8, quarter=4, captured=self.captured())[3]
+        self.assertTrue(torch.equal(host, device))
+        other = masked_lm.forward(x, torch.zeros(8, dtype=torch.int64), sample=True,
+                                  excluded=(1, ), rows=8, quarter=4,
+                                  captured=(torch.tensor([self.SEED]), torch.tensor([self.BASE]),
+                                            0))[3]
+        self.assertFalse(torch.equal(host, other), "the offset within the graph is added")
+
+    def test_residual_layernorm_masks_and_values_from_the_device_state(self):
+        offset = self.BASE + self.INTRAGRAPH
+        keep = rln.keep_mask(6, 70, 0.3, seed=self.SEED, offset=offset)
+        self.assertTrue(torch.equal(keep, rln.keep_mask(6, 70, 0.3, captured=self.captured())))
+        self.assertFalse(torch.equal(keep, rln.keep_mask(6, 70, 0.3, seed=self.SEED,
+                                                         offset=self.BASE)))
+        torch.manual_seed(7)
+        x, y, dout = torch.randn(5, 40), torch.randn(5, 40), torch.randn(5, 40)
+        w, b = torch.randn(40), torch.randn(40)
+        out, mean, rstd = rln.forward(x, y, w, b, 1e-5, p=0.3, seed=self.SEED, offset=offset)
+        got = rln.forward(x, y, w, b, 1e-5, p=0.3, captured=self.captured())
+        self.assertTrue(torch.equal(out, got[0]))
+        grads = rln.backward(x, y, w, mean, rstd, dout, p=0.3, seed=self.SEED, offset=offset)
+        for a, g in zip(grads, rln.backward(x, y, w, mean, rstd, dout, p=0.3,
+                                            captured=self.captured())):
+            self.assertTrue(torch.equal(a, g))
 
 
 class Philox(unittest.TestCase):

@@ -154,7 +154,7 @@ TEST(OpsRegistry, WhileGraphsLiveAutoKeepsTheRandomOpsACaptureCanHold) {
     const GraphSafeOps outer;
     {
       const GraphSafeOps inner;
-      // The fused forms that read the generator on the host give way to the references ...
+      // The fused random forms not yet checked inside a graph give way to the references ...
       EXPECT_EQ(implementation(Op::kMaskedLm, cuda), Impl::kReference);
       EXPECT_EQ(implementation(Op::kResidualLayerNorm, cuda), Impl::kReference);
       EXPECT_EQ(implementation(Op::kAttention, cuda), Impl::kReference);
@@ -164,7 +164,7 @@ TEST(OpsRegistry, WhileGraphsLiveAutoKeepsTheRandomOpsACaptureCanHold) {
       EXPECT_EQ(implementation(Op::kDropout, cpu), Impl::kFused);
     }
     EXPECT_EQ(implementation(Op::kMaskedLm, cuda), Impl::kReference);  // the outer one lives
-    // An explicit choice stands (its capture then fails, naming XLME_OPS).
+    // An explicit choice stands (the kernels read the generator on the device in a capture).
     set_ops("masked_lm=fused");
     EXPECT_EQ(implementation(Op::kMaskedLm, cuda), Impl::kFused);
     set_ops("auto");

@@ -14,6 +14,10 @@
 
 #include <gtest/gtest.h>
 
+#ifdef XLME_WITH_CUDA
+#include <ATen/cuda/PhiloxCudaState.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -222,6 +226,147 @@ TEST(TritonImages, TheSixteenHintsAreCheckedAtLaunch) {
             "(*bf16:16,*bf16:16,*fp32:16,*bf16:16,*bf16:16,i32,i32:16,i32:16), the launch passes "
             "i64");
 }
+
+// The masked-LM kernels come in two forms: "_aligned" (16-byte loads; its signature promises
+// aligned pointers and row strides) and a plain one. A launch takes the aligned form only where
+// every promise holds; a misaligned input (a view one element in) or the generator's unpadded
+// 250,002-wide rows take the plain form instead of an error.
+TEST(TritonImages, AlignedRowsTakeTheAlignedKernelOthersThePlainOne) {
+  const auto* aligned = triton::find_image("masked_lm_backward_bf16_aligned", 9, 0);
+  ASSERT_NE(aligned, nullptr);
+  EXPECT_STREQ(aligned->signature, "*bf16:16,i64:16,*i64,*fp32,*fp32,*bf16:16,i64:16,i32,i32");
+  const auto args = [](const torch::Tensor& logits, const torch::Tensor& grad) {
+    const auto f32 = torch::zeros({logits.size(0)});
+    const auto i64 = torch::zeros({logits.size(0)}, torch::kInt64);
+    using triton::Arg;
+    return std::vector<Arg>{
+        Arg::pointer(logits),     Arg::i64(logits.stride(0)), Arg::pointer(i64),
+        Arg::pointer(f32),        Arg::pointer(f32),          Arg::pointer(grad),
+        Arg::i64(grad.stride(0)), Arg::i32(logits.size(0)),   Arg::i32(logits.size(1))};
+  };
+  const std::string plain = "masked_lm_backward_bf16";
+  // Padded rows: 1,000 ids in rows of 1,024.
+  const auto padded = torch::zeros({3, 1024}, torch::kBFloat16).narrow(1, 0, 1000);
+  EXPECT_EQ(triton::aligned_variant(plain, 9, 0, args(padded, padded)), plain + "_aligned");
+  EXPECT_EQ(triton::aligned_variant(plain, 8, 6, args(padded, padded)), plain + "_aligned");
+  EXPECT_NO_THROW(triton::check_args(*aligned, args(padded, padded)));
+  // One element in: a 2-byte offset.
+  const auto shifted = torch::zeros({3, 1025}, torch::kBFloat16).narrow(1, 1, 1000);
+  EXPECT_FALSE(triton::keeps_alignment(*aligned, args(shifted, padded)));
+  EXPECT_EQ(triton::aligned_variant(plain, 9, 0, args(shifted, padded)), plain);
+  // Base's generator rows without padding: 250,002 ids, a stride no multiple of 16.
+  const auto base = torch::zeros({2, 250002}, torch::kBFloat16);
+  EXPECT_EQ(triton::aligned_variant(plain, 9, 0, args(base, base)), plain);
+  // The plain form takes all of them; no capability without an image gets an aligned name.
+  EXPECT_NO_THROW(triton::check_args(*triton::find_image(plain, 9, 0), args(shifted, base)));
+  EXPECT_EQ(triton::aligned_variant(plain, 7, 5, args(padded, padded)), plain);
+  EXPECT_EQ(triton::aligned_variant("gemm_bias_gelu_bf16", 9, 0, {}), "gemm_bias_gelu_bf16");
+}
+
+// The attention kernels exist in the aligned form only: an input that is not aligned (a view one
+// element in, a stride that is no multiple of 16) is copied before the launch, values unchanged;
+// an aligned one is passed as it is.
+TEST(TritonImages, MisalignedInputsAreCopiedForAlignedOnlyKernels) {
+  const auto* image = triton::find_image("attention_forward_bf16_d64_gated_dropout", 9, 0);
+  ASSERT_NE(image, nullptr);
+  EXPECT_EQ(std::string(image->signature).substr(0, 24), "*bf16:16,*bf16:16,*bf16:");
+  const auto qkv = torch::randn({2, 5, 3 * 4 * 64}).to(torch::kBFloat16);  // [B, T, 3 H d]
+  // q as the model takes it: [B, H, T, d] views of the stacked projection.
+  const auto q = qkv.narrow(2, 0, 4 * 64).view({2, 5, 4, 64}).transpose(1, 2);
+  EXPECT_TRUE(triton::aligned_rows(q));
+  EXPECT_EQ(triton::aligned_copy(q).data_ptr(), q.data_ptr()) << "no copy";
+  const auto shifted = qkv.view(-1).narrow(0, 1, 2 * 4 * 5 * 64).view({2, 4, 5, 64});
+  EXPECT_FALSE(triton::aligned_rows(shifted));
+  const auto copied = triton::aligned_copy(shifted);
+  EXPECT_NE(copied.data_ptr(), shifted.data_ptr());
+  EXPECT_TRUE(triton::aligned_rows(copied));
+  EXPECT_TRUE(torch::equal(copied, shifted));
+  // A row stride of 70 elements: aligned start, strides no multiple of 16.
+  const auto odd = torch::zeros({2, 4, 5, 70}, torch::kBFloat16).narrow(3, 0, 64);
+  EXPECT_FALSE(triton::aligned_rows(odd));
+  EXPECT_TRUE(triton::aligned_rows(triton::aligned_copy(odd)));
+  // The copy keeps the gradient's path.
+  const auto leaf = torch::randn({4 * 64 + 1}, torch::requires_grad());
+  const auto view = leaf.narrow(0, 1, 4 * 64).view({1, 1, 4, 64});
+  triton::aligned_copy(view).sum().backward();
+  EXPECT_EQ(leaf.grad().sum().item<float>(), 4 * 64);
+  std::vector<triton::Arg> args;
+  for (const auto& t : {copied, copied, copied, copied}) args.push_back(triton::Arg::pointer(t));
+  for (int i = 0; i < 4; ++i) args.push_back(triton::Arg::pointer(torch::zeros({1})));
+  for (const auto& t : {copied, copied, copied}) {
+    for (int dim = 0; dim < 3; ++dim) args.push_back(triton::Arg::i64(t.stride(dim)));
+  }
+  EXPECT_TRUE(triton::keeps_alignment(*image, args));
+  args[0] = triton::Arg::pointer(shifted);
+  EXPECT_FALSE(triton::keeps_alignment(*image, args));
+}
+
+#ifdef XLME_WITH_CUDA
+// The host side of the random kernels' generator state (the device side, the kernels' loads, is
+// tests/python's GraphCapturedPhilox): from LibTorch's PhiloxCudaState, outside a capture the seed
+// and offset travel as values; inside one, the addresses of the device's seed and base offset and
+// the offset within the graph. Either way six arguments in the kernels' order, which the compiled
+// signatures accept, and which an autograd context carries to the backward unchanged.
+TEST(TritonImages, PhiloxArgumentsFromTheGeneratorStateInAndOutOfACapture) {
+  const auto from = [](const at::PhiloxCudaState& s) {
+    return triton::philox_args(s.captured_, s.seed_.val, s.offset_.val, s.seed_.ptr, s.offset_.ptr,
+                               s.offset_intragraph_);
+  };
+  const auto words = [](std::vector<triton::Arg> args) {
+    std::vector<uint64_t> out;
+    for (auto& a : args) {
+      uint64_t v = 0;
+      std::memcpy(&v, a.address(), a.type() == "u32" || a.type() == "i32" ? 4 : 8);
+      out.push_back(v);
+    }
+    return out;
+  };
+  const uint64_t seed = 0x0123456789ABCDEFULL, offset = (uint64_t{3} << 32) | 40;
+  const auto eager = from(at::PhiloxCudaState(seed, offset));
+  EXPECT_FALSE(eager.captured);
+  std::vector<triton::Arg> args;
+  eager.append_to(args);
+  ASSERT_EQ(args.size(), 6u);
+  std::vector<std::string> types;
+  for (const auto& a : args) types.push_back(a.type());
+  EXPECT_EQ(types, (std::vector<std::string>{"u64", "u32", "u32", "*i64", "*i64", "i32"}));
+  EXPECT_EQ(words(args), (std::vector<uint64_t>{seed, 40, 3, 0, 0, 0}));
+
+  int64_t device_seed = 0, device_offset = 0;  // stand-ins for the generator's device values
+  const auto captured = from(at::PhiloxCudaState(&device_seed, &device_offset, 12));
+  EXPECT_TRUE(captured.captured);
+  args.clear();
+  captured.append_to(args);
+  EXPECT_EQ(words(args), (std::vector<uint64_t>{0, 12, 0, reinterpret_cast<uintptr_t>(&device_seed),
+                                                reinterpret_cast<uintptr_t>(&device_offset), 1}));
+  // The backward's copy (an autograd context holds integers).
+  const auto back = triton::PhiloxArgs::from_ints(captured.to_ints());
+  EXPECT_EQ(back.seed_ptr, &device_seed);
+  EXPECT_EQ(back.offset_ptr, &device_offset);
+  EXPECT_EQ(back.offset, 12u);
+  EXPECT_TRUE(back.captured);
+  EXPECT_EQ(triton::PhiloxArgs::from_ints(eager.to_ints()).seed, seed);
+  EXPECT_EQ(triton::PhiloxArgs::from_ints(eager.to_ints()).offset, offset);
+
+  // Every random kernel takes them after its own leading arguments.
+  const auto* image = triton::find_image("masked_lm_forward_bf16_sample", 9, 0);
+  ASSERT_NE(image, nullptr);
+  const auto logits = torch::zeros({2, 3}, torch::kBFloat16);
+  const auto f32 = torch::zeros({2});
+  const auto i64 = torch::zeros({2}, torch::kInt64);
+  using triton::Arg;
+  for (const auto* philox : {&eager, &captured}) {
+    std::vector<Arg> launch{Arg::pointer(logits), Arg::i64(3), Arg::pointer(i64),
+                            Arg::i32(2),          Arg::i32(3), Arg::f32(1.0)};
+    philox->append_to(launch);
+    for (int i = 0; i < 8; ++i) launch.push_back(Arg::i32(-1));
+    for (const auto* t : {&f32, &f32, &i64, &i64}) launch.push_back(Arg::pointer(*t));
+    EXPECT_NO_THROW(triton::check_args(*image, launch));
+  }
+  EXPECT_EQ(error_message([] { triton::philox_args(true, 0, 0, nullptr, nullptr, 4); }),
+            "a captured Philox state without the device addresses of its seed and offset");
+}
+#endif
 
 }  // namespace
 }  // namespace xlme::ops

@@ -9,6 +9,7 @@
 #include "xlme/common/precision.h"
 #include "xlme/ops/embedding.h"
 #include "xlme/ops/linear.h"
+#include "xlme/ops/masked_lm.h"
 #include "xlme/ops/registry.h"
 
 #include "test_util.h"
@@ -91,6 +92,60 @@ TEST(OpsWeightGradient, InPlaceEqualsAutogradInFloat64) {
     EXPECT_TRUE(buffers[i].margins_untouched()) << "parameter " << i;
   }
   EXPECT_TRUE(torch::allclose(x.grad(), x_ref.grad(), 1e-12, 1e-12));
+}
+
+// The generator's logits with rows padded to a multiple of 64 ids (linear's row_multiple, what
+// ops::logits_row_multiple asks for where the fused masked-LM op runs): a [N, V] view of a
+// [N, 128] buffer, written by the product in place; the same logits bit for bit as the unpadded
+// product, hence the same masked-LM loss bit for bit, and the same gradients (float64, to the
+// order of the products' sums) with and without a .grad buffer in place.
+TEST(OpsWeightGradient, PaddedLogitsGiveTheUnpaddedLossAndGradients) {
+  const OpsRestored restore;
+  torch::manual_seed(4);
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat64);
+  const int64_t vocab = 100;
+  const std::vector<torch::Tensor> values = {torch::randn({vocab, 16}, opts),
+                                             torch::randn({vocab}, opts)};
+  const auto h0 = torch::randn({6, 16}, opts);
+  const auto targets = torch::randint(vocab, {6}, opts.dtype(torch::kInt64));
+  struct Run {
+    torch::Tensor logits, loss, dh, dw, db;
+  };
+  const auto run = [&](int64_t row_multiple, bool buffers) {
+    auto p = leaves_like(values);
+    std::vector<Buffer> kept;
+    if (buffers) {
+      for (auto& leaf : p) kept.emplace_back(leaf, torch::zeros(leaf.sizes(), opts));
+    }
+    auto h = h0.clone().requires_grad_();
+    const auto logits = linear(h, p[0], p[1], row_multiple);
+    const auto lm = masked_lm(logits, targets);
+    lm.loss_sum.backward();
+    return Run{logits.detach(), lm.loss_sum.detach(), h.grad(), p[0].grad(), p[1].grad()};
+  };
+  for (const char* spec : {"weight_grad=reference", "weight_grad=fused"}) {
+    set_ops(spec);
+    const bool buffers = std::string(spec) == "weight_grad=fused";
+    const Run plain = run(1, buffers);
+    const Run padded = run(64, buffers);
+    EXPECT_EQ(plain.logits.stride(0), vocab);
+    EXPECT_EQ(padded.logits.stride(0), 128) << spec;
+    EXPECT_EQ(padded.logits.sizes(), plain.logits.sizes());
+    EXPECT_TRUE(torch::equal(padded.logits, plain.logits)) << spec;
+    EXPECT_TRUE(torch::equal(padded.loss, plain.loss)) << spec;
+    EXPECT_TRUE(torch::allclose(padded.dh, plain.dh, 1e-12, 1e-12)) << spec;
+    EXPECT_TRUE(torch::allclose(padded.dw, plain.dw, 1e-12, 1e-12)) << spec;
+    EXPECT_TRUE(torch::allclose(padded.db, plain.db, 1e-12, 1e-12)) << spec;
+  }
+  // A vocabulary that is a multiple already, or a multiple of 1: no padding.
+  EXPECT_EQ(linear(h0, values[0].narrow(0, 0, 64), values[1].narrow(0, 0, 64), 64).stride(0), 64);
+  EXPECT_EQ(linear(h0, values[0], values[1], 1).stride(0), vocab);
+  // Where the masked-LM op runs fused (on CUDA) the logits are padded; elsewhere not.
+  set_ops("masked_lm=fused");
+  EXPECT_EQ(logits_row_multiple(torch::Device(torch::kCUDA, 0)), 64);
+  EXPECT_EQ(logits_row_multiple(torch::Device(torch::kCPU)), 1);
+  set_ops("masked_lm=reference");
+  EXPECT_EQ(logits_row_multiple(torch::Device(torch::kCUDA, 0)), 1);
 }
 
 TEST(OpsWeightGradient, StackedWeightsEachGetTheirOwnGradient) {

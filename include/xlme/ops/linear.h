@@ -36,6 +36,17 @@ bool emulate_bf16_products(const torch::Tensor& x);
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
                      const torch::Tensor& bias);
 
+// The same for x [rows, in], with the result's rows padded to a multiple of `row_multiple`
+// columns: a [rows, out] view of a [rows, round_up(out, row_multiple)] buffer, whose rows start
+// 16-byte aligned for the kernels and products that read them (the generator's logits over a
+// 250,002-id vocabulary: ops::logits_row_multiple). The product writes into the view (cuBLAS's
+// leading dimension), so no copy is made; its backward is weight_grad's (the weight's gradient
+// added into its .grad buffer where weight_gradient_in_place() holds, else returned dense,
+// accumulated in fp32; the bias's summed in fp32). Where row_multiple is 1 or divides `out`,
+// where x is not 2-D, or where the products are emulated: linear(x, weight, bias).
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                     int64_t row_multiple);
+
 // The same for several layers reading x, as one product: their weights stacked along the output
 // rows (and their biases, one per weight or none), e.g. attention's query, key and value. Each
 // weight keeps its own gradient (in place where weight_gradient_in_place() holds for it).

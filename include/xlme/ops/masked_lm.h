@@ -34,6 +34,12 @@ struct MaskedLm {
 MaskedLm masked_lm(const torch::Tensor& logits, const torch::Tensor& targets,
                    const Sampling* sampling = nullptr);
 
+// The multiple of ids to which the logits' rows are best padded for masked_lm on `device`: 64
+// where its fused form runs (rows that start 16-byte aligned, which its kernels read 16 bytes at
+// a time, and which cuBLAS writes and reads with aligned leading dimensions), else 1 (no
+// padding). The generator's head lays its logits out so (ops::linear's row_multiple).
+int64_t logits_row_multiple(const torch::Device& device);
+
 // The draws alone: [N] int64, no gradient.
 torch::Tensor sample(const torch::Tensor& logits, const Sampling& sampling);
 

@@ -45,9 +45,10 @@ Impl implementation(Op op, const c10::Device& device);
 bool sdpa_by_default(const c10::Device& device);
 
 // While at least one GraphSafeOps lives, `auto` picks the reference for the ops whose fused CUDA
-// form reads LibTorch's generator on the host, which a CUDA graph capture refuses (masked_lm,
-// residual_layernorm, attention); train.cuda_graphs holds one. An explicit `fused` keeps the
-// fused form, and a capture of it fails naming XLME_OPS.
+// form draws random numbers and has not been checked inside a CUDA graph on a GPU (masked_lm,
+// residual_layernorm, attention: they read the generator's seed and offset on the device under a
+// capture, as LibTorch's own kernels do); train.cuda_graphs holds one. An explicit `fused` keeps
+// the fused form, captured with the graph.
 class GraphSafeOps {
  public:
   GraphSafeOps();

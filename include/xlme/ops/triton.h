@@ -34,6 +34,9 @@ class Arg {
   static Arg i64(int64_t value);
   static Arg u64(uint64_t value);
   static Arg f32(double value);
+  // A device address that is not a tensor's (e.g. the generator's seed under a graph capture),
+  // typed "*<element>"; null where the kernel does not read it.
+  static Arg address(const void* address, const std::string& element);
 
   const std::string& type() const { return type_; }  // as in a signature: "*bf16", "i32", ...
   void* address() { return bytes_.data(); }          // what cuLaunchKernel's parameter array holds
@@ -51,6 +54,26 @@ class Arg {
 // the message names the variant and the first argument that differs.
 void check_args(const KernelImage& image, const std::vector<Arg>& args);
 
+// Whether `args` keep every ":16" promise of the image's signature (pointers 16-byte aligned,
+// integers multiples of 16); the types are check_args' business.
+bool keeps_alignment(const KernelImage& image, const std::vector<Arg>& args);
+
+// `variant` + "_aligned" where a GPU of capability major.minor has that image and `args` keep its
+// ":16" promises (16-byte loads); else `variant` itself, whose signature promises nothing: an
+// input that is not aligned takes the plain kernel, never an error.
+std::string aligned_variant(const std::string& variant, int major, int minor,
+                            const std::vector<Arg>& args);
+std::string aligned_variant(const std::string& variant, const torch::Device& device,
+                            const std::vector<Arg>& args);
+
+// Whether `t` is laid out as a kernel with ":16" hints on its pointer and strides needs it: its
+// data 16-byte aligned, its last stride 1 and every other stride a multiple of 16 elements.
+bool aligned_rows(const torch::Tensor& t);
+
+// `t` itself where aligned_rows(t), else a fresh contiguous copy (LibTorch's allocations are
+// aligned): a misaligned input to an aligned-only kernel is copied, never refused. Differentiable.
+torch::Tensor aligned_copy(const torch::Tensor& t);
+
 // The image of `variant` for `device`'s GPU; throws, naming the GPU and its capability, when
 // none was compiled for it.
 const KernelImage& image_for(const std::string& variant, const torch::Device& device);
@@ -62,10 +85,34 @@ uint32_t dropout_threshold(double p);
 // Whether `variant` can launch on `device` (a CUDA device with an image for its capability).
 bool available(const std::string& variant, const torch::Device& device);
 
-// LibTorch's CUDA generator for `device`: its Philox key and a fresh counter offset for one
-// kernel call (the generator advances; checkpoints save and restore it). Throws inside a CUDA
-// graph capture, where the offset lives on the device.
-std::pair<uint64_t, uint64_t> philox_inputs(const torch::Device& device);
+// The Philox key and offset of one random kernel call, as the kernels take them (the arguments
+// seed, offset_lo, offset_hi, seed_ptr, offset_ptr, captured: src/ops/triton/philox_state.py).
+// Outside a CUDA graph capture: the generator's seed and offset as values. Inside one: the
+// device addresses the generator writes the seed and the base offset to before every replay,
+// and the call's offset within the graph, which the kernel adds to the base (as LibTorch's
+// at::cuda::philox::unpack does), so that every replay draws new numbers.
+struct PhiloxArgs {
+  uint64_t seed = 0;
+  uint64_t offset = 0;               // captured: the offset within the graph
+  const void* seed_ptr = nullptr;    // captured: the device's int64 seed
+  const void* offset_ptr = nullptr;  // captured: the device's int64 base offset
+  bool captured = false;
+
+  // The six launch arguments in the kernels' order.
+  void append_to(std::vector<Arg>& args) const;
+  // As integers for an autograd context (the backward draws the same numbers), and back.
+  std::vector<int64_t> to_ints() const;
+  static PhiloxArgs from_ints(const std::vector<int64_t>& ints);
+};
+
+// The arguments from a generator state: at::PhiloxCudaState's fields (captured_: seed_.ptr,
+// offset_.ptr and offset_intragraph_; else seed_.val and offset_.val).
+PhiloxArgs philox_args(bool captured, uint64_t seed, uint64_t offset, const void* seed_ptr,
+                       const void* offset_ptr, uint64_t offset_intragraph);
+
+// LibTorch's CUDA generator for `device`: the arguments of one kernel call, which advances the
+// generator's offset by 4 (checkpoints save and restore it), inside a graph capture or not.
+PhiloxArgs philox_inputs(const torch::Device& device);
 
 // A grid of programs (x, y, z), as the callers compute it from their shapes.
 using Grid = std::array<int64_t, 3>;

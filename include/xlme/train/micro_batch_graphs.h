@@ -15,8 +15,9 @@
 // - autocast's weight cache is off while capturing: the graph casts the weights it reads in every
 //   replay (a cached copy would be freed when the step's autocast scope ends);
 // - the random draws (dropout, the generator's samples) use LibTorch's graph-safe Philox state:
-//   a replay draws what the eager micro-batch would. The fused Triton kernels read the generator
-//   on the host and refuse a capture: with them on, capture fails with an error that says so.
+//   a replay draws what the eager micro-batch would. The fused Triton kernels that draw read the
+//   generator's seed and offset on the device under a capture, as LibTorch's kernels do
+//   (ops::triton::PhiloxArgs); `auto` keeps their references here until a GPU run checks them.
 // A failed capture stops the run with an error (the last checkpoint is intact): a half-captured
 // graph would leave LibTorch's generator in its capture state.
 #pragma once
@@ -77,8 +78,8 @@ class MicroBatchGraphs {
 
  private:
   struct Graph;
-  // Every micro-batch, eager or captured, runs the ops a capture can hold (ops/registry.h), so
-  // that eager and replayed micro-batches compute and draw alike.
+  // Every micro-batch, eager or captured, runs the ops `auto` picks under graphs
+  // (ops/registry.h), so that eager and replayed micro-batches compute and draw alike.
   ops::GraphSafeOps graph_safe_;
   GradientBuckets& buckets_;
   std::map<std::string, std::unique_ptr<Graph>> graphs_;

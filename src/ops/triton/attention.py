@@ -36,6 +36,8 @@ Same source on the GPU (ahead-of-time compiled) and on the CPU through Triton's 
 import triton
 import triton.language as tl
 
+from philox_state import launch_args, philox_key
+
 
 @triton.jit
 def _keep(rows, start, tk, bh, seed, offset_lo, offset_hi, threshold, BN: tl.constexpr):
@@ -138,9 +140,11 @@ def _diagonal_sums(x, BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexp
 @triton.jit
 def attention_forward(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, f_ptr, table_ptr, len_ptr, sqb, sqh,
                       sqt, skb, skh, skt, svb, svh, svt, heads, tq, tk, far, scale, seed,
-                      offset_lo, offset_hi, threshold, drop_scale, D: tl.constexpr,
-                      BM: tl.constexpr, BN: tl.constexpr, BIAS: tl.constexpr,
+                      offset_lo, offset_hi, seed_ptr, offset_ptr, captured, threshold, drop_scale,
+                      D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BIAS: tl.constexpr,
                       GATED: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+    seed, offset_lo, offset_hi = philox_key(seed, offset_lo, offset_hi, seed_ptr, offset_ptr,
+                                            captured)
     bh = tl.program_id(1)
     b = bh // heads
     h = bh % heads
@@ -189,10 +193,12 @@ def attention_forward(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, f_ptr, table_ptr, len
 @triton.jit
 def attention_backward_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, f_ptr, table_ptr,
                             len_ptr, dk_ptr, dv_ptr, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
-                            heads, tq, tk, far, scale, seed, offset_lo, offset_hi, threshold,
-                            drop_scale, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                            BIAS: tl.constexpr, GATED: tl.constexpr, DROPOUT: tl.constexpr,
-                            PRECISION: tl.constexpr):
+                            heads, tq, tk, far, scale, seed, offset_lo, offset_hi, seed_ptr,
+                            offset_ptr, captured, threshold, drop_scale, D: tl.constexpr,
+                            BM: tl.constexpr, BN: tl.constexpr, BIAS: tl.constexpr,
+                            GATED: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+    seed, offset_lo, offset_hi = philox_key(seed, offset_lo, offset_hi, seed_ptr, offset_ptr,
+                                            captured)
     bh = tl.program_id(1)
     b = bh // heads
     h = bh % heads
@@ -236,11 +242,13 @@ def attention_backward_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, f_p
 def attention_backward_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, f_ptr, table_ptr,
                           len_ptr, dq_ptr, df_ptr, dtable_ptr, sqb, sqh, sqt, skb, skh, skt, svb,
                           svh, svt, heads, tq, tk, far, scale, seed, offset_lo, offset_hi,
-                          threshold, drop_scale, D: tl.constexpr, BM: tl.constexpr,
-                          BN: tl.constexpr, BIAS: tl.constexpr, GATED: tl.constexpr,
-                          DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
+                          seed_ptr, offset_ptr, captured, threshold, drop_scale, D: tl.constexpr,
+                          BM: tl.constexpr, BN: tl.constexpr, BIAS: tl.constexpr,
+                          GATED: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr):
     """dQ, df, and for the table this program's row of partial sums (see table_gradient):
     dtable_ptr is [B * H, cdiv(Tq, BM), (cdiv(Tq, BM) + cdiv(Tk, BN)) * BN + 2] fp32, zeroed."""
+    seed, offset_lo, offset_hi = philox_key(seed, offset_lo, offset_hi, seed_ptr, offset_ptr,
+                                            captured)
     bh = tl.program_id(1)
     b = bh // heads
     h = bh % heads
@@ -323,9 +331,11 @@ def attention_backward_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, f_ptr
 
 
 @triton.jit
-def attention_keep_mask(out_ptr, heads, tq, tk, seed, offset_lo, offset_hi, threshold,
-                        BM: tl.constexpr, BN: tl.constexpr):
+def attention_keep_mask(out_ptr, heads, tq, tk, seed, offset_lo, offset_hi, seed_ptr, offset_ptr,
+                        captured, threshold, BM: tl.constexpr, BN: tl.constexpr):
     """The keep mask of BM query rows of one head, as the kernels above draw it: for the tests."""
+    seed, offset_lo, offset_hi = philox_key(seed, offset_lo, offset_hi, seed_ptr, offset_ptr,
+                                            captured)
     bh = tl.program_id(1)
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     for start in range(0, tk, BN):
@@ -342,7 +352,7 @@ DKDV_QUERY_BLOCK = 32  # queries per step of the dK/dV kernel on the GPU (its ti
 WARPS = 8  # per program on the GPU
 
 
-def _common(q, k, v, lengths, table, f, p, seed, offset, far):
+def _common(q, k, v, lengths, table, f, p, seed, offset, far, captured=None):
     b, heads, tq, d = q.shape
     tk = k.shape[2]
     assert q.stride(3) == 1 and k.stride(3) == 1 and v.stride(3) == 1
@@ -351,7 +361,7 @@ def _common(q, k, v, lengths, table, f, p, seed, offset, far):
     dummy = q.new_zeros(1, dtype=__import__("torch").float32)
     args = dict(D=d, BIAS=table is not None, GATED=f is not None, DROPOUT=p > 0,
                 PRECISION=precision)
-    scalars = (heads, tq, tk, far, 1.0 / d**0.5, seed, offset & 0xFFFFFFFF, offset >> 32,
+    scalars = (heads, tq, tk, far, 1.0 / d**0.5, *launch_args(seed, offset, q.device, captured),
                threshold, 1.0 / (1.0 - p))
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
     tensors = (f if f is not None else dummy, table if table is not None else dummy, lengths)
@@ -359,10 +369,10 @@ def _common(q, k, v, lengths, table, f, p, seed, offset, far):
 
 
 def forward(q, k, v, lengths, table=None, f=None, p=0.0, seed=0, offset=0, far=0, bm=BLOCK,
-            bn=BLOCK):
+            bn=BLOCK, captured=None):
     import torch
     b, heads, tq, tk, d, args, scalars, strides, (f_, t_, len_) = _common(
-        q, k, v, lengths, table, f, p, seed, offset, far)
+        q, k, v, lengths, table, f, p, seed, offset, far, captured)
     o = q.new_empty(b, heads, tq, d)
     lse = q.new_empty(b, heads, tq, dtype=torch.float32)
     attention_forward[(triton.cdiv(tq, bm), b * heads)](q, k, v, o, lse, f_, t_, len_, *strides,
@@ -371,12 +381,12 @@ def forward(q, k, v, lengths, table=None, f=None, p=0.0, seed=0, offset=0, far=0
 
 
 def backward(q, k, v, o, lse, do, lengths, table=None, f=None, p=0.0, seed=0, offset=0, far=0,
-             bm=BLOCK, bn=BLOCK):
+             bm=BLOCK, bn=BLOCK, captured=None):
     """The dK/dV kernel steps through the queries in half as many rows as the tiles have keys, as
     on the GPU (DKDV_QUERY_BLOCK of BLOCK)."""
     import torch
     b, heads, tq, tk, d, args, scalars, strides, (f_, t_, len_) = _common(
-        q, k, v, lengths, table, f, p, seed, offset, far)
+        q, k, v, lengths, table, f, p, seed, offset, far, captured)
     do = do.contiguous()
     delta = (do.float() * o.float()).sum(-1).contiguous()  # [B, H, Tq]
     dq = q.new_empty(b, heads, tq, d)
@@ -407,12 +417,12 @@ def table_gradient(sums, b, heads, tq, tk, far, bn):
     return dtable
 
 
-def keep_mask(b, heads, tq, tk, p, seed=0, offset=0, block=64):
+def keep_mask(b, heads, tq, tk, p, seed=0, offset=0, block=64, captured=None):
     import torch
     out = torch.empty(b, heads, tq, tk)
     threshold = min(int(round(p * 2.0**32)), 2**32 - 1)
     attention_keep_mask[(triton.cdiv(tq, block), b * heads)](
-        out, heads, tq, tk, seed, offset & 0xFFFFFFFF, offset >> 32, threshold, BM=block,
+        out, heads, tq, tk, *launch_args(seed, offset, out.device, captured), threshold, BM=block,
         BN=block)
     return out
 
@@ -421,17 +431,22 @@ def aot_variants():
     """The forms src/ops/triton/aot.py compiles ahead of time."""
     # bf16 q, k, v (autocast); head sizes 64 (every paper size) and 32 (the demo model); the
     # gated relative bias, the plain relative bias, no bias (cross-attention); dropout or not.
-    scalars = {"sqb": "i64", "sqh": "i64", "sqt": "i64", "skb": "i64", "skh": "i64", "skt": "i64",
-               "svb": "i64", "svh": "i64", "svt": "i64", "heads": "i32", "tq": "i32", "tk": "i32",
-               "far": "i32", "scale": "fp32", "seed": "u64", "offset_lo": "u32",
-               "offset_hi": "u32", "threshold": "u32", "drop_scale": "fp32"}
-    inputs = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16"}
-    forward = {**inputs, "o_ptr": "*bf16", "lse_ptr": "*fp32", "f_ptr": "*fp32",
+    # Every [.., T, D] operand is 16-byte aligned with strides that are multiples of 16 elements
+    # (":16": rows of D values load 16 bytes at a time); src/ops/attention.cpp copies an input
+    # that is not (triton::aligned_copy), which the model's q, k and v never need.
+    scalars = {"sqb": "i64:16", "sqh": "i64:16", "sqt": "i64:16", "skb": "i64:16",
+               "skh": "i64:16", "skt": "i64:16", "svb": "i64:16", "svh": "i64:16",
+               "svt": "i64:16", "heads": "i32", "tq": "i32", "tk": "i32", "far": "i32",
+               "scale": "fp32", "seed": "u64", "offset_lo": "u32", "offset_hi": "u32",
+               "seed_ptr": "*i64", "offset_ptr": "*i64", "captured": "i32", "threshold": "u32",
+               "drop_scale": "fp32"}
+    inputs = {"q_ptr": "*bf16:16", "k_ptr": "*bf16:16", "v_ptr": "*bf16:16"}
+    forward = {**inputs, "o_ptr": "*bf16:16", "lse_ptr": "*fp32", "f_ptr": "*fp32",
                "table_ptr": "*fp32", "len_ptr": "*i32", **scalars}
-    saved = {**inputs, "do_ptr": "*bf16", "lse_ptr": "*fp32", "delta_ptr": "*fp32",
+    saved = {**inputs, "do_ptr": "*bf16:16", "lse_ptr": "*fp32", "delta_ptr": "*fp32",
              "f_ptr": "*fp32", "table_ptr": "*fp32", "len_ptr": "*i32"}
-    dkdv = {**saved, "dk_ptr": "*bf16", "dv_ptr": "*bf16", **scalars}
-    dq = {**saved, "dq_ptr": "*bf16", "df_ptr": "*fp32", "dtable_ptr": "*fp32", **scalars}
+    dkdv = {**saved, "dk_ptr": "*bf16:16", "dv_ptr": "*bf16:16", **scalars}
+    dq = {**saved, "dq_ptr": "*bf16:16", "df_ptr": "*fp32", "dtable_ptr": "*fp32", **scalars}
     for d in (64, 32):
         for mode, bias, gated in (("gated", True, True), ("bias", True, False),
                                   ("nobias", False, False)):

@@ -19,6 +19,8 @@ Same source on the GPU (src/ops/triton/aot.py) and on the CPU through Triton's i
 import triton
 import triton.language as tl
 
+from philox_state import launch_args, philox_key
+
 
 @triton.jit
 def _keep(rows, seed, offset_lo, offset_hi, threshold, BLOCK: tl.constexpr):
@@ -47,8 +49,11 @@ def _summed(x_ptr, y_ptr, rows, cols, ok, width, seed, offset_lo, offset_hi, thr
 
 @triton.jit
 def residual_layernorm_forward(x_ptr, y_ptr, w_ptr, b_ptr, out_ptr, mean_ptr, rstd_ptr, n_rows,
-                               width, eps, seed, offset_lo, offset_hi, threshold, scale,
-                               ROWS: tl.constexpr, BLOCK: tl.constexpr, DROPOUT: tl.constexpr):
+                               width, eps, seed, offset_lo, offset_hi, seed_ptr, offset_ptr,
+                               captured, threshold, scale, ROWS: tl.constexpr,
+                               BLOCK: tl.constexpr, DROPOUT: tl.constexpr):
+    seed, offset_lo, offset_hi = philox_key(seed, offset_lo, offset_hi, seed_ptr, offset_ptr,
+                                            captured)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)[None, :]
     row_ok = rows < n_rows
@@ -70,8 +75,11 @@ def residual_layernorm_forward(x_ptr, y_ptr, w_ptr, b_ptr, out_ptr, mean_ptr, rs
 @triton.jit
 def residual_layernorm_backward(x_ptr, y_ptr, w_ptr, mean_ptr, rstd_ptr, dout_ptr, dx_ptr, dy_ptr,
                                 dw_part_ptr, db_part_ptr, n_rows, width, rows_per_program, seed,
-                                offset_lo, offset_hi, threshold, scale, ROWS: tl.constexpr,
-                                BLOCK: tl.constexpr, DROPOUT: tl.constexpr):
+                                offset_lo, offset_hi, seed_ptr, offset_ptr, captured, threshold,
+                                scale, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                                DROPOUT: tl.constexpr):
+    seed, offset_lo, offset_hi = philox_key(seed, offset_lo, offset_hi, seed_ptr, offset_ptr,
+                                            captured)
     program = tl.program_id(0)
     cols = tl.arange(0, BLOCK)[None, :]
     col_ok = cols < width
@@ -109,9 +117,11 @@ def residual_layernorm_backward(x_ptr, y_ptr, w_ptr, mean_ptr, rstd_ptr, dout_pt
 
 
 @triton.jit
-def dropout_keep_mask(out_ptr, n_rows, width, seed, offset_lo, offset_hi, threshold,
-                      BLOCK: tl.constexpr):
+def dropout_keep_mask(out_ptr, n_rows, width, seed, offset_lo, offset_hi, seed_ptr, offset_ptr,
+                      captured, threshold, BLOCK: tl.constexpr):
     """The keep mask the two kernels above draw (1 kept, 0 dropped): for the tests."""
+    seed, offset_lo, offset_hi = philox_key(seed, offset_lo, offset_hi, seed_ptr, offset_ptr,
+                                            captured)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)[None, :]
     rows = tl.zeros((1, ), tl.int32) + row
@@ -135,7 +145,7 @@ def threshold_of(p):
     return min(int(round(p * 2.0**32)), 2**32 - 1)
 
 
-def forward(x, y, w, b, eps, p=0.0, seed=0, offset=0, rows=ROWS):
+def forward(x, y, w, b, eps, p=0.0, seed=0, offset=0, rows=ROWS, captured=None):
     import torch
     n, width = x.shape
     block = _block(width)
@@ -143,13 +153,14 @@ def forward(x, y, w, b, eps, p=0.0, seed=0, offset=0, rows=ROWS):
     mean = x.new_empty(n, dtype=torch.float32)
     rstd = x.new_empty(n, dtype=torch.float32)
     residual_layernorm_forward[(triton.cdiv(n, rows), )](
-        x, y, w, b, out, mean, rstd, n, width, eps, seed, offset & 0xFFFFFFFF, offset >> 32,
-        threshold_of(p), 1.0 / (1.0 - p), ROWS=rows, BLOCK=block, DROPOUT=p > 0)
+        x, y, w, b, out, mean, rstd, n, width, eps,
+        *launch_args(seed, offset, x.device, captured), threshold_of(p), 1.0 / (1.0 - p),
+        ROWS=rows, BLOCK=block, DROPOUT=p > 0)
     return out, mean, rstd
 
 
 def backward(x, y, w, mean, rstd, dout, p=0.0, seed=0, offset=0, rows=ROWS,
-             programs=BACKWARD_PROGRAMS):
+             programs=BACKWARD_PROGRAMS, captured=None):
     import torch
     n, width = x.shape
     block = _block(width)
@@ -159,39 +170,48 @@ def backward(x, y, w, mean, rstd, dout, p=0.0, seed=0, offset=0, rows=ROWS,
     dw = x.new_empty(grid, width, dtype=torch.float32)
     db = x.new_empty(grid, width, dtype=torch.float32)
     residual_layernorm_backward[(grid, )](
-        x, y, w, mean, rstd, dout, dx, dy, dw, db, n, width, per_program, seed,
-        offset & 0xFFFFFFFF, offset >> 32, threshold_of(p), 1.0 / (1.0 - p), ROWS=rows,
+        x, y, w, mean, rstd, dout, dx, dy, dw, db, n, width, per_program,
+        *launch_args(seed, offset, x.device, captured), threshold_of(p), 1.0 / (1.0 - p), ROWS=rows,
         BLOCK=block, DROPOUT=p > 0)
     return dx, dy, dw.sum(0), db.sum(0)
 
 
-def keep_mask(n, width, p, seed=0, offset=0):
+def keep_mask(n, width, p, seed=0, offset=0, captured=None):
     import torch
     out = torch.empty(n, width)
-    dropout_keep_mask[(n, )](out, n, width, seed, offset & 0xFFFFFFFF, offset >> 32,
+    dropout_keep_mask[(n, )](out, n, width, *launch_args(seed, offset, out.device, captured),
                              threshold_of(p), BLOCK=_block(width))
     return out
 
 
 def aot_variants():
-    """The forms src/ops/triton/aot.py compiles ahead of time."""
+    """The forms src/ops/triton/aot.py compiles ahead of time. The "_aligned" ones promise
+    16-byte aligned rows (pointers ":16", the width a multiple of 16), so that their loads and
+    stores move 16 bytes at a time; src/ops/residual_layernorm.cpp picks them where the launch
+    satisfies that, the others elsewhere."""
     # (x = out, y): autocast's fp32 residual stream with bf16 sub-layer outputs, and fp32.
     for x, y in (("fp32", "bf16"), ("fp32", "fp32")):
-        scalars = {"seed": "u64", "offset_lo": "u32", "offset_hi": "u32", "threshold": "u32",
-                   "scale": "fp32"}
-        forward = {"x_ptr": f"*{x}", "y_ptr": f"*{y}", "w_ptr": "*fp32", "b_ptr": "*fp32",
-                   "out_ptr": f"*{x}", "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "n_rows": "i32",
-                   "width": "i32", "eps": "fp32", **scalars}
-        backward = {"x_ptr": f"*{x}", "y_ptr": f"*{y}", "w_ptr": "*fp32", "mean_ptr": "*fp32",
-                    "rstd_ptr": "*fp32", "dout_ptr": f"*{x}", "dx_ptr": f"*{x}", "dy_ptr": f"*{y}",
-                    "dw_part_ptr": "*fp32", "db_part_ptr": "*fp32", "n_rows": "i32",
-                    "width": "i32", "rows_per_program": "i32", **scalars}
-        # Widths up to 1,024 (every paper size but XL's) and up to 4,096.
-        for block, rows, warps in ((1024, 2, 4), (4096, 1, 8)):
-            for dropout in (True, False):
-                tag = f"{x}_{y}_{block}{'_dropout' if dropout else ''}"
-                constants = {"ROWS": rows, "BLOCK": block, "DROPOUT": dropout}
-                yield (f"residual_layernorm_forward_{tag}",
-                       residual_layernorm_forward, forward, constants, warps)
-                yield (f"residual_layernorm_backward_{tag}",
-                       residual_layernorm_backward, backward, constants, warps)
+        for aligned in (True, False):
+            a = ":16" if aligned else ""
+            scalars = {"seed": "u64", "offset_lo": "u32", "offset_hi": "u32", "seed_ptr": "*i64",
+                       "offset_ptr": "*i64", "captured": "i32", "threshold": "u32",
+                       "scale": "fp32"}
+            forward = {"x_ptr": f"*{x}{a}", "y_ptr": f"*{y}{a}", "w_ptr": f"*fp32{a}",
+                       "b_ptr": f"*fp32{a}", "out_ptr": f"*{x}{a}", "mean_ptr": "*fp32",
+                       "rstd_ptr": "*fp32", "n_rows": "i32", "width": f"i32{a}", "eps": "fp32",
+                       **scalars}
+            backward = {"x_ptr": f"*{x}{a}", "y_ptr": f"*{y}{a}", "w_ptr": f"*fp32{a}",
+                        "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "dout_ptr": f"*{x}{a}",
+                        "dx_ptr": f"*{x}{a}", "dy_ptr": f"*{y}{a}", "dw_part_ptr": f"*fp32{a}",
+                        "db_part_ptr": f"*fp32{a}", "n_rows": "i32", "width": f"i32{a}",
+                        "rows_per_program": "i32", **scalars}
+            # Widths up to 1,024 (every paper size but XL's) and up to 4,096.
+            for block, rows, warps in ((1024, 2, 4), (4096, 1, 8)):
+                for dropout in (True, False):
+                    tag = (f"{x}_{y}_{block}{'_dropout' if dropout else ''}"
+                           f"{'_aligned' if aligned else ''}")
+                    constants = {"ROWS": rows, "BLOCK": block, "DROPOUT": dropout}
+                    yield (f"residual_layernorm_forward_{tag}",
+                           residual_layernorm_forward, forward, constants, warps)
+                    yield (f"residual_layernorm_backward_{tag}",
+                           residual_layernorm_backward, backward, constants, warps)
