@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
       "pre-train XLM-E: generator + discriminator, MLM + TLM + MRTD + TRTD, DDP over c10d",
       /*run_logs=*/true, [&] { return print_model || comm_estimate || benchmark_steps > 0; }};
   std::string profile_path;
+  std::string save_dir;
   xlme::train::PretrainOptions run_options;
   const int code = xlme::run_app(
       argc, argv, spec,
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
           return xlme::kExitOk;
         }
         if (benchmark_steps > 0) {
-          std::cout << xlme::train::run_benchmark(config, benchmark_steps, profile_path)
+          std::cout << xlme::train::run_benchmark(config, benchmark_steps, profile_path, save_dir)
                     << std::endl;
           return xlme::kExitOk;
         }
@@ -81,6 +82,12 @@ int main(int argc, char** argv) {
                        "with --benchmark: run the N steps once more under LibTorch's profiler and "
                        "write the time per operator (self and total ms per step) to FILE")
             ->type_name("FILE")
+            ->needs(benchmark);
+        cli.add_option("--benchmark-save", save_dir,
+                       "with --benchmark: also time the checkpoint saves (train.async_save false "
+                       "and true: how long a step waits) into a temporary folder under DIR, "
+                       "removed afterwards")
+            ->type_name("DIR")
             ->needs(benchmark);
         cli.add_option("--resume", run_options.resume,
                        "auto: continue from the newest valid checkpoint in run.out_dir (default); "

@@ -1,5 +1,6 @@
 #include "xlme/train/benchmark.h"
 
+#include "xlme/checkpoint/manager.h"
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
 #include "xlme/data/synthetic.h"
@@ -11,12 +12,68 @@
 #include "xlme/train/trainer.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <functional>
+#include <optional>
 
 namespace xlme::train {
 
+namespace {
+
+namespace fs = std::filesystem;
+
+double seconds_of(const std::function<void()>& run) {
+  const auto start = std::chrono::steady_clock::now();
+  run();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The time a step waits per checkpoint, `rounds` times each way, into a fresh folder under
+// `save_dir` (removed afterwards): saved while training waits (train.async_save=false), and copied
+// and written in the background, with a step run meanwhile.
+void add_save_figures(Trainer& trainer, const std::string& save_dir, int rounds,
+                      MetricsRecord& out) {
+  const std::string folder =
+      (fs::path(save_dir) / fmt::format("xlme-benchmark-save-{}", ::getpid())).string();
+  XLME_CHECK(!fs::exists(folder), "--benchmark-save: '{}' exists already; remove it", folder);
+  const checkpoint::CheckpointManager manager(folder, /*keep_last=*/1, /*keep_every=*/0);
+  double sync = 0, async = 0, step_during = 0, wait = 0;
+  uint64_t bytes = 0;
+  try {
+    for (int i = 0; i < rounds; ++i) {
+      trainer.train_step();
+      sync += seconds_of([&] { trainer.save_checkpoint(manager); });
+      trainer.train_step();
+      async += seconds_of([&] { trainer.start_checkpoint(manager); });
+      step_during += seconds_of([&] { trainer.train_step(); });
+      std::optional<std::string> path;
+      wait += seconds_of([&] { path = trainer.finish_checkpoint(); });
+      bytes = 0;
+      for (const auto& entry : fs::directory_iterator(*path)) bytes += entry.file_size();
+    }
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(folder, ec);
+    throw;
+  }
+  std::error_code ec;
+  fs::remove_all(folder, ec);
+  out.add("checkpoint_mb", static_cast<double>(bytes) / (1024.0 * 1024.0))
+      .add("save_blocked_ms_sync", 1000 * sync / rounds)
+      .add("save_blocked_ms_async", 1000 * async / rounds)
+      .add("step_ms_during_async_save", 1000 * step_during / rounds)
+      .add("save_wait_ms_after_one_step", 1000 * wait / rounds)
+      .add("peak_memory_mib_with_saves", peak_memory_mib(trainer.device()));
+}
+
+}  // namespace
+
 std::string run_benchmark(const config::Config& config, int64_t steps,
-                          const std::string& profile_path) {
+                          const std::string& profile_path, const std::string& save_dir) {
   XLME_CHECK(steps >= 1, "--benchmark needs at least 1 step, got {}", steps);
   XLME_CHECK(config.model.vocab_size > 0,
              "--benchmark needs model.vocab_size (0 = the tokenizer's size); add e.g. --set "
@@ -78,6 +135,7 @@ std::string run_benchmark(const config::Config& config, int64_t steps,
         format_op_table(ops, steps, wall_ms, 20));
   }
 
+  const double peak_memory = peak_memory_mib(trainer.device());
   const auto mfu =
       model_flops_utilization(flops / total, device_name(trainer.device()), comm->world_size());
   MetricsRecord out;
@@ -98,8 +156,9 @@ std::string run_benchmark(const config::Config& config, int64_t steps,
       .add("precision", std::string(trainer.bf16() ? "bf16" : "fp32"))
       .add("flops_per_token", step_flops_per_token(config, model->teacher()))
       .add("mfu", mfu ? *mfu : std::nan(""))
-      .add("peak_memory_mib", peak_memory_mib(trainer.device()))
+      .add("peak_memory_mib", peak_memory)
       .add("device", device_name(trainer.device()));
+  if (!save_dir.empty()) add_save_figures(trainer, save_dir, /*rounds=*/2, out);
   return out.to_json();
 }
 

@@ -553,6 +553,7 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
     if (release_memory) runtime::release_free_memory();
     if (record.interrupted) {
       // The step was abandoned on every rank: save the last finished one (unless saved already).
+      trainer.finish_checkpoint();  // the save in flight is complete (or its error said) first
       bool saved = false;
       for (const auto& ref : manager.list()) saved = saved || ref.step == trainer.step();
       comm->barrier();
@@ -597,8 +598,21 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
     const bool preempted = trainer.stop_requested();
     const bool periodic = config.train.save_every > 0 && record.step % config.train.save_every == 0;
     if (periodic || last || preempted) {
-      const std::string path = trainer.save_checkpoint(manager);
-      spdlog::info("checkpoint: {}", path);
+      // The last and the stop-signal checkpoints are complete before the run ends.
+      const bool background = config.train.async_save && !last && !preempted;
+      const auto save_start = std::chrono::steady_clock::now();
+      const std::string path =
+          background ? trainer.start_checkpoint(manager) : trainer.save_checkpoint(manager);
+      const double blocked =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();
+      if (background) {
+        spdlog::info(
+            "checkpoint of step {}: training waited {:.2f} s (state copied); {} is "
+            "written in the background",
+            record.step, blocked, path);
+      } else {
+        spdlog::info("checkpoint: {} (training waited {:.2f} s)", path, blocked);
+      }
     }
     if (preempted && !last) {
       spdlog::warn("stopping at step {} on a stop signal; resume with --resume auto (exit code {})",

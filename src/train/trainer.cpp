@@ -277,7 +277,10 @@ int64_t Trainer::parameter_count() const {
 }
 
 bool Trainer::stop_requested() {
-  return comm_->start_sum(stop_signal() != 0 ? 1.0 : 0.0).get() > 0;
+  // Rank 0's failed background save stops every rank at this step: finish_checkpoint() then
+  // reports it (the run loop saves, or fails, when it stops).
+  const bool stop = stop_signal() != 0 || background_.failed();
+  return comm_->start_sum(stop ? 1.0 : 0.0).get() > 0;
 }
 
 void Trainer::dry_run() {
@@ -657,9 +660,132 @@ void check_rank_files(const std::string& folder, const std::vector<double>& reco
   }
 }
 
+// The step's model and optimizer state as archives that own host copies of every tensor (the
+// copy the background write reads while training goes on), or that refer to the live tensors
+// (a save that writes before training continues). Tensors shared between modules are copied once.
+class StateArchives {
+ public:
+  explicit StateArchives(bool copy) : copy_(copy) {}
+
+  void add_model(const torch::nn::Module& model) {
+    if (!copy_) {
+      model.save(model_);
+      return;
+    }
+    add_module(model, model_);
+  }
+
+  // `optimizer` as its save() writes it, with its state's tensors copied unless `owned` (the
+  // state is a copy already: ZeRO-1's gathered moments).
+  void add_optimizer(torch::optim::AdamW& optimizer, bool owned) {
+    if (!copy_ || owned) {
+      optimizer.save(optimizer_);
+      return;
+    }
+    using State = torch::optim::AdamWParamState;
+    using StateMap = std::decay_t<decltype(optimizer.state())>;
+    auto& state = optimizer.state();
+    StateMap live = std::move(state);
+    state.clear();
+    // The live state is put back whatever happens.
+    struct Restore {
+      torch::optim::AdamW& optimizer;
+      StateMap& saved;
+      ~Restore() { optimizer.state() = std::move(saved); }
+    } restore{optimizer, live};
+    for (const auto& [key, value] : live) {
+      const auto& moments = static_cast<const State&>(*value);
+      auto copy = std::make_unique<State>();
+      copy->step(moments.step());
+      copy->exp_avg(host_copy(moments.exp_avg()));
+      copy->exp_avg_sq(host_copy(moments.exp_avg_sq()));
+      if (moments.max_exp_avg_sq().defined()) {
+        copy->max_exp_avg_sq(host_copy(moments.max_exp_avg_sq()));
+      }
+      state.emplace(key, std::move(copy));
+    }
+    optimizer.save(optimizer_);
+  }
+
+  torch::serialize::OutputArchive& model() { return model_; }
+  torch::serialize::OutputArchive& optimizer() { return optimizer_; }
+
+ private:
+  // What Module::save writes, with copies of the tensors.
+  void add_module(const torch::nn::Module& module, torch::serialize::OutputArchive& archive) {
+    for (const auto& parameter : module.named_parameters(/*recurse=*/false)) {
+      archive.write(parameter.key(), host_copy(parameter.value()));
+    }
+    for (const auto& buffer : module.named_buffers(/*recurse=*/false)) {
+      archive.write(buffer.key(), host_copy(buffer.value()), /*is_buffer=*/true);
+    }
+    for (const auto& child : module.named_children()) {
+      if (!child.value()->is_serializable()) continue;
+      torch::serialize::OutputArchive child_archive(archive.compilation_unit());
+      add_module(*child.value(), child_archive);
+      archive.write(child.key(), child_archive);
+    }
+  }
+
+  torch::Tensor host_copy(const torch::Tensor& tensor) {
+    if (!tensor.defined()) return tensor;
+    const auto found = copies_.find(tensor.unsafeGetTensorImpl());
+    if (found != copies_.end()) return found->second;
+    torch::NoGradGuard no_grad;
+    torch::Tensor copy = tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    copy.set_requires_grad(tensor.requires_grad());
+    copies_.emplace(tensor.unsafeGetTensorImpl(), copy);
+    return copy;
+  }
+
+  bool copy_;
+  torch::serialize::OutputArchive model_, optimizer_;
+  std::map<const void*, torch::Tensor> copies_;
+};
+
 }  // namespace
 
 std::string Trainer::save_checkpoint(const CheckpointManager& manager) {
+  finish_checkpoint();
+  return save(manager, /*background=*/false);
+}
+
+std::string Trainer::start_checkpoint(const CheckpointManager& manager) {
+  finish_checkpoint();
+  return save(manager, /*background=*/true);
+}
+
+std::optional<std::string> Trainer::finish_checkpoint() {
+  if (pending_step_ < 0) return std::nullopt;
+  const int64_t step = pending_step_;
+  pending_step_ = -1;
+  const bool leader = comm_->rank() == 0;
+  std::string error;
+  if (leader) {
+    try {
+      background_.wait();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  // Every rank learns the outcome at the same point, on the training thread.
+  const bool saved =
+      comm_->reduce_scalars({leader && error.empty() ? 1.0 : 0.0}, dist::ScalarOp::kSum).front() >
+      0;
+  XLME_CHECK(error.empty(),
+             "the checkpoint of step {} ('{}'), written in the background, was not saved: {}; "
+             "its temporary folder was removed and the earlier checkpoints are kept: fix the "
+             "cause and resume with --resume auto",
+             step, pending_path_, error);
+  XLME_CHECK(saved,
+             "rank {}: rank 0 could not write the checkpoint of step {} in the background (its "
+             "log says why); the earlier checkpoints are kept: resume with --resume auto",
+             comm_->rank(), step);
+  if (!leader) spdlog::info("checkpoint: {} (written by rank 0 in the background)", pending_path_);
+  return pending_path_;
+}
+
+std::string Trainer::save(const CheckpointManager& manager, bool background) {
   // ZeRO-1: the optimizer state gathered from every rank's shard (every rank takes part) into
   // rank 0's host memory, where the checkpoint is written from.
   std::vector<torch::Tensor> exp_avg, exp_avg_sq;
@@ -705,23 +831,45 @@ std::string Trainer::save_checkpoint(const CheckpointManager& manager) {
   if (leader && !error) {
     try {
       check_rank_files(folder, records);
-      const auto file = [&](const char* name) { return (fs::path(folder) / name).string(); };
-      torch::serialize::OutputArchive model_archive, optimizer_archive;
-      model_->save(model_archive);
-      checkpoint::save_archive(model_archive, file(checkpoint::kModelFile));
+      // In the background the archives own copies of the tensors: training changes the live ones.
+      auto archives = std::make_shared<StateArchives>(background);
+      archives->add_model(*model_);
       if (sharded_) sharded_->put_whole_into(*optimizer_, exp_avg, exp_avg_sq);
-      optimizer_->save(optimizer_archive);
+      archives->add_optimizer(*optimizer_, /*owned=*/sharded_ != nullptr);
       if (sharded_) optimizer_->state().clear();
-      checkpoint::save_archive(optimizer_archive, file(checkpoint::kOptimizerFile));
-      checkpoint::write_trainer_state(
-          file(checkpoint::kTrainerStateFile),
-          {step_, tokens_seen_, skipped_steps_, comm_->world_size(), tokens_per_step_});
-      config::save_config(config_, file(checkpoint::kConfigFile));
-      if (!config_.data.tokenizer.empty() && fs::is_regular_file(config_.data.tokenizer)) {
-        write_file_atomic(file(checkpoint::kTokenizerFile),
-                          read_file(config_.data.tokenizer, "tokenizer"));
+      const checkpoint::TrainerState state{step_, tokens_seen_, skipped_steps_, comm_->world_size(),
+                                           tokens_per_step_};
+      const int64_t step = step_;
+      // File I/O alone (no collective): it may run on the background thread.
+      auto write = [archives, state, config = config_, folder, step, background, &manager]() {
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          const auto file = [&](const char* name) { return (fs::path(folder) / name).string(); };
+          checkpoint::save_archive(archives->model(), file(checkpoint::kModelFile));
+          checkpoint::save_archive(archives->optimizer(), file(checkpoint::kOptimizerFile));
+          checkpoint::write_trainer_state(file(checkpoint::kTrainerStateFile), state);
+          config::save_config(config, file(checkpoint::kConfigFile));
+          if (!config.data.tokenizer.empty() && fs::is_regular_file(config.data.tokenizer)) {
+            write_file_atomic(file(checkpoint::kTokenizerFile),
+                              read_file(config.data.tokenizer, "tokenizer"));
+          }
+          const std::string path = manager.commit(step);
+          if (background) {
+            spdlog::info(
+                "checkpoint: {} (written in the background in {:.1f} s)", path,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+          }
+          return path;
+        } catch (...) {
+          manager.abort(step);  // no temporary folder is left behind
+          throw;
+        }
+      };
+      if (background) {
+        background_.start(step_, std::move(write));
+      } else {
+        write();
       }
-      manager.commit(step_);
     } catch (...) {
       if (sharded_) optimizer_->state().clear();
       error = std::current_exception();
@@ -736,6 +884,11 @@ std::string Trainer::save_checkpoint(const CheckpointManager& manager) {
              "rank {}: rank 0 did not save the checkpoint of step {} (its log says why); no "
              "checkpoint was written",
              comm_->rank(), step_);
+  if (background) {
+    // Every rank: finish_checkpoint() collects the outcome at a later step boundary.
+    pending_step_ = step_;
+    pending_path_ = manager.path_for(step_);
+  }
   return manager.path_for(step_);
 }
 

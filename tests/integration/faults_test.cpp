@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -119,6 +120,86 @@ TEST(Faults, FailedSaveRemovesItsTemporaryFolder) {
   EXPECT_EQ(message, "write failed");
   EXPECT_TRUE(nothing_lost(before));
   EXPECT_FALSE(fs::exists(manager.temporary_path_for(2)));
+}
+
+// A file-size limit (`ulimit -f`) on this process while in scope, with SIGXFSZ ignored, so that a
+// write past it fails with EFBIG instead of killing the process.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    ::getrlimit(RLIMIT_FSIZE, &old_);
+    struct rlimit limit = old_;
+    limit.rlim_cur = bytes;
+    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &old_);
+    std::signal(SIGXFSZ, old_handler_);
+  }
+
+ private:
+  struct rlimit old_ {};
+  void (*old_handler_)(int) = nullptr;
+};
+
+// train.async_save: a checkpoint whose background write fails (model.pt over the file-size
+// limit) fails the run at a following step boundary with the write's error, naming the
+// checkpoint; its temporary folder is gone and the earlier checkpoint is kept.
+TEST(Faults, FailedBackgroundSaveFailsTheRunNamingTheCheckpoint) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  auto c = fault_run_config(run, 2, 2, 5);
+  ASSERT_EQ(run_in_process(c), kExitOk);
+  const auto before = snapshot(run + "/checkpoints");
+  const uint64_t model_bytes = fs::file_size(step_folder(run, 2) + "/model.pt");
+  c.train.steps = 8;
+  c.train.async_save = true;
+  std::string message;
+  {
+    const FileSizeLimit limit(model_bytes / 2);
+    message = error_message([&] { run_in_process(c); });
+  }
+  EXPECT_TRUE(contains_all(message, {"the checkpoint of step 4 ('" + step_folder(run, 4) +
+                                         "'), written in the background, was not saved",
+                                     "cannot write '" + step_folder(run, 4) + ".tmp/model.pt'",
+                                     "file-size limit", "earlier checkpoints are kept"}))
+      << message;
+  EXPECT_TRUE(nothing_lost(before));
+  EXPECT_TRUE(verifies(step_folder(run, 2)));
+  EXPECT_FALSE(fs::exists(step_folder(run, 4) + ".tmp"));
+  EXPECT_FALSE(fs::exists(step_folder(run, 4)));
+  EXPECT_FALSE(fs::exists(step_folder(run, 6)));  // the run stopped at the next boundary
+  EXPECT_FALSE(fs::exists(step_folder(run, 8)));
+}
+
+// train.async_save: SIGTERM while a checkpoint is written in the background waits for it, saves
+// the last finished step and exits 75: every checkpoint left is complete.
+TEST(Faults, StopSignalWaitsForTheSaveInFlight) {
+  TempDir dir;
+  const std::string run = dir / "run";
+  const pid_t pid = testing::start_tool(
+      "xlme-pretrain",
+      tiny_pretrain_args(run, 100000,
+                         {"--set", "train.log_every=1", "--set", "train.keep_last=100000"}),
+      "", dir / "err");
+  ASSERT_TRUE(testing::wait_for_text(dir / "err", "step 4/100000", 120)) << read_file(dir / "err");
+  ::kill(pid, SIGTERM);
+  const int code = testing::wait_exit_code(pid);
+  const std::string err = read_file(dir / "err");
+  EXPECT_EQ(code, kExitPreempted) << err;
+  EXPECT_TRUE(contains_all(
+      err, {"is written in the background", "(written in the background in ", "on a stop signal"}))
+      << err;
+  const int64_t newest = testing::newest_checkpoint_step(run);
+  EXPECT_GE(newest, 4) << err;
+  // Every step saved (train.save_every=1), each complete; no temporary folder.
+  for (int64_t step = 1; step <= newest; ++step) {
+    EXPECT_TRUE(verifies(step_folder(run, step))) << step << "\n" << err;
+  }
+  for (const auto& entry : fs::directory_iterator(run + "/checkpoints")) {
+    EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
+  }
 }
 
 // Item 2: --force replaces only a folder xlme-export wrote.

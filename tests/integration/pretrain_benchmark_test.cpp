@@ -3,6 +3,7 @@
 #include "test_util.h"
 
 #include <cmath>
+#include <filesystem>
 #include <string>
 
 namespace xlme {
@@ -46,6 +47,26 @@ TEST(PretrainBenchmark, ProfileWritesTheTimePerOperator) {
                                            "aten::addmm_", "torch::autograd::CppNode<"}))
       << text;
   EXPECT_TRUE(testing::contains_all(r.err, {"where the time goes (1 profiled steps"}));
+}
+
+// --benchmark-save: the time a step waits per checkpoint, saved synchronously and in the
+// background, into a folder that is removed afterwards.
+TEST(PretrainBenchmark, SaveTimesBothWaysAndLeavesNothing) {
+  const testing::TempDir run;
+  const std::string disk = run / "disk";
+  std::filesystem::create_directories(disk);
+  const auto r = testing::run_tool(
+      "xlme-pretrain", {"--config", "configs/pretrain/benchmark/cpu_tiny.yaml", "--benchmark", "1",
+                        "--benchmark-save", disk, "--set", "model.vocab_size=500", "--set",
+                        "run.out_dir=" + (run / "run"), "--log-level", "warn"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << r.out;  // still exactly one JSON line
+  EXPECT_TRUE(testing::contains_all(
+      r.out, {"\"checkpoint_mb\": ", "\"save_blocked_ms_sync\": ", "\"save_blocked_ms_async\": ",
+              "\"step_ms_during_async_save\": ", "\"save_wait_ms_after_one_step\": ",
+              "\"peak_memory_mib_with_saves\": "}))
+      << r.out;
+  EXPECT_TRUE(std::filesystem::is_empty(disk));
 }
 
 TEST(PretrainBenchmark, ProfileNeedsBenchmark) {

@@ -83,6 +83,44 @@ TEST(Pretrain, StoppedAndResumedRunEndsLikeTheUninterruptedOne) {
   xlme::testing::expect_same_parameters(a, b, /*atol=*/0);
 }
 
+// train.async_save: checkpoints written in the background hold the same model bytes as those
+// written while training waits; a run stopped while one is in flight waits for it, and resumed
+// from it ends bit for bit like the uninterrupted run.
+TEST(Pretrain, BackgroundSavesResumeLikeTheUninterruptedRun) {
+  TempDir dir;
+  auto straight = run_config(dir / "straight", 1);
+  straight.train.async_save = false;
+  straight.train.keep_last = 10;
+  SignallingBatches never(straight, -1);
+  ASSERT_EQ(pretrain(straight, PretrainOptions{}, never, xlme::testing::single_process()), kExitOk);
+
+  auto stopped = run_config(dir / "stopped", 1);
+  stopped.train.async_save = true;
+  stopped.train.keep_last = 10;
+  // The 7th read is in step 4, given up after its first micro-batch while step 3's checkpoint is
+  // written in the background.
+  SignallingBatches signalled(stopped, 7);
+  ASSERT_EQ(pretrain(stopped, PretrainOptions{}, signalled, xlme::testing::single_process()),
+            kExitPreempted);
+  for (int64_t step = 1; step <= 3; ++step) {
+    const std::string name = fmt::format("checkpoints/step_{:08d}", step);
+    EXPECT_NO_THROW(checkpoint::CheckpointManager::verify(dir / ("stopped/" + name))) << name;
+    const std::string written = read_file(dir / ("stopped/" + name + "/model.pt"));
+    EXPECT_FALSE(written.empty()) << name;
+    EXPECT_TRUE(written == read_file(dir / ("straight/" + name + "/model.pt"))) << name;
+  }
+  EXPECT_FALSE(fs::exists(dir / "stopped/checkpoints/step_00000004"));
+  EXPECT_FALSE(fs::exists(dir / "stopped/checkpoints/step_00000004.tmp"));
+
+  torch::manual_seed(12345);  // a new process: other random state
+  SignallingBatches resumed(stopped, -1);
+  ASSERT_EQ(pretrain(stopped, PretrainOptions{}, resumed, xlme::testing::single_process()),
+            kExitOk);
+  auto a = final_model(straight);
+  auto b = final_model(stopped);
+  xlme::testing::expect_same_parameters(a, b, /*atol=*/0);
+}
+
 TEST(Pretrain, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   TempDir dir;
   const auto straight = run_config(dir / "straight", 0);

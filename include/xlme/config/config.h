@@ -347,6 +347,7 @@ struct TrainConfig {
   int64_t save_every = 5000;
   int64_t keep_last = 3;
   int64_t keep_every = 0;
+  bool async_save = true;
   int64_t max_bad_steps = 20;
   bool release_memory = false;
 
@@ -398,6 +399,12 @@ struct TrainConfig {
     v.field("keep_last", keep_last, IntRange{1, kNoLimit}, "newest checkpoints kept");
     v.field("keep_every", keep_every, IntRange{0, kNoLimit},
             "also keep every checkpoint whose step is a multiple of this; 0 = none");
+    v.field("async_save", async_save,
+            "periodic checkpoints: copy the model and optimizer state to host memory at the step "
+            "boundary and write, verify and prune them on a background thread while training "
+            "goes on (one save in flight; extra host memory about the size of model.pt + "
+            "optimizer.pt); the last and the stop-signal checkpoints are always complete before "
+            "the run ends. false = training waits for every save");
     v.field("max_bad_steps", max_bad_steps, IntRange{1, kNoLimit},
             "non-finite steps in a row before the run stops");
     v.field("release_memory", release_memory,

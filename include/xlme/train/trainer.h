@@ -11,6 +11,7 @@
 // the gradient of one batch k times larger, and R ranks the gradient of the combined batch.
 #pragma once
 
+#include "xlme/checkpoint/background.h"
 #include "xlme/checkpoint/layout.h"
 #include "xlme/checkpoint/manager.h"
 #include "xlme/config/config.h"
@@ -110,8 +111,19 @@ class Trainer {
   // without ZeRO. The load reads the files of a checkpoint that the caller verified (each file
   // once); it refuses a checkpoint whose tokens per step this run would change (another world
   // size) unless train.tokens_per_task was changed on purpose, naming the world sizes that keep
-  // them.
+  // them. save_checkpoint returns once the checkpoint is committed; it first finishes a save in
+  // flight (finish_checkpoint).
   std::string save_checkpoint(const checkpoint::CheckpointManager& manager);
+  // train.async_save: the same checkpoint, but rank 0 only copies the model and optimizer state to
+  // host memory here (the ZeRO-1 gather and the ranks' files stay on the step boundary) and writes,
+  // verifies, commits and prunes it on a background thread while training goes on. Returns the
+  // path it will have. At most one save is in flight: one still being written is finished first.
+  // `manager` must outlive the save (finish_checkpoint, or the trainer's destruction, waits).
+  std::string start_checkpoint(const checkpoint::CheckpointManager& manager);
+  // Every rank calls it at the same point: waits for the save in flight, and every rank throws
+  // xlme::Error naming the checkpoint when rank 0 could not write it (its temporary folder is
+  // removed, the earlier checkpoints are kept). Returns its path; nullopt when none was in flight.
+  std::optional<std::string> finish_checkpoint();
   void load_checkpoint(const checkpoint::VerifiedFiles& files);
 
   int64_t step() const { return step_; }
@@ -137,9 +149,9 @@ class Trainer {
   const torch::Device& device() const { return device_; }
   bool bf16() const { return bf16_; }
   int64_t parameter_count() const;
-  // Whether a stop signal (signals.h) reached any rank: every rank calls it
-  // at the same point and gets the same answer (one all-reduce of a flag and one host read: once
-  // per step).
+  // Whether a stop signal (signals.h) reached any rank, or rank 0's save in flight failed
+  // (finish_checkpoint then says why): every rank calls it at the same point and gets the same
+  // answer (one all-reduce of a flag and one host read: once per step).
   bool stop_requested();
 
  private:
@@ -170,6 +182,8 @@ class Trainer {
                              const std::map<std::string, std::string>& saved_config,
                              const std::string& path) const;
   void skip_update(StepRecord& record);
+  // save_checkpoint (`background` false) and start_checkpoint.
+  std::string save(const checkpoint::CheckpointManager& manager, bool background);
 
   config::Config config_;
   model::ElectraModel model_;
@@ -201,6 +215,11 @@ class Trainer {
   std::string reader_before_step_;
   GeneratorStates rng_before_step_;
   bool interrupted_ = false;
+  // start_checkpoint: the step and path of the save in flight (-1: none), known on every rank;
+  // rank 0's background_ writes it. Last member: destroyed first, it waits for the write.
+  int64_t pending_step_ = -1;
+  std::string pending_path_;
+  checkpoint::BackgroundSave background_;
 };
 
 }  // namespace xlme::train
