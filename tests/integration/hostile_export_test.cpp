@@ -249,12 +249,12 @@ TEST_F(HostileExport, TheReferenceLoaderRefusesNonFiniteAndMistypedWeightsNaming
   const std::string weights = folder + "/model.safetensors";
   auto content = checkpoint::read_safetensors(weights);
   const auto original = content;
-  content.tensors["discriminator.final_norm.weight"][0] = std::nan("");
+  content.tensors["embeddings.token.weight"][3][1] = std::nan("");
   checkpoint::write_safetensors(weights, content);
   auto run = reference(folder, {"--ids", "0 5 6 7 2"});
   EXPECT_EQ(run.code, 1) << run.out;
   EXPECT_TRUE(contains_all(run.err, {weights,
-                                     "tensor 'discriminator.final_norm.weight' holds 1 "
+                                     "tensor 'embeddings.token.weight' holds 1 "
                                      "NaN or infinite values"}))
       << run.err;
   content = original;
