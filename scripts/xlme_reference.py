@@ -37,6 +37,7 @@ import os
 import reprlib
 import struct
 import sys
+import types
 import zlib
 
 import numpy as np
@@ -178,19 +179,27 @@ def read_safetensors(path):
     return {name: torch.from_numpy(array) for name, array in arrays.items()}, metadata
 
 
-def read_safetensors_arrays(path):
-    """read_safetensors with numpy arrays: ({name: np.ndarray}, {metadata}), without torch."""
+def read_safetensors_header(path):
+    """({name: (dtype, shape)}, {metadata}) of a safetensors file, every header entry checked
+    against the file's real size as read_safetensors_arrays checks it, without reading any data."""
+    spans, metadata, _ = _safetensors_layout(path)
+    return {name: (dtype, shape) for (_, _, dtype, shape), name in spans}, metadata
+
+
+def _safetensors_layout(path):
+    """(sorted spans, metadata, data start) of a checked header; reads the header alone."""
     with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < 8:
-        raise ExportError(f"safetensors file '{path}' is {len(data)} bytes long, shorter than "
-                          "its 8-byte header size; it is truncated or not a safetensors file")
-    (header_size,) = struct.unpack("<Q", data[:8])
-    if header_size > len(data) - 8 or header_size > _MAX_HEADER:
-        raise ExportError(f"safetensors file '{path}' announces a {header_size}-byte header but "
-                          f"the file has only {len(data) - 8} bytes after the size; it is "
-                          "truncated or not a safetensors file")
-    header = parse_json(data[8:8 + header_size], f"safetensors file '{path}': the header")
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            raise ExportError(f"safetensors file '{path}' is {size} bytes long, shorter than "
+                              "its 8-byte header size; it is truncated or not a safetensors file")
+        (header_size,) = struct.unpack("<Q", f.read(8))
+        if header_size > size - 8 or header_size > _MAX_HEADER:
+            raise ExportError(f"safetensors file '{path}' announces a {header_size}-byte header "
+                              f"but the file has only {size - 8} bytes after the size; it is "
+                              "truncated or not a safetensors file")
+        text = f.read(header_size)
+    header = parse_json(text, f"safetensors file '{path}': the header")
     if not isinstance(header, dict):
         raise ExportError(f"safetensors file '{path}': the header is not a JSON object")
     metadata = header.pop("__metadata__", {})
@@ -208,19 +217,71 @@ def read_safetensors_arrays(path):
             raise ExportError(f"safetensors file '{path}': bytes [{covered}, {begin}) of the data "
                               f"belong to no tensor (before '{name}')")
         covered, previous = end, name
-    if covered != len(data) - start:
+    if covered != size - start:
         raise ExportError(f"safetensors file '{path}': its tensors cover {covered} bytes of data "
-                          f"but the file holds {len(data) - start}; it is truncated or damaged")
+                          f"but the file holds {size - start}; it is truncated or damaged")
+    return spans, metadata, start
+
+
+def read_safetensors_arrays(path, names=None):
+    """read_safetensors with numpy arrays: ({name: np.ndarray}, {metadata}), without torch. With
+    `names`, only those tensors are read (the others are never read nor allocated)."""
+    spans, metadata, start = _safetensors_layout(path)
     tensors = {}
-    for (begin, end, dtype, shape), name in spans:
-        raw = data[start + begin:start + end]
-        if dtype == "BF16":
-            # bfloat16 is the upper half of a float32.
-            array = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-        else:
-            array = np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype])
-        tensors[name] = array.reshape(shape).copy()
+    with open(path, "rb") as f:
+        for (begin, end, dtype, shape), name in spans:
+            if names is not None and name not in names:
+                continue
+            f.seek(start + begin)
+            raw = f.read(end - begin)
+            if len(raw) != end - begin:
+                raise ExportError(f"safetensors file '{path}': tensor '{name}' is cut short "
+                                  "(the file changed while it was read?)")
+            if dtype == "BF16":
+                # bfloat16 is the upper half of a float32.
+                array = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+            else:
+                array = np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype])
+            tensors[name] = array.reshape(shape).copy()
     return tensors, metadata
+
+
+def _check_declared(config, declared, config_path, weights_path):
+    """Before any data is read: every weight config.json gives a shape is stored as config.json's
+    dtype (F32, or BF16 for a bfloat16 export), and the tensors it gives no shape (the heads) hold
+    no more data than those it does: an extra tensor declared larger is refused by name, unread."""
+    known = expected_shapes(config, "discriminator")
+    if isinstance(config.get("generator"), dict) and config["generator"].get("exported") is True:
+        known.update(expected_shapes(config, "generator"))
+    stored = "BF16" if config.get("dtype") == "bfloat16" else "F32"
+    known_bytes = 0
+    for name, (dtype, shape) in declared.items():
+        if name in known:
+            if dtype != stored:
+                raise ExportError(f"safetensors file '{weights_path}': tensor '{name}' is {dtype}, "
+                                  f"but export config '{config_path}' says dtype "
+                                  f"{config.get('dtype')} ({stored}); no conversion applies: "
+                                  "export the checkpoint again")
+            known_bytes += math.prod(shape) * _DTYPE_BYTES[dtype]
+    for name, (dtype, shape) in declared.items():
+        if name not in known:
+            size = math.prod(shape) * _DTYPE_BYTES[dtype]
+            if size > known_bytes:
+                raise ExportError(f"safetensors file '{weights_path}': tensor '{name}' ({dtype} "
+                                  f"of shape {shape}, {size} bytes) is not a weight of the model "
+                                  f"export config '{config_path}' describes, and is larger than "
+                                  f"all of its weights ({known_bytes} bytes); it is not read")
+
+
+def _check_finite(weights, weights_path):
+    """NaN or infinite weights (a run that diverged before it was saved) are refused, as the C++
+    readers refuse them."""
+    for name, array in sorted(weights.items()):
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            bad = int(array.size - np.isfinite(array).sum())
+            raise ExportError(f"safetensors file '{weights_path}': tensor '{name}' holds {bad} NaN "
+                              f"or infinite values of {array.size}: the run diverged before "
+                              "these weights were saved; export an earlier checkpoint")
 
 
 def write_safetensors(path, tensors, metadata=None):
@@ -542,8 +603,12 @@ def _checked_files(folder, encoder):
                           "(xlme-export --with-generator)")
     _check_tokenizer(folder, config, path)
     weights_path = os.path.join(folder, "model.safetensors")
+    declared, _ = read_safetensors_header(weights_path)
+    _check_declared(config, declared, path, weights_path)
+    _check_shapes(config, {name: types.SimpleNamespace(shape=shape)
+                           for name, (_, shape) in declared.items()}, encoder, path, weights_path)
     weights, _ = read_safetensors_arrays(weights_path)
-    _check_shapes(config, weights, encoder, path, weights_path)
+    _check_finite(weights, weights_path)
     return config, weights, weights_path
 
 

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <regex>
 
@@ -53,6 +54,29 @@ bool is_plain_file_name(const std::string& name) {
          name.find_first_of(std::string("/\0", 2)) == std::string::npos;
 }
 
+// A checkpoint of a newer format is not damaged: it is named so, with what to do.
+std::string newer_format_message(const std::string& path, int version) {
+  return fmt::format(
+      "checkpoint '{}' was written by a newer xlme (checkpoint format version {}; this build "
+      "reads version {}); it is not damaged. Upgrade xlme to read it, or point to an older "
+      "checkpoint (--resume DIR, finetune.init or --checkpoint with a step_<N> folder)",
+      path, version, kFormatVersion);
+}
+
+// The format version that checkpoint `path`'s manifest records; nullopt when it records none
+// readable (verify() then says what is wrong).
+std::optional<int> manifest_version(const std::string& path) {
+  const std::string manifest_path = (fs::path(path) / kManifestFile).string();
+  std::error_code ec;
+  if (fs::symlink_status(manifest_path, ec).type() != fs::file_type::regular) return std::nullopt;
+  try {
+    const YAML::Node manifest = config::load_yaml_file(manifest_path);
+    if (manifest.IsMap() && manifest["version"].IsScalar()) return manifest["version"].as<int>();
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
 // The parsed manifest of checkpoint `path`, its format and version checked.
 YAML::Node load_manifest(const std::string& path) {
   std::error_code ec;
@@ -79,6 +103,7 @@ YAML::Node load_manifest(const std::string& path) {
              "'{}' is not an xlme checkpoint manifest (field 'format' is not '{}')", manifest_path,
              kFormat);
   const int version = manifest_field<int>(manifest["version"], "version", manifest_path);
+  XLME_CHECK(version <= kFormatVersion, "{}", newer_format_message(path, version));
   XLME_CHECK(version == kFormatVersion,
              "checkpoint '{}' has format version {}; this xlme reads version {}", path, version,
              kFormatVersion);
@@ -207,6 +232,11 @@ std::vector<CheckpointRef> CheckpointManager::list() const {
 std::optional<VerifiedCheckpoint> CheckpointManager::latest_valid() const {
   const auto all = list();
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    // A newer xlme's checkpoint stops the search: taking an older one would silently resume from
+    // an earlier step and lose the newer one's work.
+    const auto version = manifest_version(it->path);
+    XLME_CHECK(!version || *version <= kFormatVersion, "{}",
+               newer_format_message(it->path, *version));
     try {
       VerifiedFiles files = verify(it->path);
       // The folder's name orders the checkpoints: one renamed (step_40 holding step 4) would be

@@ -18,7 +18,14 @@
 #include <torch/torch.h>
 #include <yaml-cpp/yaml.h>
 
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -91,30 +98,41 @@ void copy_weights_strictly(torch::nn::Module& module,
 // Loading is strict, so the weights hold every parameter of the model that the config describes.
 // A config that describes a larger model than the file holds is refused before anything is built:
 // a few edited sizes must not allocate gigabytes.
+// `stored`: the values the weight file declares (an upper bound for an archive).
 void check_model_fits_weights(const Pretrained& p, model::Architecture architecture,
-                              const std::map<std::string, torch::Tensor>& weights,
-                              const std::string& weights_file, const std::string& config_file) {
+                              uint64_t stored, const std::string& weights_file,
+                              const std::string& config_file) {
   const auto counts = model::analytic_parameter_counts(p.model, architecture);
-  const int64_t needed =
-      model::count_of(counts, "embeddings") + model::count_of(counts, "discriminator");
-  int64_t stored = 0;
-  for (const auto& [name, tensor] : weights) stored += tensor.numel();
+  const auto needed = static_cast<uint64_t>(model::count_of(counts, "embeddings") +
+                                            model::count_of(counts, "discriminator"));
   XLME_CHECK(needed <= stored,
              "'{}' describes a model with {} parameters in its embeddings and encoder, but '{}' "
              "holds only {} values; the weights and the config do not belong together",
              config_file, needed, weights_file, stored);
 }
 
+// The values that `specs` declare in all (saturating: a hostile header may overflow the sum).
+uint64_t declared_values(const WeightSpecs& specs) {
+  uint64_t total = 0;
+  for (const auto& [name, spec] : specs) {
+    uint64_t n = 1;
+    for (const int64_t size : spec.shape) n *= static_cast<uint64_t>(size);
+    if (__builtin_add_overflow(total, n, &total)) return UINT64_MAX;
+  }
+  return total;
+}
+
 // The vocabulary size and special ids of the weights, the config and the tokenizer agree.
-void check_vocabulary(Pretrained& p, const std::map<std::string, torch::Tensor>& weights,
-                      const std::string& weights_file, const std::string& config_file) {
-  const auto table = weights.find("embeddings.token.weight");
-  XLME_CHECK(table != weights.end() && table->second.dim() == 2,
+// `declared`: what the weight file declares, checked before anything of it is read.
+void check_vocabulary(Pretrained& p, const WeightSpecs& declared, const std::string& weights_file,
+                      const std::string& config_file) {
+  const auto table = declared.find("embeddings.token.weight");
+  XLME_CHECK(table != declared.end() && table->second.shape.size() == 2,
              "'{}' has no 2-D embeddings.token.weight: it is not an xlme model", weights_file);
-  XLME_CHECK(table->second.size(0) == p.model.vocab_size,
+  XLME_CHECK(table->second.shape[0] == p.model.vocab_size,
              "vocabulary size mismatch: embeddings.token.weight in '{}' has {} rows but '{}' says "
              "vocab_size {}; the weights and the config do not belong together",
-             weights_file, table->second.size(0), config_file, p.model.vocab_size);
+             weights_file, table->second.shape[0], config_file, p.model.vocab_size);
   if (p.tokenizer_path.empty()) return;
   const data::Tokenizer tokenizer(p.tokenizer_path, data::parse_vocab_layout(p.vocab_layout));
   XLME_CHECK(tokenizer.vocab_size() == p.model.vocab_size,
@@ -122,7 +140,7 @@ void check_vocabulary(Pretrained& p, const std::map<std::string, torch::Tensor>&
              "included) but '{}' says vocab_size {} (and the weights have {} rows); use the "
              "SentencePiece model the model was trained with",
              p.tokenizer_path, p.vocab_layout, tokenizer.vocab_size(), config_file,
-             p.model.vocab_size, table->second.size(0));
+             p.model.vocab_size, table->second.shape[0]);
   const auto& t = tokenizer.special_ids();
   const auto& c = p.special_ids;
   const std::pair<const char*, std::pair<int64_t, int64_t>> ids[] = {{"<s>", {c.bos, t.bos}},
@@ -138,11 +156,10 @@ void check_vocabulary(Pretrained& p, const std::map<std::string, torch::Tensor>&
   }
 }
 
-std::map<std::string, torch::Tensor> read_checkpoint(const std::string& path,
-                                                     const PretrainedOptions& options,
-                                                     Pretrained& p, std::string& config_file) {
+// Reads what a checkpoint says of itself into `p`; returns the path of its model.pt.
+std::string read_checkpoint(const VerifiedFiles& files, const PretrainedOptions& options,
+                            Pretrained& p, std::string& config_file) {
   // Every file below is read through the verified manifest: an unlisted file is never read.
-  const VerifiedFiles files = CheckpointManager::verify(path);
   config_file = files.path(kConfigFile);
   const config::Config run = config::load_config(config_file);
   p.run_config = run;
@@ -154,15 +171,14 @@ std::map<std::string, torch::Tensor> read_checkpoint(const std::string& path,
   p.tokens_seen = state.tokens_seen;
   p.tokenizer_path =
       files.lists(kTokenizerFile) ? files.path(kTokenizerFile) : options.fallback_tokenizer;
-  auto weights = read_module_archive(files.path(kModelFile));
   // The trainer's vocabulary: <mask> last, the others fixed (data::SpecialIds).
   p.special_ids = data::SpecialIds::for_vocab(p.model.vocab_size);
-  return weights;
+  return files.path(kModelFile);
 }
 
-std::map<std::string, torch::Tensor> read_export(const std::string& path,
-                                                 const PretrainedOptions& options, Pretrained& p,
-                                                 std::string& config_file, bool& has_generator) {
+// Reads what an export says of itself into `p`; returns the path of its model.safetensors.
+std::string read_export(const std::string& path, const PretrainedOptions& options, Pretrained& p,
+                        std::string& config_file, bool& has_generator) {
   config_file = (fs::path(path) / kExportConfigFile).string();
   const ExportedConfig exported =
       parse_exported_config(read_export_config(config_file), config_file);
@@ -183,7 +199,32 @@ std::map<std::string, torch::Tensor> read_export(const std::string& path,
              "export '{}' has no {}: the folder is incomplete; export the checkpoint again", path,
              kExportTokenizerFile);
   check_tokenizer(exported, p.tokenizer_path, config_file);
-  return read_safetensors((fs::path(path) / kExportWeightsFile).string()).tensors;
+  return (fs::path(path) / kExportWeightsFile).string();
+}
+
+// What the weight file of `p` holds when it is what it says: a checkpoint's model.pt the whole
+// model the run trained (its cross-attention included); an export the discriminator without
+// cross-attention and, when exported, the generator's parameters (xlme-export's
+// exported_weights).
+WeightSpecs expected_weights(const Pretrained& p, model::Architecture architecture,
+                             bool has_generator) {
+  torch::NoGradGuard no_grad;
+  if (p.source == PretrainedSource::kCheckpoint) {
+    return weight_specs(*model::ElectraModel(p.model, architecture, p.special_ids));
+  }
+  config::ModelConfig plain = p.model;
+  plain.cross_attention = false;
+  WeightSpecs out = weight_specs(
+      *model::DiscriminatorModel(plain, architecture == model::Architecture::kElectra));
+  if (has_generator) {
+    const model::ElectraModel electra(plain, architecture, p.special_ids);
+    for (const auto& item : electra->named_parameters()) {
+      if (is_generator_weight(item.key())) {
+        out[item.key()] = {item.value().sizes().vec(), item.value().scalar_type()};
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -235,16 +276,23 @@ Pretrained load_pretrained(const std::string& path, const PretrainedOptions& opt
   p.source = detect_pretrained_source(path);
   std::string config_file;
   bool has_generator = true;  // a checkpoint always holds the whole model
-  const auto weights = p.source == PretrainedSource::kCheckpoint
-                           ? read_checkpoint(path, options, p, config_file)
-                           : read_export(path, options, p, config_file, has_generator);
-  const std::string weights_file =
-      (fs::path(path) /
-       (p.source == PretrainedSource::kCheckpoint ? kModelFile : kExportWeightsFile))
-          .string();
-  check_vocabulary(p, weights, weights_file, config_file);
-  check_finite_weights(weights, weights_file);
-
+  std::optional<VerifiedFiles> files;
+  if (p.source == PretrainedSource::kCheckpoint) files = CheckpointManager::verify(path);
+  const std::string weights_file = files
+                                       ? read_checkpoint(*files, options, p, config_file)
+                                       : read_export(path, options, p, config_file, has_generator);
+  if (!p.tokenizer_path.empty()) {
+    // Opened right after the checkpoint verified and kept open: the file stays readable when a
+    // live run prunes the checkpoint later.
+    const int fd = ::open(p.tokenizer_path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    XLME_CHECK(fd >= 0, "cannot open the tokenizer '{}': {}", p.tokenizer_path,
+               std::strerror(errno));
+    p.tokenizer_fd = std::shared_ptr<const int>(new int(fd), [](const int* f) {
+      ::close(*f);
+      delete f;
+    });
+    p.tokenizer_file = fmt::format("/proc/self/fd/{}", fd);
+  }
   const auto architecture = model::architecture_for(p.objective_set);
   XLME_CHECK(!options.with_generator || architecture != model::Architecture::kEncoder,
              "'{}' is a student distilled with objectives.set={}: it has no generator or MLM "
@@ -260,8 +308,35 @@ Pretrained load_pretrained(const std::string& path, const PretrainedOptions& opt
       "objectives.set=veco pre-training; use finetune.cross_attention=plug-out",
       path, p.objective_set,
       p.source == PretrainedSource::kExport ? ", and exports leave the cross-attention out" : "");
+  // What the file declares is checked against the model before anything of it is read: an extra
+  // tensor, however large it claims to be, is refused by name and never allocated.
+  const std::string hint = "the weights and the config do not belong together";
+  std::map<std::string, torch::Tensor> weights;
+  if (p.source == PretrainedSource::kExport) {
+    const SafetensorsHeader header = read_safetensors_header(weights_file);
+    check_vocabulary(p, header.tensors, weights_file, config_file);
+    check_model_fits_weights(p, architecture, declared_values(header.tensors), weights_file,
+                             config_file);
+    const WeightSpecs expected = expected_weights(p, architecture, has_generator);
+    // The documented conversion: a bf16 export (config.json's dtype) is read into fp32 weights.
+    const torch::ScalarType floating = p.dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
+    check_declared_weights(header.tensors, expected, floating, weights_file, hint);
+    std::set<std::string> names;
+    for (const auto& [name, spec] : expected) names.insert(name);
+    weights = read_safetensors(weights_file, names).tensors;
+  } else {
+    // model.pt holds fp32 values: its size bounds how many.
+    check_model_fits_weights(p, architecture, fs::file_size(weights_file) / sizeof(float),
+                             weights_file, config_file);
+    weights = read_module_archive(weights_file, expected_weights(p, architecture, has_generator));
+    WeightSpecs declared;
+    for (const auto& [name, tensor] : weights) {
+      declared[name] = {tensor.sizes().vec(), tensor.scalar_type()};
+    }
+    check_vocabulary(p, declared, weights_file, config_file);
+  }
+  check_finite_weights(weights, weights_file);
   p.model.cross_attention = options.cross_attention;
-  check_model_fits_weights(p, architecture, weights, weights_file, config_file);
   p.discriminator =
       model::DiscriminatorModel(p.model, architecture == model::Architecture::kElectra);
   copy_weights_strictly(*p.discriminator, weights, has_generator, has_cross_attention,
@@ -274,6 +349,30 @@ Pretrained load_pretrained(const std::string& path, const PretrainedOptions& opt
     p.electra->eval();
   }
   return p;
+}
+
+Pretrained load_pretrained_resolved(const std::string& path, const PretrainedOptions& options) {
+  constexpr int kAttempts = 20;
+  const std::string checkpoints = checkpoints_folder(path);
+  // The checkpoint folders of a run folder by name: they change while its run saves and prunes.
+  const auto listed = [&] {
+    std::vector<std::string> names;
+    if (!fs::is_directory(checkpoints)) return names;
+    for (const auto& ref : CheckpointManager(checkpoints, 1, 0).list()) names.push_back(ref.path);
+    return names;
+  };
+  for (int attempt = 1;; ++attempt) {
+    const auto before = listed();
+    try {
+      return load_pretrained(resolve_pretrained_folder(path), options);
+    } catch (const Error&) {
+      if (before.empty() || listed() == before || attempt == kAttempts) throw;
+      spdlog::info(
+          "the checkpoints of {} changed while one was read (its run saves and prunes old ones); "
+          "reading the newest one again",
+          path);
+    }
+  }
 }
 
 }  // namespace xlme::checkpoint

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <set>
 #include <vector>
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -169,8 +170,15 @@ SafetensorsEntry safetensors_entry(const std::string& file, const std::string& n
   return e;
 }
 
-SafetensorsContent parse_safetensors_from(const SafetensorsReader& read, uint64_t file_size,
-                                          const std::string& file) {
+// A checked header: the tensors tile the data region, which starts at `data_start`.
+struct SafetensorsLayout {
+  std::vector<SafetensorsEntry> entries;
+  std::map<std::string, std::string> metadata;
+  uint64_t data_start = 0;
+};
+
+SafetensorsLayout parse_safetensors_layout(const SafetensorsReader& read, uint64_t file_size,
+                                           const std::string& file) {
   XLME_CHECK(file_size >= 8,
              "safetensors file '{}' is {} bytes long, shorter than its 8-byte header size; it is "
              "truncated or not a safetensors file",
@@ -190,8 +198,8 @@ SafetensorsContent parse_safetensors_from(const SafetensorsReader& read, uint64_
                                  /*unique_keys=*/true);
   XLME_CHECK(header.is_object(), "safetensors file '{}': the header is not a JSON object", file);
 
-  SafetensorsContent content;
-  std::vector<SafetensorsEntry> entries;
+  SafetensorsLayout layout;
+  auto& entries = layout.entries;
   for (const auto& [name, spec] : header.items()) {
     if (name == "__metadata__") {
       XLME_CHECK(spec.is_object(),
@@ -200,7 +208,7 @@ SafetensorsContent parse_safetensors_from(const SafetensorsReader& read, uint64_
         XLME_CHECK(value.is_string(),
                    "safetensors file '{}': __metadata__ value of '{}' is {}, not a string", file,
                    key, describe_json(value));
-        content.metadata[key] = value.get<std::string>();
+        layout.metadata[key] = value.get<std::string>();
       }
       continue;
     }
@@ -235,13 +243,59 @@ SafetensorsContent parse_safetensors_from(const SafetensorsReader& read, uint64_
              "safetensors file '{}': the data region has {} bytes but the tensors cover only {}; "
              "{} bytes at the end belong to no tensor",
              file, data_size, covered, data_size - covered);
-  for (const auto& e : entries) {
+  layout.data_start = data_start;
+  return layout;
+}
+
+// The tensors of `layout` that `wanted` names (all when it is null), read through `read`.
+SafetensorsContent read_safetensors_tensors(const SafetensorsReader& read,
+                                            const SafetensorsLayout& layout,
+                                            const std::set<std::string>* wanted,
+                                            const std::string& file) {
+  SafetensorsContent content;
+  content.metadata = layout.metadata;
+  for (const auto& e : layout.entries) {
+    if (wanted && wanted->count(e.name) == 0) continue;
     auto tensor = torch::empty(e.shape, torch::TensorOptions().dtype(e.type));
-    if (e.end > e.begin) read(data_start + e.begin, e.end - e.begin, tensor.data_ptr());
+    if (e.end > e.begin) read(layout.data_start + e.begin, e.end - e.begin, tensor.data_ptr());
     content.tensors.emplace(e.name, std::move(tensor));
+  }
+  if (wanted) {
+    for (const auto& name : *wanted) {
+      XLME_CHECK(content.tensors.count(name), "safetensors file '{}' has no tensor '{}'", file,
+                 name);
+    }
   }
   return content;
 }
+
+// A reader of the file `path`, opened once: the header and the data come from the same file.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path) : path_(path) {
+    std::error_code ec;
+    XLME_CHECK(fs::is_regular_file(path, ec), "safetensors file '{}' not found", path);
+    size_ = fs::file_size(path, ec);
+    XLME_CHECK(!ec, "cannot read the size of '{}': {}", path, ec.message());
+    in_.open(path, std::ios::binary);
+    XLME_CHECK(in_.good(), "cannot open '{}': {}", path, std::strerror(errno));
+  }
+  SafetensorsReader reader() {
+    return [this](uint64_t offset, uint64_t length, void* dst) {
+      in_.seekg(static_cast<std::streamoff>(offset));
+      in_.read(static_cast<char*>(dst), static_cast<std::streamsize>(length));
+      XLME_CHECK(static_cast<uint64_t>(in_.gcount()) == length,
+                 "cannot read {} bytes at offset {} of '{}' (the file changed while read?)", length,
+                 offset, path_);
+    };
+  }
+  uint64_t size() const { return size_; }
+
+ private:
+  std::string path_;
+  uint64_t size_ = 0;
+  std::ifstream in_;
+};
 
 }  // namespace
 
@@ -277,27 +331,32 @@ void write_safetensors(const std::string& path, const SafetensorsContent& conten
 }
 
 SafetensorsContent read_safetensors(const std::string& path) {
-  std::error_code ec;
-  XLME_CHECK(fs::is_regular_file(path, ec), "safetensors file '{}' not found", path);
-  const uint64_t size = fs::file_size(path, ec);
-  XLME_CHECK(!ec, "cannot read the size of '{}': {}", path, ec.message());
-  std::ifstream in(path, std::ios::binary);
-  XLME_CHECK(in.good(), "cannot open '{}': {}", path, std::strerror(errno));
-  const auto read = [&](uint64_t offset, uint64_t length, void* dst) {
-    in.seekg(static_cast<std::streamoff>(offset));
-    in.read(static_cast<char*>(dst), static_cast<std::streamsize>(length));
-    XLME_CHECK(static_cast<uint64_t>(in.gcount()) == length,
-               "cannot read {} bytes at offset {} of '{}' (the file changed while read?)", length,
-               offset, path);
-  };
-  return parse_safetensors_from(read, size, path);
+  SafetensorsFile file(path);
+  const auto layout = parse_safetensors_layout(file.reader(), file.size(), path);
+  return read_safetensors_tensors(file.reader(), layout, nullptr, path);
+}
+
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+  SafetensorsFile file(path);
+  const auto layout = parse_safetensors_layout(file.reader(), file.size(), path);
+  SafetensorsHeader header;
+  header.metadata = layout.metadata;
+  for (const auto& e : layout.entries) header.tensors[e.name] = {e.shape, e.type};
+  return header;
+}
+
+SafetensorsContent read_safetensors(const std::string& path, const std::set<std::string>& names) {
+  SafetensorsFile file(path);
+  const auto layout = parse_safetensors_layout(file.reader(), file.size(), path);
+  return read_safetensors_tensors(file.reader(), layout, &names, path);
 }
 
 SafetensorsContent parse_safetensors(const std::string& bytes, const std::string& name) {
   const auto read = [&](uint64_t offset, uint64_t length, void* dst) {
     std::memcpy(dst, bytes.data() + offset, length);
   };
-  return parse_safetensors_from(read, bytes.size(), name);
+  return read_safetensors_tensors(read, parse_safetensors_layout(read, bytes.size(), name), nullptr,
+                                  name);
 }
 
 }  // namespace xlme::checkpoint

@@ -105,7 +105,7 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   write_file_streamed(path, [&](const ByteSink& sink) { sink(content.data(), content.size()); });
 }
 
-std::string read_file(const std::string& path, const std::string& what) {
+std::string read_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
   // O_NONBLOCK: a FIFO in the file's place opens without waiting for a writer, and is refused
   // below; regular files ignore the flag.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -120,6 +120,11 @@ std::string read_file(const std::string& path, const std::string& what) {
               path, file_type_name(info.st_mode));
   }
   std::string bytes;
+  if (static_cast<uint64_t>(info.st_size) > max_bytes) {
+    ::close(fd);
+    XLME_FAIL("{} '{}' is {} bytes, more than the {} it may hold", what, path, info.st_size,
+              max_bytes);
+  }
   bytes.reserve(static_cast<std::size_t>(info.st_size));
   char buffer[1 << 16];
   for (;;) {
@@ -131,6 +136,11 @@ std::string read_file(const std::string& path, const std::string& what) {
       XLME_CHECK(read_err == 0, "cannot read {} '{}': {}; check the disk and the file", what, path,
                  std::strerror(read_err));
       return bytes;
+    }
+    if (bytes.size() + static_cast<uint64_t>(n) > max_bytes) {
+      ::close(fd);
+      XLME_FAIL("{} '{}' grew past the {} bytes it may hold while it was read", what, path,
+                max_bytes);
     }
     bytes.append(buffer, static_cast<std::size_t>(n));
   }

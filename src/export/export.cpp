@@ -403,12 +403,12 @@ ExportSummary export_model(const ExportOptions& options) {
   load.with_generator = options.with_generator;
   load.fallback_tokenizer = options.fallback_tokenizer;
   // A run folder stands for its newest valid checkpoint, as finetune.init and distill.teacher.
-  const std::string folder = checkpoint::resolve_pretrained_folder(options.checkpoint);
+  checkpoint::Pretrained p = checkpoint::load_pretrained_resolved(options.checkpoint, load);
+  const std::string folder = p.path;
   if (folder != options.checkpoint) {
     spdlog::info("run folder {}: exporting its newest valid checkpoint {}", options.checkpoint,
                  folder);
   }
-  checkpoint::Pretrained p = checkpoint::load_pretrained(folder, load);
   XLME_CHECK(!p.tokenizer_path.empty(),
              "checkpoint '{}' holds no tokenizer.model (its run had no data.tokenizer); give the "
              "SentencePiece model it was trained with: --set data.tokenizer=FILE",
@@ -461,7 +461,7 @@ ExportSummary export_model(const ExportOptions& options) {
     checkpoint::write_safetensors((tmp / checkpoint::kExportWeightsFile).string(), content);
     summary.weight_bytes = fs::file_size(tmp / checkpoint::kExportWeightsFile);
     const std::string tokenizer = (tmp / checkpoint::kExportTokenizerFile).string();
-    copy_file_synced(p.tokenizer_path, tokenizer);
+    copy_file_synced(p.tokenizer_file, tokenizer);
     checkpoint::record_tokenizer(exported, tokenizer);
     write_file_atomic((tmp / checkpoint::kExportConfigFile).string(),
                       checkpoint::to_json(exported));

@@ -61,7 +61,6 @@ std::string resolve_init(const std::string& init) {
 
 int run_finetune(const config::Config& config) {
   const auto& settings = config.finetune;
-  const auto init = resolve_init(settings.init);
   checkpoint::PretrainedOptions load;
   load.cross_attention = settings.cross_attention == "plug-in";
   XLME_CHECK(!load.cross_attention || task_info(settings.task).family == TaskFamily::kSentencePair,
@@ -69,11 +68,13 @@ int run_finetune(const config::Config& config) {
              "(xnli, pawsx) with cross-attention to each other; finetune.task={} has no sentence "
              "pairs; use finetune.cross_attention=plug-out",
              settings.task);
-  auto pretrained = checkpoint::load_pretrained(init, load);
+  resolve_init(settings.init);  // the checks of finetune.init
+  auto pretrained = checkpoint::load_pretrained_resolved(settings.init, load);
+  const std::string init = pretrained.path;  // the checkpoint or export folder read
   XLME_CHECK(!pretrained.tokenizer_path.empty(),
              "{} holds no SentencePiece model; fine-tuning needs the tokenizer of pre-training",
              init);
-  const data::Tokenizer tokenizer(pretrained.tokenizer_path,
+  const data::Tokenizer tokenizer(pretrained.tokenizer_file,
                                   data::parse_vocab_layout(pretrained.vocab_layout));
   // One process: the first visible GPU (or the CPU), made current.
   const auto device = dist::use_device(config.run.device, dist::LaunchInfo{});

@@ -21,7 +21,7 @@ model::Teacher load_teacher(const config::Config& config) {
              d.teacher);
   checkpoint::Pretrained p;
   try {
-    p = checkpoint::load_pretrained(checkpoint::resolve_pretrained_folder(d.teacher));
+    p = checkpoint::load_pretrained_resolved(d.teacher);
   } catch (const Error& e) {
     XLME_FAIL("distill.teacher '{}': {}", d.teacher, e.what());
   }

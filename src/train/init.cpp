@@ -7,6 +7,9 @@
 #include "xlme/checkpoint/weights.h"
 #include "xlme/common/error.h"
 #include "xlme/common/shape_text.h"
+#include "xlme/config/config.h"
+#include "xlme/model/electra.h"
+#include "xlme/model/parameter_count.h"
 
 #include <fmt/ranges.h>
 #include <torch/serialize.h>
@@ -116,9 +119,17 @@ std::map<std::string, torch::Tensor> checkpoint_weights(const std::string& folde
              "--init-from {}: not a folder; give a pre-training checkpoint folder such as "
              "runs/demo/checkpoints/step_600, or an HF XLM-R checkpoint folder",
              folder);
-  const std::string file =
-      checkpoint::CheckpointManager::verify(folder).path(checkpoint::kModelFile);
-  auto out = checkpoint::read_module_archive(file);
+  const auto files = checkpoint::CheckpointManager::verify(folder);
+  const std::string file = files.path(checkpoint::kModelFile);
+  // The source may be another model than the one initialized: its own config bounds what its
+  // model.pt may hold (fp32 parameters, and buffers within the slack of the bound).
+  const config::Config source = config::load_config(files.path(checkpoint::kConfigFile));
+  uint64_t parameters = 0;
+  for (const auto& m : model::analytic_parameter_counts(
+           source.model, model::architecture_for(source.objectives.set))) {
+    parameters += static_cast<uint64_t>(m.count);
+  }
+  auto out = checkpoint::read_module_archive(file, parameters * sizeof(float) + (16u << 20));
   XLME_CHECK(!out.empty(), "--init-from {}: {} holds no tensors", folder, checkpoint::kModelFile);
   checkpoint::check_finite_weights(out, file);
   return out;

@@ -47,6 +47,14 @@ namespace fs = std::filesystem;
 
 constexpr data::Task kTasks[] = {data::Task::kMono, data::Task::kPara};
 
+// The most optimizer states per parameter a checkpoint may hold: AdamW's two moments, and the
+// maximum of the second with amsgrad.
+constexpr uint64_t kMaxOptimizerStates = 3;
+
+// The most tensor data of a rank's file (its random generators' states, a few kilobytes) and of
+// the optimizer's step counters.
+constexpr uint64_t kMaxRankStateBytes = 16u << 20;
+
 }  // namespace
 
 namespace {
@@ -987,7 +995,11 @@ void Trainer::load_checkpoint(const VerifiedFiles& files) {
     rank_files.push_back(files.path(checkpoint::rank_file(r)));
   }
   torch::serialize::InputArchive model_archive, optimizer_archive;
-  checkpoint::load_archive(model_archive, model_file, device_);
+  // The archives may hold what this model and its optimizer need and no more: model.pt exactly
+  // the model's tensors (names, shapes and dtypes checked before LibTorch reads them), the
+  // optimizer at most AdamW's moments of every parameter, a rank's file its random states.
+  const auto specs = checkpoint::weight_specs(*model_);
+  checkpoint::load_module_archive(model_archive, model_file, device_, specs);
   try {
     model_->load(model_archive);
   } catch (const c10::Error& e) {
@@ -995,8 +1007,9 @@ void Trainer::load_checkpoint(const VerifiedFiles& files) {
               e.what_without_backtrace());
   }
   // ZeRO-1: the whole state read into host memory, of which each rank copies its shard.
-  checkpoint::load_archive(optimizer_archive, optimizer_file,
-                           sharded_ ? torch::Device(torch::kCPU) : device_);
+  checkpoint::load_archive(
+      optimizer_archive, optimizer_file, sharded_ ? torch::Device(torch::kCPU) : device_,
+      kMaxOptimizerStates * checkpoint::weight_bytes(specs) + kMaxRankStateBytes);
   try {
     optimizer_->load(optimizer_archive);
   } catch (const c10::Error& e) {
@@ -1012,7 +1025,7 @@ void Trainer::load_checkpoint(const VerifiedFiles& files) {
   GeneratorStates my_rng;
   for (int r = 0; r < saved.world_size; ++r) {
     torch::serialize::InputArchive archive;
-    checkpoint::load_archive(archive, rank_files[r], torch::kCPU);
+    checkpoint::load_archive(archive, rank_files[r], torch::kCPU, kMaxRankStateBytes);
     try {
       c10::IValue reader;
       archive.read("reader", reader);

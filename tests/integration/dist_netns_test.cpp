@@ -178,10 +178,10 @@ TEST(DistNetns, LinkCutIsNoticedByBothRanksAndTheResumeIsBitIdentical) {
     EXPECT_EQ(wait_code(pids[rank], 120), kExitOk)
         << read_file(dir / ("reference" + std::to_string(rank)));
   }
-  const auto resumed =
-      checkpoint::read_module_archive(step_folder(run, kSteps) + "/" + checkpoint::kModelFile);
-  const auto uninterrupted = checkpoint::read_module_archive(step_folder(reference, kSteps) + "/" +
-                                                             checkpoint::kModelFile);
+  const auto resumed = checkpoint::read_module_archive(
+      step_folder(run, kSteps) + "/" + checkpoint::kModelFile, uint64_t{1} << 30);
+  const auto uninterrupted = checkpoint::read_module_archive(
+      step_folder(reference, kSteps) + "/" + checkpoint::kModelFile, uint64_t{1} << 30);
   ASSERT_EQ(resumed.size(), uninterrupted.size());
   for (const auto& [name, tensor] : uninterrupted) {
     ASSERT_TRUE(resumed.count(name)) << name;

@@ -5,7 +5,13 @@
 #include "fault_fixtures.h"
 #include "hostile_fixtures.h"
 #include "test_util.h"
+#include "xlme/checkpoint/archive.h"
+#include "xlme/config/config.h"
+#include "xlme/model/electra.h"
 
+#include <torch/serialize.h>
+
+#include <functional>
 #include <iostream>
 #include <regex>
 
@@ -175,6 +181,62 @@ TEST_F(HostileCheckpoint, NonFiniteWeightsAreRefusedNamingFileAndTensor) {
     EXPECT_TRUE(fails_cleanly(
         r, 1,
         {"'" + file + "': tensor '", "NaN or infinite values of", "use an earlier checkpoint"}));
+  }
+}
+
+// The checkpoint's model.pt rewritten after `edit` of the model it holds (the run's own model,
+// built from its config.yaml), its manifest re-signed.
+void edit_model(const std::string& checkpoint,
+                const std::function<void(model::ElectraModel&)>& edit) {
+  const config::Config run = config::load_config(checkpoint + "/config.yaml");
+  model::ElectraModel model(run.model, model::architecture_for(run.objectives.set),
+                            data::SpecialIds::for_vocab(run.model.vocab_size));
+  torch::serialize::InputArchive in;
+  in.load_from(checkpoint + "/model.pt");
+  model->load(in);
+  edit(model);
+  torch::serialize::OutputArchive out;
+  model->save(out);
+  checkpoint::save_archive(out, checkpoint + "/model.pt");
+  testing::resign_manifest(checkpoint, testing::checkpoint_entries(checkpoint));
+}
+
+// An extra gate tensor in an ungated run's checkpoint resumed without a word; a float64 or a
+// transposed table failed with "index out of range in self", naming nothing.
+TEST_F(HostileCheckpoint, ExtraMistypedOrTransposedTensorsAreRefusedNamingThem) {
+  const std::string file = checkpoint_ + "/model.pt";
+  torch::NoGradGuard no_grad;
+  edit_model(checkpoint_, [](model::ElectraModel& m) {
+    m->discriminator->register_parameter("gate_extra", torch::ones({4, 8}));
+  });
+  for (const HostileRun& r : {resume(), export_it()}) {
+    EXPECT_TRUE(fails_cleanly(r, 1,
+                              {"'" + file +
+                               "' has 1 weight(s) that the model of its config does "
+                               "not have: discriminator.gate_extra"}));
+  }
+  fresh_copy();
+  edit_model(checkpoint_, [](model::ElectraModel& m) {
+    auto table = m->named_parameters()["embeddings.token.weight"];
+    table.set_data(table.to(torch::kFloat64));
+  });
+  for (const HostileRun& r : {resume(), export_it()}) {
+    EXPECT_TRUE(fails_cleanly(r, 1,
+                              {"'" + file + "' has weights whose dtype differs",
+                               "embeddings.token.weight (Double stored, Float expected)"}));
+  }
+  fresh_copy();
+  std::string shape;
+  edit_model(checkpoint_, [&](model::ElectraModel& m) {
+    auto table = m->named_parameters()["embeddings.token.weight"];
+    table.set_data(table.t().contiguous());
+    shape = fmt::format("[{}, {}] stored, [{}, {}] expected", table.size(0), table.size(1),
+                        table.size(1), table.size(0));
+  });
+  for (const HostileRun& r : {resume(), export_it()}) {
+    EXPECT_TRUE(fails_cleanly(r, 1,
+                              {"'" + file + "' has weights whose shape differs",
+                               "embeddings.token.weight (" + shape + ")"}));
   }
 }
 

@@ -5,6 +5,7 @@
 // the exit code (never a signal), the file and the key or tensor named, and that nothing the user
 // had was lost or touched.
 #include "xlme/checkpoint/export_folder.h"
+#include "xlme/checkpoint/safetensors.h"
 #include "xlme/common/io.h"
 #include "xlme/export/export.h"
 
@@ -14,6 +15,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/resource.h>
+
+#include <cmath>
 #include <functional>
 
 namespace xlme::export_ {
@@ -182,6 +186,86 @@ TEST_F(HostileExport, ConfigValuesOutOfRangeAreRefusedNamingFileAndKey) {
     EXPECT_TRUE(fails_cleanly(run, 1, {folder + "/config.json", c.message}));
     EXPECT_FALSE(fs::exists(folder + "-again"));
   }
+}
+
+// model.safetensors of the export `folder` with one more tensor, `name`, declared as `bytes` of
+// F32 past the end of the data; the file is extended without writing (a sparse file of a few
+// hundred kilobytes on disk).
+void add_declared_tensor(const std::string& folder, const std::string& name, uint64_t bytes) {
+  const std::string path = folder + "/model.safetensors";
+  const std::string file = read_file(path);
+  uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | static_cast<uint8_t>(file[i]);
+  auto header = nlohmann::json::parse(file.substr(8, header_size));
+  const std::string data = file.substr(8 + header_size);
+  header[name] = {{"dtype", "F32"},
+                  {"shape", {bytes / 4}},
+                  {"data_offsets", {data.size(), data.size() + bytes}}};
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  write_raw_safetensors(path, text, data);
+  fs::resize_file(path, fs::file_size(path) + bytes);
+}
+
+// The largest resident memory of any child this process waited for, in MiB.
+int64_t children_peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_CHILDREN, &usage);
+  return usage.ru_maxrss / 1024;
+}
+
+TEST_F(HostileExport, AnExtraTensorDeclaredAs8GiBIsRefusedByNameUnread) {
+  // The old readers allocated what the file declared: past 6 GB for xlme-finetune and the
+  // reference loader, and 2 GiB made xlme-export do the same. The bound docs/export.md states:
+  // a hostile export costs no more memory than the honest one (within 256 MiB).
+  TempDir dir;
+  const auto control = export_from(export_copy(dir / "control"));
+  ASSERT_EQ(control.code, 0) << control.err;
+  const int64_t honest = children_peak_rss_mib();
+  const auto folder = export_copy(dir / "e");
+  add_declared_tensor(folder, "extra.weight", uint64_t{8} << 30);
+  const std::string named = "'" + folder +
+                            "/model.safetensors' has 1 weight(s) that the model of its config "
+                            "does not have: extra.weight";
+  EXPECT_TRUE(fails_cleanly(export_from(folder), 1, {named}));
+  EXPECT_TRUE(fails_cleanly(finetune_from(folder, dir / "ft"), 1, {named}));
+  EXPECT_LT(children_peak_rss_mib(), honest + 256) << "the 8 GiB tensor was read";
+  const std::string lacks = xlme::testing::python_lacks(kHostileReferencePython, "torch");
+  ASSERT_TRUE(lacks.empty()) << lacks;
+  const auto run = reference(folder, {"--ids", "0 5 6 7 2"});
+  EXPECT_EQ(run.code, 1) << run.err;
+  EXPECT_TRUE(contains_all(run.err, {folder + "/model.safetensors", "tensor 'extra.weight'",
+                                     "is not a weight of the model", "it is not read"}))
+      << run.err;
+  EXPECT_LT(children_peak_rss_mib(), honest + 256) << "the reference loader read the tensor";
+}
+
+TEST_F(HostileExport, TheReferenceLoaderRefusesNonFiniteAndMistypedWeightsNamingThem) {
+  // It printed NaN hidden states from NaN weights, which the C++ readers refuse.
+  const std::string lacks = xlme::testing::python_lacks(kHostileReferencePython, "torch");
+  ASSERT_TRUE(lacks.empty()) << lacks;
+  TempDir dir;
+  const auto folder = export_copy(dir / "e");
+  const std::string weights = folder + "/model.safetensors";
+  auto content = checkpoint::read_safetensors(weights);
+  const auto original = content;
+  content.tensors["embeddings.token.weight"][3][1] = std::nan("");
+  checkpoint::write_safetensors(weights, content);
+  auto run = reference(folder, {"--ids", "0 5 6 7 2"});
+  EXPECT_EQ(run.code, 1) << run.out;
+  EXPECT_TRUE(contains_all(run.err, {weights,
+                                     "tensor 'embeddings.token.weight' holds 1 "
+                                     "NaN or infinite values"}))
+      << run.err;
+  content = original;
+  content.tensors["embeddings.token.weight"] =
+      content.tensors["embeddings.token.weight"].to(torch::kFloat64);
+  checkpoint::write_safetensors(weights, content);
+  run = reference(folder, {"--ids", "0 5 6 7 2"});
+  EXPECT_EQ(run.code, 1) << run.out;
+  EXPECT_TRUE(contains_all(run.err, {weights, "tensor 'embeddings.token.weight' is F64",
+                                     "says dtype float32 (F32); no conversion applies"}))
+      << run.err;
 }
 
 TEST_F(HostileExport, ABillionLayersFailWithinTheMemoryLimit) {

@@ -7,11 +7,17 @@
 #include "xlme/export/export.h"
 
 #include "export_fixtures.h"
+#include "hostile_fixtures.h"
 
 #include <nlohmann/json.hpp>
 
+#include <sys/resource.h>
+
+#include <atomic>
+#include <chrono>
 #include <iterator>
 #include <set>
+#include <thread>
 
 namespace xlme::checkpoint {
 namespace {
@@ -271,6 +277,123 @@ TEST_F(PretrainedWeights, MissingUnexpectedAndMisshapenWeightsAreNamed) {
   EXPECT_TRUE(contains_all(error_message([&] { load_pretrained(out); }),
                            {"whose shape differs from the model of its config: "
                             "discriminator.embedding_norm.weight ([31] stored, [32] expected)"}));
+}
+
+TEST_F(PretrainedWeights, MistypedTablesAreRefusedNamingTheTensor) {
+  // The same values as int64 or float64 where fp32 is expected: they fine-tuned without a word.
+  TempDir dir;
+  const std::string out = exported(dir);
+  const std::string weights = out + "/model.safetensors";
+  const auto original = read_safetensors(weights);
+  for (const auto& [dtype, name] :
+       {std::pair{torch::kInt64, "Long"}, {torch::kFloat64, "Double"}}) {
+    write_safetensors(weights, original);
+    edit_weights(out, [&, dtype = dtype](auto& t) {
+      t["embeddings.token.weight"] = t["embeddings.token.weight"].to(dtype);
+    });
+    EXPECT_TRUE(contains_all(error_message([&] { load_pretrained(out); }),
+                             {"'" + weights +
+                                  "' has weights whose dtype differs from the model of "
+                                  "its config: embeddings.token.weight (" +
+                                  std::string(name) + " stored, Float expected)",
+                              "no conversion applies"}));
+  }
+  // The documented conversion: a bf16 export (config.json's dtype) loads into fp32 weights.
+  TempDir other;
+  Pretrained p = load_pretrained(exported(other, false, "bf16"));
+  EXPECT_EQ(p.dtype, "bfloat16");
+  EXPECT_EQ(p.discriminator->embeddings->token->weight.scalar_type(), torch::kFloat32);
+}
+
+// The peak resident memory of this process so far, in MiB.
+int64_t peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss / 1024;
+}
+
+TEST_F(PretrainedWeights, AnExtraTensorDeclaredHugeIsRefusedUnread) {
+  // One extra tensor declared as 1 GiB on a sparse file: refused by name, never allocated.
+  TempDir dir;
+  const std::string out = exported(dir);
+  const std::string weights = out + "/model.safetensors";
+  const int64_t values = int64_t{1} << 28;
+  {
+    // The header gains the entry, its data lies past the end of the file's data: the file is
+    // extended without writing (sparse).
+    const std::string bytes = read_file(weights);
+    uint64_t header_size = 0;
+    for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | static_cast<uint8_t>(bytes[i]);
+    auto header = nlohmann::json::parse(bytes.substr(8, header_size));
+    const std::string data = bytes.substr(8 + header_size);
+    header["extra.weight"] = {{"dtype", "F32"},
+                              {"shape", {values}},
+                              {"data_offsets", {data.size(), data.size() + 4 * values}}};
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');
+    write_file(weights, xlme::testing::raw_safetensors(text, data));
+    fs::resize_file(weights, fs::file_size(weights) + 4 * static_cast<uint64_t>(values));
+  }
+  const auto declared = read_safetensors_header(weights);
+  ASSERT_EQ(declared.tensors.at("extra.weight").shape, std::vector<int64_t>{values});
+  const int64_t before = peak_rss_mib();
+  EXPECT_TRUE(contains_all(error_message([&] { load_pretrained(out); }),
+                           {"'" + weights +
+                            "' has 1 weight(s) that the model of its config does "
+                            "not have: extra.weight; nothing of them was read"}));
+  EXPECT_LT(peak_rss_mib() - before, 256) << "the 1 GiB tensor was read";
+}
+
+TEST_F(PretrainedWeights, ARunFolderReadWhileItsRunPrunesLoadsTheNewestCheckpointLeft) {
+  // A run saving every step with keep_last 1, imitated: each new step's folder appears and the
+  // previous one is removed, every 50 ms (faster than any real run trains and saves), while the
+  // run folder is loaded again and again. A loader that chose
+  // a checkpoint then lost it to pruning failed with "tokenizer.model is missing".
+  TempDir dir;
+  const std::string run = dir / "run";
+  fs::create_directories(run + "/checkpoints");
+  const std::string source = checkpoint();
+  const auto folder = [&](int step) { return run + fmt::format("/checkpoints/step_{:08d}", step); };
+  const auto place = [&](int step) {
+    const std::string tmp = folder(step) + ".tmp";
+    fs::copy(source, tmp, fs::copy_options::recursive);
+    // The manifest records the step of the folder's name.
+    std::string manifest = read_file(tmp + "/manifest.yaml");
+    const size_t at = manifest.find("step: ");
+    manifest.replace(at, manifest.find('\n', at) - at, fmt::format("step: {}", step));
+    write_file(tmp + "/manifest.yaml", manifest);
+    fs::rename(tmp, folder(step));
+  };
+  place(1000);
+  std::atomic<bool> stop{false};
+  std::string pruner_failure;
+  std::thread pruner([&] {
+    try {
+      for (int step = 1001; !stop; ++step) {
+        place(step);
+        fs::remove_all(folder(step - 1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    } catch (const std::exception& e) {
+      pruner_failure = e.what();
+    }
+  });
+  int loaded = 0;
+  std::string failure;
+  for (int i = 0; i < 20 && failure.empty(); ++i) {
+    try {
+      Pretrained p = load_pretrained_resolved(run);
+      // The tokenizer stays readable after its checkpoint is pruned.
+      EXPECT_FALSE(read_file(p.tokenizer_file).empty());
+      ++loaded;
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  stop = true;
+  pruner.join();
+  EXPECT_EQ(loaded, 20) << failure;
+  EXPECT_EQ(pruner_failure, "");
 }
 
 TEST_F(PretrainedWeights, VocabularyAndSpecialIdMismatchesAreNamed) {

@@ -232,7 +232,7 @@ void write_module_archive(const std::string& path) {
 TEST(Checkpoint, ArchiveReadBackHoldsTheTensorsWritten) {
   TempDir dir;
   write_module_archive(dir / "model.pt");
-  const auto tensors = read_module_archive(dir / "model.pt");
+  const auto tensors = read_module_archive(dir / "model.pt", uint64_t{1} << 20);
   ASSERT_EQ(tensors.size(), 2u);
   EXPECT_TRUE(tensors.at("weight").equal(torch::arange(1000, torch::kFloat).reshape({250, 4})));
   EXPECT_TRUE(tensors.at("bias").equal(torch::ones({4})));
@@ -253,12 +253,12 @@ TEST(Checkpoint, ArchiveRecordShorterThanItsTensorIsRefusedNamingTheTensor) {
   }
   ASSERT_EQ(cut, 1);
   write_archive_records(dir / "model.pt", records);
-  for (const auto& read :
-       std::vector<std::function<void()>>{[&] { read_module_archive(dir / "model.pt"); },
-                                          [&] {
-                                            torch::serialize::InputArchive archive;
-                                            load_archive(archive, dir / "model.pt", torch::kCPU);
-                                          }}) {
+  for (const auto& read : std::vector<std::function<void()>>{
+           [&] { read_module_archive(dir / "model.pt", uint64_t{1} << 20); },
+           [&] {
+             torch::serialize::InputArchive archive;
+             load_archive(archive, dir / "model.pt", torch::kCPU, 1 << 20);
+           }}) {
     EXPECT_TRUE(contains_all(error_message(read), {dir / "model.pt", "tensor \"weight\"",
                                                    "holds 2000 bytes", "needs 4000", "damaged"}));
   }
@@ -271,8 +271,102 @@ TEST(Checkpoint, UnreadableArchiveIsNamed) {
   const std::string bytes = read_file(dir / "model.pt");
   write_file(dir / "model.pt", bytes.substr(0, bytes.size() / 2));
   EXPECT_TRUE(
-      contains_all(error_message([&] { read_module_archive(dir / "model.pt"); }),
+      contains_all(error_message([&] { read_module_archive(dir / "model.pt", uint64_t{1} << 20); }),
                    {"cannot read '" + dir / "model.pt" + "'", "PytorchStreamReader", "damaged"}));
+}
+
+// What a module with `weight` [250, 4] and `bias` [4] (write_module_archive's) holds.
+WeightSpecs module_specs() {
+  return {{"weight", {{250, 4}, torch::kFloat32}}, {"bias", {{4}, torch::kFloat32}}};
+}
+
+TEST(Checkpoint, ModuleArchivesMustHoldExactlyTheModelsTensors) {
+  TempDir dir;
+  const std::string path = dir / "model.pt";
+  write_module_archive(path);
+  EXPECT_EQ(read_module_archive(path, module_specs()).size(), 2u);
+
+  // An extra tensor (a gate in an ungated run's checkpoint) is named; so are a float64, an int64
+  // or a transposed table, which LibTorch's module load took as they were (a resume then failed
+  // with "index out of range in self", naming nothing).
+  const auto refused = [&](const std::function<void(torch::serialize::OutputArchive&)>& write) {
+    torch::serialize::OutputArchive archive;
+    write(archive);
+    save_archive(archive, path);
+    return error_message([&] { read_module_archive(path, module_specs()); });
+  };
+  const auto weight = torch::arange(1000, torch::kFloat).reshape({250, 4});
+  EXPECT_TRUE(contains_all(refused([&](auto& a) {
+                             a.write("weight", weight);
+                             a.write("bias", torch::ones({4}));
+                             a.write("gate_u", torch::ones({2, 2}));
+                           }),
+                           {"'" + path +
+                            "' has 1 weight(s) that the model of its config does not "
+                            "have: gate_u"}));
+  EXPECT_TRUE(contains_all(refused([&](auto& a) {
+                             a.write("weight", weight.to(torch::kFloat64));
+                             a.write("bias", torch::ones({4}, torch::kInt64));
+                           }),
+                           {"'" + path + "' has weights whose dtype differs",
+                            "bias (Long stored, Float expected), weight (Double stored, Float "
+                            "expected)"}));
+  EXPECT_TRUE(contains_all(refused([&](auto& a) {
+                             a.write("weight", weight.t().contiguous());
+                             a.write("bias", torch::ones({4}));
+                           }),
+                           {"'" + path + "' has weights whose shape differs",
+                            "weight ([4, 250] stored, [250, 4] expected)"}));
+  EXPECT_TRUE(contains_all(refused([&](auto& a) { a.write("weight", weight); }),
+                           {"'" + path +
+                            "' lacks 1 weight(s) that the model of its config needs: "
+                            "bias"}));
+}
+
+TEST(Checkpoint, AnArchiveLargerThanItsModelIsRefusedUnread) {
+  // A record declared as 1 GiB on a sparse file: neither the file nor the record is read.
+  TempDir dir;
+  const std::string path = dir / "model.pt";
+  write_module_archive(path);
+  auto records = archive_records(path);
+  records["data/99"] = std::string(16, '\0');
+  write_archive_records(path, records);
+  fs::resize_file(path, fs::file_size(path) + (uint64_t{1} << 30));
+  EXPECT_TRUE(contains_all(error_message([&] { read_module_archive(path, module_specs()); }),
+                           {"'" + path + "' is 10",
+                            "bytes, more than twice the 4016 bytes of tensor "
+                            "data this reader expects of it",
+                            "not read"}));
+  // Within the file's bound, an unused data record is counted against the tensors' bytes.
+  write_module_archive(path);
+  records = archive_records(path);
+  records["data/99"] = std::string(4096, '\0');
+  write_archive_records(path, records);
+  EXPECT_TRUE(
+      contains_all(error_message([&] { read_module_archive(path, module_specs()); }),
+                   {"'" + path + "' declares 8112 bytes of tensor data", "more than the 4016"}));
+}
+
+TEST(Checkpoint, ACheckpointOfANewerFormatIsNamedNotSkippedAsDamaged) {
+  TempDir dir;
+  const CheckpointManager manager(dir / "ckpt", 10, 0);
+  for (int64_t step : {100, 200}) {
+    manager.save(step, [&](const std::string& f) { write_parts(f, step); });
+  }
+  const std::string manifest = dir / "ckpt/step_00000200/manifest.yaml";
+  std::string text = read_file(manifest);
+  text.replace(text.find("version: 1"), 10, "version: 99");
+  write_file(manifest, text);
+  const std::string said =
+      "checkpoint '" + dir / "ckpt/step_00000200" +
+      "' was written by a newer xlme (checkpoint format version 99; this build reads version "
+      "1); it is not damaged. Upgrade xlme to read it, or point to an older checkpoint";
+  // Resuming from step 100 instead would silently lose the newer checkpoint's steps.
+  EXPECT_TRUE(contains_all(error_message([&] { manager.latest_valid(); }), {said}));
+  EXPECT_TRUE(contains_all(
+      error_message([&] { CheckpointManager::verify(dir / "ckpt/step_00000200"); }), {said}));
+  EXPECT_EQ(CheckpointManager::verify(dir / "ckpt/step_00000100").folder(),
+            dir / "ckpt/step_00000100");
 }
 
 TEST(Checkpoint, FailedWriteLeavesEarlierCheckpointsAlone) {

@@ -91,7 +91,9 @@ class CheckpointManager {
   // Finished checkpoints, oldest first (not verified).
   std::vector<CheckpointRef> list() const;
   // The newest checkpoint that verifies; each newer damaged one is skipped with a warning that
-  // says what is wrong. nullopt when none verifies.
+  // says what is wrong. nullopt when none verifies. A newer checkpoint written by a newer xlme
+  // (a higher format version) is not damaged and is not skipped: the search stops with an error
+  // that says so and what to do, as an older step taken in its place would lose its work.
   std::optional<VerifiedCheckpoint> latest_valid() const;
   // Removes temporary folders left by interrupted saves.
   void remove_temporaries() const;

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -37,14 +38,18 @@ struct PretrainedOptions {
 struct Pretrained {
   PretrainedSource source = PretrainedSource::kCheckpoint;
   std::string path;
-  config::ModelConfig model;      // resolved: vocab_size is the tokenizer's and the weights'
-  std::string objective_set;      // objectives.set of the run (xlme, xlme-mono, mlm, mlm+tlm)
-  std::string tokenizer_path;     // the SentencePiece model; empty when the source has none
-  std::string vocab_layout;       // data.vocab_layout: own or xlmr
-  data::SpecialIds special_ids;   // equal to the tokenizer's (checked)
-  int64_t step = 0;               // optimizer steps of the pre-training
-  int64_t tokens_seen = 0;        // real tokens of the pre-training
-  std::string dtype = "float32";  // of the stored weights (exports may be bfloat16)
+  config::ModelConfig model;   // resolved: vocab_size is the tokenizer's and the weights'
+  std::string objective_set;   // objectives.set of the run (xlme, xlme-mono, mlm, mlm+tlm)
+  std::string tokenizer_path;  // the SentencePiece model; empty when the source has none
+  // The same file as opened while the weights were read ("/proc/self/fd/N"): read the tokenizer
+  // through it, as a live run may prune the checkpoint after it was loaded. Empty when none.
+  std::string tokenizer_file;
+  std::shared_ptr<const int> tokenizer_fd;  // keeps tokenizer_file open
+  std::string vocab_layout;                 // data.vocab_layout: own or xlmr
+  data::SpecialIds special_ids;             // equal to the tokenizer's (checked)
+  int64_t step = 0;                         // optimizer steps of the pre-training
+  int64_t tokens_seen = 0;                  // real tokens of the pre-training
+  std::string dtype = "float32";            // of the stored weights (exports may be bfloat16)
   // Checkpoints only: the run's whole resolved config (config.yaml).
   std::optional<config::Config> run_config;
   // Weights loaded, fp32, CPU, in eval mode.
@@ -62,6 +67,12 @@ std::string resolve_pretrained_folder(const std::string& path);
 PretrainedSource detect_pretrained_source(const std::string& path);
 
 Pretrained load_pretrained(const std::string& path, const PretrainedOptions& options = {});
+
+// load_pretrained of resolve_pretrained_folder(path); Pretrained::path is the folder read. When
+// `path` is a run folder whose checkpoints change while one is chosen and read (its live run
+// saves and prunes: train.keep_last), the newest one is chosen again, up to 20 times, so that
+// reading a live run's folder does not fail because the run saves.
+Pretrained load_pretrained_resolved(const std::string& path, const PretrainedOptions& options = {});
 
 // Weights only the whole ELECTRA model has: generator.*, generator_head.*, mlm_head.*.
 bool is_generator_weight(const std::string& name);

@@ -5,10 +5,13 @@
 // `scripts/xlme_reference.py` and anything that reads the format; no code is ever executed.
 #pragma once
 
+#include "xlme/checkpoint/weights.h"
+
 #include <torch/types.h>
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 
 namespace xlme::checkpoint {
@@ -35,6 +38,19 @@ void write_safetensors(const std::string& path, const SafetensorsContent& conten
 // Reads and checks a whole file; every malformed header or data region is an xlme::Error that
 // names the file and what is wrong. The tensors do not alias each other.
 SafetensorsContent read_safetensors(const std::string& path);
+
+// What a file declares, read and checked without its data (the 8-byte size, the header, every
+// entry's dtype, shape and offsets against the file's real size): a reader compares it with its
+// model before it allocates anything.
+struct SafetensorsHeader {
+  WeightSpecs tensors;
+  std::map<std::string, std::string> metadata;
+};
+SafetensorsHeader read_safetensors_header(const std::string& path);
+
+// Reads only the tensors in `names` (each must be in the file; the others are never read nor
+// allocated), after the same checks of the whole header as read_safetensors.
+SafetensorsContent read_safetensors(const std::string& path, const std::set<std::string>& names);
 
 // The same from bytes in memory; `name` stands for the file in error messages.
 SafetensorsContent parse_safetensors(const std::string& bytes, const std::string& name);

@@ -23,6 +23,30 @@ void check_finite_weights(const std::map<std::string, torch::Tensor>& weights,
 // Every parameter and buffer of `module` by its dotted name: the module's own tensors.
 std::map<std::string, torch::Tensor> named_weights(const torch::nn::Module& module);
 
+// What a weight file declares of a tensor, or what a reader expects of it, known before any data
+// is read.
+struct WeightSpec {
+  std::vector<int64_t> shape;
+  torch::ScalarType dtype = torch::kFloat32;
+};
+using WeightSpecs = std::map<std::string, WeightSpec>;
+
+// The shape and dtype of every parameter and buffer of `module`, by its dotted name.
+WeightSpecs weight_specs(const torch::nn::Module& module);
+
+// Bytes of the data of `specs` (sum of element count times element size).
+uint64_t weight_bytes(const WeightSpecs& specs);
+
+// Checks what weight file `file` declares against what the reader's model holds, before any
+// tensor data is read: every declared tensor must be expected (an extra one is refused by name,
+// however large it claims to be), every expected one declared, with the expected shape, and with
+// the expected dtype, or `floating` in place of a floating-point one (a documented conversion:
+// a bf16 export read into an fp32 model). An integer or float64 table where fp32 is expected is
+// refused naming the tensor and both dtypes. Errors name `file` and end with `hint`.
+void check_declared_weights(const WeightSpecs& declared, const WeightSpecs& expected,
+                            torch::ScalarType floating, const std::string& file,
+                            const std::string& hint);
+
 // How a name -> tensor map matches the parameters and buffers of a module.
 struct WeightMatch {
   struct Mismatch {

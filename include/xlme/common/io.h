@@ -27,8 +27,10 @@ void write_file_atomic(const std::string& path, const std::string& content);
 
 // The bytes of the regular file `path`, all of them. Throws xlme::Error naming `what` (e.g.
 // "tokenizer"), the file, and the operating system's reason: "cannot read tokenizer 'x.model': No
-// such file or directory; check the path and the file's permissions".
-std::string read_file(const std::string& path, const std::string& what = "file");
+// such file or directory; check the path and the file's permissions". A file longer than
+// `max_bytes` (it grew since its size was checked) is an error naming it, read no further.
+std::string read_file(const std::string& path, const std::string& what = "file",
+                      uint64_t max_bytes = UINT64_MAX);
 
 // fsync()s a file (flags O_RDONLY) or a folder (O_RDONLY | O_DIRECTORY); throws xlme::Error
 // naming the path.
