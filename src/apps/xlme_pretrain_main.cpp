@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   const xlme::AppSpec spec{
       "xlme-pretrain",
       "pre-train XLM-E: generator + discriminator, MLM + TLM + MRTD + TRTD, DDP over c10d",
-      /*run_logs=*/true, [&] { return print_model || comm_estimate || benchmark_steps > 0; }};
+      /*run_logs=*/true, [&] { return print_model || comm_estimate; }};
   std::string profile_path;
   std::string save_dir;
   xlme::train::PretrainOptions run_options;
