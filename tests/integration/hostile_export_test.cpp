@@ -12,10 +12,9 @@
 #include "export_fixtures.h"
 #include "fault_fixtures.h"
 #include "hostile_fixtures.h"
+#include "memory_fixtures.h"
 
 #include <nlohmann/json.hpp>
-
-#include <sys/resource.h>
 
 #include <cmath>
 #include <functional>
@@ -207,13 +206,6 @@ void add_declared_tensor(const std::string& folder, const std::string& name, uin
   fs::resize_file(path, fs::file_size(path) + bytes);
 }
 
-// The largest resident memory of any child this process waited for, in MiB.
-int64_t children_peak_rss_mib() {
-  rusage usage{};
-  getrusage(RUSAGE_CHILDREN, &usage);
-  return usage.ru_maxrss / 1024;
-}
-
 TEST_F(HostileExport, AnExtraTensorDeclaredAs8GiBIsRefusedByNameUnread) {
   // The old readers allocated what the file declared: past 6 GB for xlme-finetune and the
   // reference loader, and 2 GiB made xlme-export do the same. The bound docs/export.md states:
@@ -221,7 +213,7 @@ TEST_F(HostileExport, AnExtraTensorDeclaredAs8GiBIsRefusedByNameUnread) {
   TempDir dir;
   const auto control = export_from(export_copy(dir / "control"));
   ASSERT_EQ(control.code, 0) << control.err;
-  const int64_t honest = children_peak_rss_mib();
+  const int64_t honest = xlme::testing::peak_rss_mib(RUSAGE_CHILDREN);
   const auto folder = export_copy(dir / "e");
   add_declared_tensor(folder, "extra.weight", uint64_t{8} << 30);
   const std::string named = "'" + folder +
@@ -229,7 +221,8 @@ TEST_F(HostileExport, AnExtraTensorDeclaredAs8GiBIsRefusedByNameUnread) {
                             "does not have: extra.weight";
   EXPECT_TRUE(fails_cleanly(export_from(folder), 1, {named}));
   EXPECT_TRUE(fails_cleanly(finetune_from(folder, dir / "ft"), 1, {named}));
-  EXPECT_LT(children_peak_rss_mib(), honest + 256) << "the 8 GiB tensor was read";
+  EXPECT_LT(xlme::testing::peak_rss_mib(RUSAGE_CHILDREN), honest + 256)
+      << "the 8 GiB tensor was read";
   const std::string lacks = xlme::testing::python_lacks(kHostileReferencePython, "torch");
   ASSERT_TRUE(lacks.empty()) << lacks;
   const auto run = reference(folder, {"--ids", "0 5 6 7 2"});
@@ -237,7 +230,8 @@ TEST_F(HostileExport, AnExtraTensorDeclaredAs8GiBIsRefusedByNameUnread) {
   EXPECT_TRUE(contains_all(run.err, {folder + "/model.safetensors", "tensor 'extra.weight'",
                                      "is not a weight of the model", "it is not read"}))
       << run.err;
-  EXPECT_LT(children_peak_rss_mib(), honest + 256) << "the reference loader read the tensor";
+  EXPECT_LT(xlme::testing::peak_rss_mib(RUSAGE_CHILDREN), honest + 256)
+      << "the reference loader read the tensor";
 }
 
 TEST_F(HostileExport, TheReferenceLoaderRefusesNonFiniteAndMistypedWeightsNamingThem) {

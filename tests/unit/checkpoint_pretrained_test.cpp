@@ -8,10 +8,9 @@
 
 #include "export_fixtures.h"
 #include "hostile_fixtures.h"
+#include "memory_fixtures.h"
 
 #include <nlohmann/json.hpp>
-
-#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -305,13 +304,6 @@ TEST_F(PretrainedWeights, MistypedTablesAreRefusedNamingTheTensor) {
   EXPECT_EQ(p.discriminator->embeddings->token->weight.scalar_type(), torch::kFloat32);
 }
 
-// The peak resident memory of this process so far, in MiB.
-int64_t peak_rss_mib() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_maxrss / 1024;
-}
-
 TEST_F(PretrainedWeights, AnExtraTensorDeclaredHugeIsRefusedUnread) {
   // One extra tensor declared as 1 GiB on a sparse file: refused by name, never allocated.
   TempDir dir;
@@ -336,12 +328,12 @@ TEST_F(PretrainedWeights, AnExtraTensorDeclaredHugeIsRefusedUnread) {
   }
   const auto declared = read_safetensors_header(weights);
   ASSERT_EQ(declared.tensors.at("extra.weight").shape, std::vector<int64_t>{values});
-  const int64_t before = peak_rss_mib();
+  const int64_t before = xlme::testing::peak_rss_mib();
   EXPECT_TRUE(contains_all(error_message([&] { load_pretrained(out); }),
                            {"'" + weights +
                             "' has 1 weight(s) that the model of its config does "
                             "not have: extra.weight; nothing of them was read"}));
-  EXPECT_LT(peak_rss_mib() - before, 256) << "the 1 GiB tensor was read";
+  EXPECT_LT(xlme::testing::peak_rss_mib() - before, 256) << "the 1 GiB tensor was read";
 }
 
 TEST_F(PretrainedWeights, ARunFolderReadWhileItsRunPrunesLoadsTheNewestCheckpointLeft) {

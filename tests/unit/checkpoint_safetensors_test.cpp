@@ -5,9 +5,8 @@
 #include "xlme/common/json.h"
 
 #include "hostile_fixtures.h"
+#include "memory_fixtures.h"
 #include "test_util.h"
-
-#include <sys/resource.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -273,13 +272,6 @@ TEST(Safetensors, RefusesDeepJsonAndNeverPrintsAWholeValue) {
   EXPECT_LT(message.size(), 300u);
 }
 
-// The peak resident memory of this process so far, in MiB.
-int64_t peak_rss_mib() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_maxrss / 1024;
-}
-
 TEST(Safetensors, ReadsTheHeaderAloneAndOnlyTheNamedTensors) {
   // A tensor declared as 1 GiB on a sparse file (a few bytes on disk): the header and the
   // tensors asked for are read, the large one is never allocated.
@@ -293,7 +285,7 @@ TEST(Safetensors, ReadsTheHeaderAloneAndOnlyTheNamedTensors) {
                              huge / 4, 8 + huge),
                  std::string("\0\0\x80\x3f\0\0\0\x40", 8)));
   std::filesystem::resize_file(path, std::filesystem::file_size(path) + huge);
-  const int64_t before = peak_rss_mib();
+  const int64_t before = xlme::testing::peak_rss_mib();
   const auto header = read_safetensors_header(path);
   ASSERT_EQ(header.tensors.size(), 2u);
   EXPECT_EQ(header.tensors.at("extra").shape, std::vector<int64_t>{int64_t(huge / 4)});
@@ -301,7 +293,7 @@ TEST(Safetensors, ReadsTheHeaderAloneAndOnlyTheNamedTensors) {
   const auto content = read_safetensors(path, {"a"});
   ASSERT_EQ(content.tensors.size(), 1u);
   EXPECT_TRUE(content.tensors.at("a").equal(torch::tensor({1.0f, 2.0f})));
-  EXPECT_LT(peak_rss_mib() - before, 256) << "the 1 GiB tensor was read";
+  EXPECT_LT(xlme::testing::peak_rss_mib() - before, 256) << "the 1 GiB tensor was read";
   EXPECT_TRUE(contains_all(error_message([&] { read_safetensors(path, {"b"}); }),
                            {"safetensors file '" + path + "' has no tensor 'b'"}));
 }
