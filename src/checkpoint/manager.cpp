@@ -335,7 +335,9 @@ VerifiedFiles CheckpointManager::verify(const std::string& path) {
         manifest_field<uint64_t>(fields["bytes"], field + ".bytes", manifest_path);
     const auto recorded =
         manifest_field<std::string>(fields["crc32"], field + ".crc32", manifest_path);
-    const uint64_t actual = fs::file_size(file);
+    // Gone since its status was read: a run pruning this checkpoint while it is read.
+    const uint64_t actual = fs::file_size(file, ec);
+    XLME_CHECK(!ec, "checkpoint '{}': {} is missing ({})", path, name, ec.message());
     XLME_CHECK(actual == expected, "checkpoint '{}': {} is truncated: expected {} bytes, found {}",
                path, name, expected, actual);
     const std::string crc = fmt::format("{:08x}", file_crc32(file));

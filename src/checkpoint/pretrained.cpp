@@ -365,7 +365,9 @@ Pretrained load_pretrained_resolved(const std::string& path, const PretrainedOpt
     const auto before = listed();
     try {
       return load_pretrained(resolve_pretrained_folder(path), options);
-    } catch (const Error&) {
+    } catch (const std::exception&) {
+      // Any failure (an xlme::Error or a file system error of a file pruned under the reader)
+      // while the run's checkpoints changed: the newest one left is read again.
       if (before.empty() || listed() == before || attempt == kAttempts) throw;
       spdlog::info(
           "the checkpoints of {} changed while one was read (its run saves and prunes old ones); "
