@@ -118,10 +118,14 @@ pack() {
   mkdir -p "$stage/build/tests" "$stage/lib" "$stage/bin"
   # The build folder's files that the tests and benchmarks use.
   (cd "$build_dir" && cp --parents xlme-data xlme-pretrain xlme-finetune xlme-export libxlme_spm.so \
+    libexec/xlme-data libexec/xlme-pretrain libexec/xlme-finetune libexec/xlme-export \
+    libexec/*.address-space \
     CTestTestfile.cmake tests/CTestTestfile.cmake tests/xlme_unit_tests tests/xlme_integration_tests \
     tests/xlme-bench-ops tests/xlme-bench-attn tests/*_tests.cmake tests/*_include.cmake \
     "$stage/build/")
-  local elves=("$stage"/build/xlme-* "$stage/build/libxlme_spm.so" "$stage"/build/tests/xlme_*_tests
+  local elves=("$stage"/build/xlme-* "$stage"/build/libexec/xlme-{data,pretrain,finetune,export}
+               "$stage/build/libxlme_spm.so"
+               "$stage"/build/tests/xlme_*_tests
                "$stage/build/tests/xlme-bench-ops" "$stage/build/tests/xlme-bench-attn")
   strip "${elves[@]}"
   # The programs the tests call, and every library the bundle loads from outside the wheel's

@@ -26,11 +26,12 @@ struct CommonOptions {
 // Before logging is set up, errors go straight to stderr.
 int report(bool logging_ready, const std::string& name, const std::string& message,
            const std::string& location) {
+  const std::string text = message + runtime::address_space_note(message);
   if (logging_ready) {
-    spdlog::error("{}", message);
+    spdlog::error("{}", text);
     spdlog::debug("raised at {}", location);
   } else {
-    std::cerr << name << ": error: " << message << "\n";
+    std::cerr << name << ": error: " << text << "\n";
   }
   return kExitError;
 }

@@ -9,6 +9,7 @@
 #include <malloc.h>
 #endif
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <torch/torch.h>
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -224,6 +226,28 @@ void ensure_process_defaults(char** argv) {
   if (set_wait_policy) unsetenv("OMP_WAIT_POLICY");
   if (set_preload && user_preload != nullptr) setenv("LD_PRELOAD", preload.c_str(), 1);
   if (set_preload && user_preload == nullptr) unsetenv("LD_PRELOAD");
+}
+
+std::string address_space_note(const std::string& message) {
+  const bool allocation_failed =
+      contains(message, "can't allocate memory") || contains(message, "Cannot allocate memory") ||
+      contains(message, "bad_alloc") || contains(message, "out of memory");
+  rlimit limit{};
+  if (!allocation_failed || getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+    return "";
+  }
+  // VmSize: the address space mapped now, libraries included.
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  double mapped_gib = 0;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmSize:", 0) == 0) mapped_gib = std::atof(line.c_str() + 7) / (1 << 20);
+  }
+  return fmt::format(
+      " (this process runs under an address-space limit, ulimit -v, of {:.2f} GiB and has {:.2f} "
+      "GiB mapped, most of it LibTorch's libraries: raise the limit, e.g. `ulimit -v unlimited`, "
+      "before lowering the sizes)",
+      static_cast<double>(limit.rlim_cur) / (1 << 30), mapped_gib);
 }
 
 bool release_free_memory() {

@@ -21,7 +21,13 @@ std::vector<std::string> plugin_candidates() {
   }
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) paths.push_back((exe.parent_path() / kPluginName).string());
+  if (!ec) {
+    paths.push_back((exe.parent_path() / kPluginName).string());
+    // The binaries run from libexec/ behind their fronts (src/apps/launcher.cpp).
+    if (exe.parent_path().filename() == "libexec") {
+      paths.push_back((exe.parent_path().parent_path() / kPluginName).string());
+    }
+  }
   paths.emplace_back(XLME_SPM_PLUGIN_PATH);
   return paths;
 }

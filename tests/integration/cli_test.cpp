@@ -1,6 +1,7 @@
 // The four binaries as a user runs them: --help, --version, --print-config (read back through the
 // config loader), overrides, errors with their exit codes, log files, the OpenMP wait policy, the
-// preloaded allocator, and a run without a GPU that says so without CUDA warnings.
+// preloaded allocator, address-space limits, and a run without a GPU that says so without CUDA
+// warnings.
 #include "xlme/common/runtime.h"
 #include "xlme/config/config.h"
 
@@ -98,6 +99,97 @@ TEST(Cli, VersionNamesLibTorch) {
   const Result r = run("xlme-pretrain", {"--version"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains_all(r.out, {"xlme " XLME_VERSION, "LibTorch"}));
+}
+
+// The bytes the loader maps for `tool`'s program and its libraries, as the build wrote them beside
+// the program (src/apps/address_space.py): "<bytes> total" first.
+uint64_t mapped_bytes(const std::string& tool) {
+  std::istringstream in(
+      read_file(std::string(XLME_BINARY_DIR) + "/libexec/" + tool + ".address-space"));
+  uint64_t bytes = 0;
+  std::string word;
+  in >> bytes >> word;
+  EXPECT_EQ(word, "total") << tool;
+  return bytes;
+}
+
+std::string address_space_limit(uint64_t bytes) {
+  return "ulimit -v " + std::to_string(bytes >> 10) + " &&";
+}
+
+// Under `ulimit -v` below what LibTorch with CUDA and NCCL maps, the loader itself failed ("failed
+// to map segment from shared object", exit 127); each binary's front now names the limit, what the
+// libraries need, the largest of them and what to do, before anything is loaded.
+TEST(Cli, AnAddressSpaceLimitBelowWhatTheLibrariesMapIsRefusedNamingBoth) {
+  for (const char* tool : kTools) {
+    SCOPED_TRACE(tool);
+    const uint64_t limit = uint64_t{1536} << 20;  // 1.5 GiB, as shared clusters set it
+    ASSERT_GT(mapped_bytes(tool), limit);
+    const Result r = run(tool, {"--version"}, address_space_limit(limit));
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_TRUE(contains_all(
+        r.err,
+        {std::string(tool) + ": the address-space limit (ulimit -v) is 1.50 GiB (1572864 KiB)",
+         "of libraries before it starts", "largest: lib", "libtorch_cpu.so ", "to start",
+         "`ulimit -v unlimited`"}))
+        << r.err;
+    EXPECT_EQ(r.err.find("failed to map segment"), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+
+// The figure is the loader's real need: a program under a limit 64 MiB below it does not load, and
+// every binary starts, re-executes itself with tcmalloc and runs under the limit the front asks for
+// (the figure plus the front's start-up allowance).
+TEST(Cli, TheAddressSpaceFigureIsWhatTheLoaderNeeds) {
+  const uint64_t need = mapped_bytes("xlme-pretrain");
+  const Result direct =
+      run("libexec/xlme-pretrain", {"--version"}, address_space_limit(need - (uint64_t{64} << 20)));
+  EXPECT_EQ(direct.code, 127) << direct.err;
+  EXPECT_TRUE(contains_all(direct.err, {"failed to map segment from shared object"})) << direct.err;
+  for (const char* tool : kTools) {
+    SCOPED_TRACE(tool);
+    const uint64_t allowed = mapped_bytes(tool) + (uint64_t{192} << 20);
+    Result r = run(tool, {"--version"}, address_space_limit(allowed));
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(contains_all(r.out, {"xlme " XLME_VERSION})) << r.out;
+  }
+  // Past start-up: the program re-executes itself with tcmalloc preloaded and the OpenMP wait
+  // policy set, logs its start-up line, and fails on what it was asked (no checkpoint).
+  const Result r = run("xlme-export", {},
+                       address_space_limit(mapped_bytes("xlme-export") + (uint64_t{192} << 20)) +
+                           " env -u XLME_ALLOCATOR -u LD_PRELOAD "
+                           "-u OMP_WAIT_POLICY");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"OMP_WAIT_POLICY=PASSIVE", "--checkpoint"})) << r.err;
+  if (!runtime::tcmalloc_library().empty()) {
+    EXPECT_TRUE(contains_all(r.err, {"allocator: tcmalloc ("})) << r.err;
+  }
+}
+
+// Above the start-up need a run goes on under the limit; an allocation the limit refuses fails
+// with a message that names the limit, not only "can't allocate memory".
+TEST(Cli, UnderAnAddressSpaceLimitARunTrainsWhereItFitsAndNamesTheLimitWhereNot) {
+  const uint64_t need = mapped_bytes("xlme-pretrain");
+  TempDir dir;
+  Result r = run("xlme-pretrain",
+                 {"--config", "configs/pretrain/benchmark/cpu_tiny.yaml", "--benchmark", "2",
+                  "--set", "run.out_dir=" + (dir / "fits")},
+                 address_space_limit(need + (uint64_t{1536} << 20)));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains_all(r.out, {"tokens_per_s"})) << r.out;
+  // A model of ~1.6 GB in fp32 under 1 GiB of room beyond the libraries.
+  r = run("xlme-pretrain",
+          {"--config", "configs/pretrain/benchmark/cpu_tiny.yaml", "--benchmark", "1", "--set",
+           "model.vocab_size=400000", "--set", "model.hidden_size=1024", "--set",
+           "run.out_dir=" + (dir / "fails")},
+          address_space_limit(need + (uint64_t{1} << 30)));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains_all(r.err, {"allocate",
+                                   "this process runs under an address-space limit, "
+                                   "ulimit -v, of ",
+                                   "GiB mapped", "`ulimit -v unlimited`"}))
+      << r.err;
 }
 
 TEST(Cli, AJobThatFailsSaysWhyAndExitsWithOne) {

@@ -79,6 +79,12 @@ std::string preload_with(const std::string& preload, const std::string& library)
 // Throws when XLME_ALLOCATOR is neither tcmalloc nor system.
 void ensure_process_defaults(char** argv);
 
+// When `message` reports a failed memory allocation and the process runs under an address-space
+// limit (`ulimit -v`, RLIMIT_AS), a sentence to append naming the limit, what the process has
+// mapped and what to do: such a limit fails allocations long before memory runs out, since the
+// libraries alone map gigabytes. "" otherwise.
+std::string address_space_note(const std::string& message);
+
 // Hands the free memory of the C heap back to the operating system (tcmalloc:
 // MallocExtension_ReleaseFreeMemory; glibc: malloc_trim(0), which also releases the free pages
 // inside the heap, not only at its top); a no-op returning false with other C libraries. glibc
