@@ -11,8 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
 
@@ -147,6 +150,26 @@ inline std::string raw_safetensors(const std::string& header, const std::string&
 inline void write_raw_safetensors(const std::string& path, const std::string& header,
                                   const std::string& data) {
   write_file(path, raw_safetensors(header, data));
+}
+
+// Adds to the safetensors file at `path` a tensor `name` declared as `values` F32 values past the
+// end of its data, and extends the file to hold them without writing them (sparse): a file that
+// declares gigabytes and holds a few bytes on disk.
+inline void declare_unwritten_tensor(const std::string& path, const std::string& name,
+                                     int64_t values) {
+  const std::string bytes = read_file(path);
+  uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | static_cast<uint8_t>(bytes[i]);
+  auto header = nlohmann::json::parse(bytes.substr(8, header_size));
+  const std::string data = bytes.substr(8 + header_size);
+  header[name] = {{"dtype", "F32"},
+                  {"shape", {values}},
+                  {"data_offsets", {data.size(), data.size() + 4 * static_cast<uint64_t>(values)}}};
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  write_file(path, raw_safetensors(text, data));
+  std::filesystem::resize_file(
+      path, std::filesystem::file_size(path) + 4 * static_cast<uint64_t>(values));
 }
 
 }  // namespace xlme::testing

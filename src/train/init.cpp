@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 
 namespace xlme::train {
 namespace {
@@ -49,7 +50,8 @@ std::string hf_model_type(const fs::path& folder) {
 
 }  // namespace
 
-std::map<std::string, torch::Tensor> xlmr_weights(const std::string& folder) {
+std::map<std::string, torch::Tensor> xlmr_weights(const std::string& folder,
+                                                  const checkpoint::WeightSpecs& expected) {
   const fs::path file = fs::path(folder) / "model.safetensors";
   XLME_CHECK(fs::is_regular_file(file),
              "--init-from {}: no model.safetensors there; an HF XLM-R folder must hold its weights "
@@ -71,45 +73,84 @@ std::map<std::string, torch::Tensor> xlmr_weights(const std::string& folder) {
        "discriminator.layers.$1.ffn.output.$2"},
       {std::regex(R"(^encoder\.layer\.(\d+)\.output\.LayerNorm\.(weight|bias)$)"),
        "discriminator.layers.$1.ffn_norm.$2"}};
-  std::map<std::string, torch::Tensor> hf;
-  for (auto& [name, tensor] : checkpoint::read_safetensors(file.string()).tensors) {
-    const bool prefixed = name.rfind("roberta.", 0) == 0;
-    hf[prefixed ? name.substr(8) : name] = tensor;
+  const std::string kPositions = "embeddings.position_embeddings.weight";
+  const std::string kTypes = "embeddings.token_type_embeddings.weight";
+  // xlme's name for each stored tensor; the position and token-type tables fold into one.
+  auto xlme_name = [&](const std::string& stored) {
+    const std::string name = stored.rfind("roberta.", 0) == 0 ? stored.substr(8) : stored;
+    if (name == kPositions || name == kTypes) return std::string("embeddings.position.weight");
+    for (const auto& [pattern, replacement] : rules) {
+      if (std::regex_match(name, pattern)) return std::regex_replace(name, pattern, replacement);
+    }
+    return name;
+  };
+  // With the model's tensors known, what the file declares is checked before anything is read:
+  // a tensor the model has must be a float table no larger than the model's (the position table
+  // two rows more), and what the model has not is never read, only named as unexpected.
+  std::set<std::string> wanted;
+  std::map<std::string, torch::Tensor> hf;  // stored name without "roberta." -> tensor
+  if (!expected.empty()) {
+    for (const auto& [stored, declared] :
+         checkpoint::read_safetensors_header(file.string()).tensors) {
+      const std::string mapped = xlme_name(stored);
+      const auto model = expected.find(mapped);
+      if (model == expected.end()) {
+        hf[stored.rfind("roberta.", 0) == 0 ? stored.substr(8) : stored] = torch::Tensor();
+        continue;
+      }
+      XLME_CHECK(declared.dtype == torch::kFloat32 || declared.dtype == torch::kFloat16 ||
+                     declared.dtype == torch::kBFloat16,
+                 "--init-from {}: {} is stored as {}; XLM-R's weights are F32, F16 or BF16 (the "
+                 "model's {} is F32)",
+                 file.string(), stored, c10::toString(declared.dtype), mapped);
+      int64_t declared_elements = 1, model_elements = 1;
+      for (const int64_t d : declared.shape) declared_elements *= d;
+      for (const int64_t d : model->second.shape) model_elements *= d;
+      const int64_t extra_rows =
+          mapped == "embeddings.position.weight" && !declared.shape.empty()
+              ? 2 * (model_elements / std::max<int64_t>(1, model->second.shape.front()))
+              : 0;
+      XLME_CHECK(declared_elements <= model_elements + extra_rows,
+                 "--init-from {}: {} has shape {} there but this model's {} is {}; the model "
+                 "config must match the source's (compare model.* with its config.json)",
+                 file.string(), stored, shape_text(declared.shape), mapped,
+                 shape_text(model->second.shape));
+      wanted.insert(stored);
+    }
+  }
+  const auto content = expected.empty() ? checkpoint::read_safetensors(file.string())
+                                        : checkpoint::read_safetensors(file.string(), wanted);
+  for (auto& [name, tensor] : content.tensors) {
+    hf[name.rfind("roberta.", 0) == 0 ? name.substr(8) : name] = tensor;
   }
   std::map<std::string, torch::Tensor> out;
   for (const auto& [name, tensor] : hf) {
-    if (name == "embeddings.position_embeddings.weight" ||
-        name == "embeddings.token_type_embeddings.weight") {
-      continue;
-    }
-    std::string mapped = name;
-    for (const auto& [pattern, replacement] : rules) {
-      if (std::regex_match(name, pattern)) {
-        mapped = std::regex_replace(name, pattern, replacement);
-        break;
-      }
-    }
-    out[mapped] = tensor;
+    if (name == kPositions || name == kTypes) continue;
+    // Undefined: a tensor the model has not, left unread; init_weights reports it as unexpected.
+    out[xlme_name(name)] = tensor.defined() ? tensor : torch::empty({0});
   }
-  const auto positions = hf.find("embeddings.position_embeddings.weight");
-  if (positions != hf.end()) {
+  const auto positions = hf.find(kPositions);
+  if (positions != hf.end() && positions->second.defined()) {
     XLME_CHECK(positions->second.dim() == 2 && positions->second.size(0) > 2,
                "--init-from {}: embeddings.position_embeddings.weight has shape {}; expected "
                "[max_positions + 2, hidden] (XLM-R's positions start at 2)",
                folder, shape_text(positions->second.sizes()));
     auto table = positions->second.narrow(0, 2, positions->second.size(0) - 2).to(torch::kFloat);
-    const auto types = hf.find("embeddings.token_type_embeddings.weight");
-    if (types != hf.end()) table = table + types->second[0].to(torch::kFloat);
+    const auto types = hf.find(kTypes);
+    if (types != hf.end() && types->second.defined()) {
+      table = table + types->second[0].to(torch::kFloat);
+    }
     out["embeddings.position.weight"] = table;
   }
   return out;
 }
 
-std::map<std::string, torch::Tensor> init_source_weights(const std::string& folder) {
+std::map<std::string, torch::Tensor> init_source_weights(const std::string& folder,
+                                                         const checkpoint::WeightSpecs& expected) {
   const std::string type = hf_model_type(folder);
   if (!fs::exists(fs::path(folder) / checkpoint::kModelFile) &&
       (type == "xlm-roberta" || type == "roberta")) {
-    return xlmr_weights(folder);
+    return xlmr_weights(folder, expected);
   }
   return checkpoint_weights(folder);
 }

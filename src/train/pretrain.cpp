@@ -492,8 +492,9 @@ int pretrain(const config::Config& config, const PretrainOptions& options,
   }
   if (!resume && !options.init_from.empty()) {
     // Every rank loads the same weights (the trainer broadcasts rank 0's anyway).
-    const auto report = init_weights(model, init_source_weights(options.init_from),
-                                     config.train.init_parts, options.init_from);
+    const auto report = init_weights(
+        model, init_source_weights(options.init_from, checkpoint::weight_specs(*model)),
+        config.train.init_parts, options.init_from);
     spdlog::info("{}", format_report(report, options.init_from, config.train.init_parts));
   }
   Trainer trainer(config, model, source, comm);

@@ -310,22 +310,7 @@ TEST_F(PretrainedWeights, AnExtraTensorDeclaredHugeIsRefusedUnread) {
   const std::string out = exported(dir);
   const std::string weights = out + "/model.safetensors";
   const int64_t values = int64_t{1} << 28;
-  {
-    // The header gains the entry, its data lies past the end of the file's data: the file is
-    // extended without writing (sparse).
-    const std::string bytes = read_file(weights);
-    uint64_t header_size = 0;
-    for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | static_cast<uint8_t>(bytes[i]);
-    auto header = nlohmann::json::parse(bytes.substr(8, header_size));
-    const std::string data = bytes.substr(8 + header_size);
-    header["extra.weight"] = {{"dtype", "F32"},
-                              {"shape", {values}},
-                              {"data_offsets", {data.size(), data.size() + 4 * values}}};
-    std::string text = header.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');
-    write_file(weights, xlme::testing::raw_safetensors(text, data));
-    fs::resize_file(weights, fs::file_size(weights) + 4 * static_cast<uint64_t>(values));
-  }
+  xlme::testing::declare_unwritten_tensor(weights, "extra.weight", values);
   const auto declared = read_safetensors_header(weights);
   ASSERT_EQ(declared.tensors.at("extra.weight").shape, std::vector<int64_t>{values});
   const int64_t before = xlme::testing::peak_rss_mib();

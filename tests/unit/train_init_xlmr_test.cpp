@@ -3,8 +3,11 @@
 // a pooler and an LM head) maps onto the discriminator and the shared embeddings; the relative
 // bias, the gates and the generator keep their initialization, and the report says so.
 #include "xlme/checkpoint/safetensors.h"
+#include "xlme/checkpoint/weights.h"
 #include "xlme/train/init.h"
 
+#include "hostile_fixtures.h"
+#include "memory_fixtures.h"
 #include "test_util.h"
 #include "train_fixtures.h"
 
@@ -113,6 +116,59 @@ TEST(InitFromXlmr, MapsNamesFoldsPositionsAndReports) {
   EXPECT_TRUE(contains_all(
       error_message([&] { init_weights(other, weights, "all", folder); }),
       {"discriminator.layers.0.ffn.intermediate.bias", "shape [64] there but [48] in this model"}));
+}
+
+// What the file declares is checked against the model before anything is read: a tensor the model
+// lacks is never read (an extra one declared as 8 GiB on a sparse file costs nothing) and is
+// reported as unexpected; a table larger than the model's or of another type is refused by name.
+TEST(InitFromXlmr, ChecksWhatTheFileDeclaresAgainstTheModelBeforeReading) {
+  TempDir dir;
+  auto c = xlme::testing::tiny_train_config(4, 1, 0.0);
+  c.model.layers = 2;
+  const std::string folder = dir / "xlmr";
+  xlme::testing::write_file(folder + "/config.json", R"({"model_type": "xlm-roberta"})");
+  const std::string file = folder + "/model.safetensors";
+  auto write = [&](std::map<std::string, torch::Tensor> tensors) {
+    checkpoint::SafetensorsContent content;
+    content.tensors = std::move(tensors);
+    checkpoint::write_safetensors(file, content);
+  };
+  write(tiny_xlmr_tensors(c.model));
+  xlme::testing::declare_unwritten_tensor(file, "lm_head.decoder.weight", int64_t{1} << 31);
+  auto model = xlme::testing::make_tiny_model(c, 2);
+  const auto expected = checkpoint::weight_specs(*model);
+  const int64_t before = xlme::testing::peak_rss_mib();
+  const auto weights = init_source_weights(folder, expected);
+  EXPECT_LT(xlme::testing::peak_rss_mib() - before, 256) << "the 8 GiB tensor was read";
+  const InitReport report = init_weights(model, weights, "all", folder);
+  EXPECT_EQ(report.matched.size(), 4u + 16u * 2u);
+  EXPECT_EQ(report.unexpected,
+            (std::vector<std::string>{"lm_head.decoder.weight", "lm_head.dense.weight",
+                                      "pooler.dense.weight"}));
+  // The same tensors read with and without the model's shapes.
+  const auto unbounded = tiny_xlmr_tensors(c.model);
+  EXPECT_TRUE(torch::equal(weights.at("discriminator.layers.1.ffn.output.weight"),
+                           unbounded.at("roberta.encoder.layer.1.output.dense.weight")));
+
+  // A token table declared larger than the model's: refused from the header, naming it.
+  auto tensors = tiny_xlmr_tensors(c.model);
+  tensors["roberta.embeddings.word_embeddings.weight"] =
+      torch::zeros({c.model.vocab_size + 1, c.model.hidden_size});
+  write(tensors);
+  EXPECT_TRUE(contains_all(
+      error_message([&] { init_source_weights(folder, expected); }),
+      {"--init-from " + file,
+       "roberta.embeddings.word_embeddings.weight has shape [" +
+           std::to_string(c.model.vocab_size + 1) + ", ",
+       "this model's embeddings.token.weight is [" + std::to_string(c.model.vocab_size) + ", "}));
+  // An integer table where floats are expected.
+  tensors = tiny_xlmr_tensors(c.model);
+  tensors["roberta.encoder.layer.0.output.dense.weight"] =
+      tensors["roberta.encoder.layer.0.output.dense.weight"].to(torch::kInt64);
+  write(tensors);
+  EXPECT_TRUE(contains_all(
+      error_message([&] { init_source_weights(folder, expected); }),
+      {"roberta.encoder.layer.0.output.dense.weight is stored as Long", "F32, F16 or BF16"}));
 }
 
 TEST(InitFromXlmr, NamesWhatIsMissing) {

@@ -3,6 +3,7 @@
 // checkpoint, an HF XLM-R checkpoint) feeds init_weights.
 #pragma once
 
+#include "xlme/checkpoint/weights.h"
 #include "xlme/model/electra.h"
 
 #include <map>
@@ -30,11 +31,17 @@ std::map<std::string, torch::Tensor> checkpoint_weights(const std::string& folde
 // embeddings.position.weight row i = position_embeddings[i + 2] + token_type_embeddings[0]. What
 // has no counterpart (pooler, LM head) keeps its HF name (reported as unexpected); what XLM-R
 // lacks (relative-bias tables, gates, the generator) stays at its initialization.
-std::map<std::string, torch::Tensor> xlmr_weights(const std::string& folder);
+// With `expected` (the model's tensors, checkpoint::weight_specs) the file's header is checked
+// first: a tensor the model has must be F32, F16 or BF16 and no larger than the model's, or the
+// error names it; a tensor the model has not is not read (an empty placeholder, reported as
+// unexpected). Without it every tensor is read.
+std::map<std::string, torch::Tensor> xlmr_weights(const std::string& folder,
+                                                  const checkpoint::WeightSpecs& expected = {});
 
 // checkpoint_weights, or xlmr_weights for a folder holding an HF XLM-R checkpoint (config.json
 // with model_type xlm-roberta or roberta, no model.pt): what --init-from reads.
-std::map<std::string, torch::Tensor> init_source_weights(const std::string& folder);
+std::map<std::string, torch::Tensor> init_source_weights(
+    const std::string& folder, const checkpoint::WeightSpecs& expected = {});
 
 // Copies the tensors of `weights` into `model`'s parameters and buffers of the selected part:
 // "all"; "generator" (embeddings, generator, generator_head); "discriminator" (embeddings,
