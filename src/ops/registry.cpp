@@ -20,14 +20,13 @@ namespace {
 
 enum class Choice { kAuto, kReference, kFused };
 
-// Per op, in Op's order: its name, whether a fused form exists on the CPU and on CUDA, whether
-// `auto` picks it there, and whether `auto` keeps the reference while CUDA graphs live (a fused
-// form that draws random numbers, which no GPU run has yet checked inside a captured graph). A
-// fused CUDA form turns auto on only after a GPU run showed it correct and faster in the Base step
-// (docs/ops.md lists what each one measured), and on under graphs after a captured step equalled
-// the eager one.
+// Per op, in Op's order: whether a fused form exists on the CPU and on CUDA, whether `auto` picks
+// it there, and whether `auto` keeps the reference while CUDA graphs live (a fused form that draws
+// random numbers, which no GPU run has yet checked inside a captured graph). A fused CUDA form
+// turns auto on only after a GPU run showed it correct and faster in the Base step (docs/ops.md
+// lists what each one measured), and on under graphs after a captured step equalled the eager one.
 struct Row {
-  const char* name;
+  Op op;
   const char* cpu_form;   // nullptr: no fused CPU form
   const char* cuda_form;  // nullptr: no fused CUDA form
   bool auto_cpu;
@@ -35,21 +34,29 @@ struct Row {
   bool unproven_in_graphs;
 };
 
-constexpr std::array<Row, 8> kOps{{
-    {"dropout", "cpu kernel", nullptr, true, false, false},
-    {"masked_lm", nullptr, "triton", false, true, true},
-    {"residual_layernorm", nullptr, "triton", false, true, true},
+constexpr std::array<Row, kOpCount> kOps{{
+    {Op::kDropout, "cpu kernel", nullptr, true, false, false},
+    {Op::kMaskedLm, nullptr, "triton", false, true, true},
+    {Op::kResidualLayerNorm, nullptr, "triton", false, true, true},
     // Correct on an H200, but slower than SDPA's memory-efficient kernel (docs/gpu.md).
-    {"attention", nullptr, "triton", false, false, true},
+    {Op::kAttention, nullptr, "triton", false, false, true},
     // The reference's index_select backward adds atomically, T^2 adds into 32 addresses a head.
-    {"toeplitz_bias", nullptr, "one-hot backward", false, true, false},
-    {"feed_forward", nullptr, "triton", false, true, false},
+    {Op::kToeplitzBias, nullptr, "one-hot backward", false, true, false},
+    {Op::kFeedForward, nullptr, "triton", false, true, false},
     // CPUs without AVX512 have no bf16 products of their own (docs/performance.md).
-    {"linear", "bf16 emulation", nullptr, true, false, false},
+    {Op::kLinear, "bf16 emulation", nullptr, true, false, false},
     // CPU: fewer passes per weight and micro-batch (docs/ops.md#weight_grad has the figures).
-    {"weight_grad", "in-place fp32 product", "cuBLAS bf16 x bf16 -> fp32, beta 1", true, false,
-     false},
+    {Op::kWeightGradient, "in-place fp32 product", "cuBLAS bf16 x bf16 -> fp32, beta 1", true,
+     false, false},
 }};
+
+constexpr bool rows_in_op_order() {
+  for (size_t i = 0; i < kOps.size(); ++i) {
+    if (static_cast<size_t>(kOps[i].op) != i) return false;
+  }
+  return true;
+}
+static_assert(rows_in_op_order(), "kOps holds one row per op of XLME_OP_LIST, in its order");
 
 std::atomic<int> graph_safe_holders{0};
 
@@ -101,9 +108,9 @@ bool sdpa_by_default(const c10::Device& device) {
 
 const std::vector<std::string>& op_names() {
   static const std::vector<std::string> names = [] {
-    std::vector<std::string> n;
-    for (const auto& row : kOps) n.emplace_back(row.name);
-    return n;
+#define XLME_OP_NAME(op, name) name,
+    return std::vector<std::string>{XLME_OP_LIST(XLME_OP_NAME)};
+#undef XLME_OP_NAME
   }();
   return names;
 }
@@ -143,8 +150,9 @@ std::string describe(const c10::Device& device) {
   for (size_t i = 0; i < kOps.size(); ++i) {
     const auto impl = implementation(static_cast<Op>(i), device);
     const char* form = device.is_cuda() ? kOps[i].cuda_form : kOps[i].cpu_form;
-    parts.push_back(impl == Impl::kFused ? fmt::format("{}=fused ({})", kOps[i].name, form)
-                                         : fmt::format("{}=reference", kOps[i].name));
+    const std::string& name = op_names()[i];
+    parts.push_back(impl == Impl::kFused ? fmt::format("{}=fused ({})", name, form)
+                                         : fmt::format("{}=reference", name));
   }
   return fmt::format("{}", fmt::join(parts, ", "));
 }

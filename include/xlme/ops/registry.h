@@ -19,20 +19,42 @@
 
 namespace xlme::ops {
 
+// Every op, once: its enumerator, its name as XLME_OPS spells it, and where its fused forms live.
+// The enum, op_names() and the table of forms and `auto` choices (src/ops/registry.cpp, checked
+// at compile time to hold one row per op in this order) all come from this list.
+#define XLME_OP_LIST(X)                                                                           \
+  /* ops/dropout.h: CPU: the counter-based mask; CUDA: none (torch::dropout) */                   \
+  X(kDropout, "dropout")                                                                          \
+  /* ops/masked_lm.h: CUDA: Triton loss + sampling; CPU: none (the reference) */                  \
+  X(kMaskedLm, "masked_lm")                                                                       \
+  /* ops/residual_layernorm.h: CUDA: Triton; CPU: none (the reference) */                         \
+  X(kResidualLayerNorm, "residual_layernorm")                                                     \
+  /* ops/attention.h: CUDA: Triton flash-style with the gated bias */                             \
+  X(kAttention, "attention")                                                                      \
+  /* model/relative_position.h: CUDA: the table's backward as a one-hot product (the */           \
+  /* reference's index_select backward adds atomically) */                                        \
+  X(kToeplitzBias, "toeplitz_bias")                                                               \
+  /* ops/feed_forward.h: CUDA: Triton products with GELU epilogues */                             \
+  X(kFeedForward, "feed_forward")                                                                 \
+  /* ops/linear.h: CPU: bf16 products emulated in float32 (CPUs without AVX512, under bf16 */     \
+  /* autocast); CUDA: none (cuBLAS) */                                                            \
+  X(kLinear, "linear")                                                                            \
+  /* ops/weight_gradient.h: linear layers and the feed-forward block add weight gradients */      \
+  /* into the fp32 .grad buffers (beta 1); CPU: fp32 product; CUDA: cuBLAS bf16 x bf16 -> fp32 */ \
+  X(kWeightGradient, "weight_grad")
+
 enum class Op {
-  kDropout,            // ops/dropout.h: CPU: the counter-based mask; CUDA: none (torch::dropout)
-  kMaskedLm,           // ops/masked_lm.h: CUDA: Triton loss + sampling; CPU: none (the reference)
-  kResidualLayerNorm,  // ops/residual_layernorm.h: CUDA: Triton; CPU: none (the reference)
-  kAttention,          // ops/attention.h: CUDA: Triton flash-style with the gated bias
-  kToeplitzBias,       // model/relative_position.h: CUDA: the table's backward as a one-hot
-                       // product (the reference's index_select backward adds atomically)
-  kFeedForward,        // ops/feed_forward.h: CUDA: Triton products with GELU epilogues
-  kLinear,             // ops/linear.h: CPU: bf16 products emulated in float32 (CPUs without
-                       // AVX512, under bf16 autocast); CUDA: none (cuBLAS)
-  kWeightGradient,     // ops/weight_gradient.h: the products of linear layers and the feed-forward
-                       // block add weight gradients into the fp32 .grad buffers (beta 1); CPU:
-                       // fp32 product; CUDA: cuBLAS bf16 x bf16 -> fp32
+#define XLME_OP_ENUMERATOR(op, name) op,
+  XLME_OP_LIST(XLME_OP_ENUMERATOR)
+#undef XLME_OP_ENUMERATOR
 };
+
+// How many ops XLME_OP_LIST holds.
+inline constexpr int kOpCount = 0
+#define XLME_OP_COUNT(op, name) +1
+    XLME_OP_LIST(XLME_OP_COUNT)
+#undef XLME_OP_COUNT
+    ;
 
 enum class Impl { kReference, kFused };
 
