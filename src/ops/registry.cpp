@@ -39,7 +39,7 @@ constexpr std::array<Row, 8> kOps{{
     {"dropout", "cpu kernel", nullptr, true, false, false},
     {"masked_lm", nullptr, "triton", false, true, true},
     {"residual_layernorm", nullptr, "triton", false, true, true},
-    // Correct on an H200, but slower than SDPA's memory-efficient kernel (docs/gpu.md).
+    // Correct on CUDA, but slower than SDPA's memory-efficient kernel (docs/gpu.md).
     {"attention", nullptr, "triton", false, false, true},
     // The reference's index_select backward adds atomically, T^2 adds into 32 addresses a head.
     {"toeplitz_bias", nullptr, "one-hot backward", false, true, false},
