@@ -46,7 +46,7 @@ constexpr std::array<Row, 8> kOps{{
     {"feed_forward", nullptr, "triton", false, true, false},
     // CPUs without AVX512 have no bf16 products of their own (docs/performance.md).
     {"linear", "bf16 emulation", nullptr, true, false, false},
-    // CPU: fewer passes per weight and micro-batch (docs/ops.md#weight_grad has the figures).
+    // CPU: fewer passes per weight and micro-batch (docs/ops.md, `weight_grad`, has the figures).
     {"weight_grad", "in-place fp32 product", "cuBLAS bf16 x bf16 -> fp32, beta 1", true, false,
      false},
 }};
