@@ -2,9 +2,9 @@
 // step's dropouts take a large share of a bf16 CPU step (docs/performance.md). On the CPU the
 // keep mask here comes from a counter-based generator instead (SplitMix64 of a seed and the
 // element's index), filled in parallel; the seed is drawn from LibTorch's default CPU
-// generator, so torch::manual_seed and checkpointed generator state decide the masks as before,
-// and the masks do not depend on the number of threads. With XLME_OPS=dropout=reference
-// (ops/registry.h), and on other devices, it is torch::dropout.
+// generator, so torch::manual_seed and checkpointed generator state decide the masks as they
+// decide torch::dropout's, and the masks do not depend on the number of threads. With
+// XLME_OPS=dropout=reference (ops/registry.h), and on other devices, it is torch::dropout.
 #pragma once
 
 #include <torch/types.h>
