@@ -12,7 +12,7 @@
 #   scripts/gpu_check.sh --plan P --list   the steps plan P runs, with their limits
 #
 # Plans: a lent GPU gives 15 minutes of device time, at most 10 a command, so the window is two
-# commands back to back (docs/gpu.md#the-window):
+# commands back to back (docs/gpu.md#the-window-two-commands):
 #   bringup  (budget 400 s) every CUDA test, the three trainer-level ones again outside ctest and
 #            with every fused op, the attention tests with the fused kernel, xlme-bench-ops and
 #            xlme-bench-attn: is each path correct on this GPU

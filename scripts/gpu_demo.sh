@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18's pre-training run in one device call (docs/gpu.md#the-demo-on-a-gpu): the `small`
+# A GPU pre-training run in one device call (docs/gpu.md#the-demo-on-a-gpu): the `small`
 # model pre-trained on the demo corpus on one GPU with XLM-E's objectives and, at the same time on
 # the same GPU, with MLM alone (XLM-R's objective, the baseline of the paper's Table 2) for the
 # same steps and tokens per step; each exported and evaluated on the held-out test pairs'

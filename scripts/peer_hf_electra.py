@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The PyTorch peer of `xlme-pretrain --benchmark`: HuggingFace transformers' ELECTRA, timed the way
-xlme times a step, on a GPU (docs/gpu.md#the-pytorch-peer) or on the CPU. scripts/compare_peer.sh
+xlme times a step, on a GPU (docs/gpu.md#checking-on-a-gpu) or on the CPU. scripts/compare_peer.sh
 runs it beside xlme at the same shapes (docs/performance.md).
 
 Shapes default to the paper's Base run as configs/pretrain/base.yaml has it: discriminator 12 x 768

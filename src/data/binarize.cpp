@@ -228,9 +228,8 @@ void stream_file(const std::string& path, const std::function<void(const void*, 
 }
 
 // What says that a source changed: its path, size, modification time and status-change time.
-// The last one because an edit that keeps the size and puts the old mtime back (`touch -d`,
-// `cp -p`, rsync -t) was taken as "up to date"; the kernel sets ctime on every write and no
-// user call can set it back.
+// The last one because an edit can keep the size and put the old mtime back (`touch -d`,
+// `cp -p`, rsync -t); the kernel sets ctime on every write and no user call can set it back.
 uint64_t source_signature(const std::vector<std::string>& paths) {
   std::string key;
   for (const auto& path : paths) {

@@ -66,8 +66,8 @@ std::pair<torch::Tensor, torch::Tensor> bias_backward(const torch::Tensor& grad,
   if (!factor.defined()) return {torch::Tensor(), grad.sum(0)};
   const auto rows = grad.permute({1, 2, 0, 3}).reshape({heads * length, batch, length});
   const auto t = table.to(grad.scalar_type()).reshape({heads * length, length, 1});
-  // Contiguous: the CPU bmm copies a strided operand one batch item at a time (2.1 against 0.9 ms
-  // for both products at `cpu_small`'s shape, LibTorch 2.11).
+  // Contiguous: the CPU bmm copies a strided operand one batch item at a time, which costs more
+  // than one copy of the whole operand (docs/performance.md).
   const auto f = factor.to(grad.scalar_type())
                      .reshape({batch, heads * length})
                      .t()

@@ -23,7 +23,7 @@ namespace {
 // underflow), its cumulative sums (the CPU cumsum accumulates float32 in float64), one uniform per
 // row scaled by the row's total, and a binary search for the first cumulative sum above it: three
 // passes over [N, V] and N uniforms, where Gumbel-max draws N x V uniforms and takes two
-// logarithms of each (on `cpu_small`'s [614, 16000] logits: 15 ms against 45 ms, LibTorch 2.11).
+// logarithms of each: the faster of the two on the CPU (docs/measurements.md).
 torch::Tensor sample_rows_by_cdf(const torch::Tensor& logits, const Sampling& sampling) {
   const auto dtype = logits.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
   auto scores = torch::div(logits.detach().to(dtype), sampling.temperature);  // [N, V]
@@ -70,8 +70,8 @@ MaskedLm masked_lm(const torch::Tensor& logits, const torch::Tensor& targets,
   MaskedLm out;
   out.loss_sum =
       F::cross_entropy(logits, targets, F::CrossEntropyFuncOptions().reduction(torch::kSum));
-  // max(1)'s indices: the first maximum, as argmax's, in a third of argmax's time on the CPU
-  // (LibTorch 2.11 on `cpu_small`'s [614, 16000] logits: 4.6 against 12.4 ms).
+  // max(1)'s indices: the first maximum, as argmax's, and faster than argmax on the CPU
+  // (docs/measurements.md).
   out.correct = (std::get<1>(logits.detach().max(1)) == targets).sum();
   if (sampling != nullptr) out.sampled = reference::sample(logits, *sampling);
   return out;

@@ -38,14 +38,14 @@ constexpr std::array<Row, kOpCount> kOps{{
     {Op::kDropout, "cpu kernel", nullptr, true, false, false},
     {Op::kMaskedLm, nullptr, "triton", false, true, true},
     {Op::kResidualLayerNorm, nullptr, "triton", false, true, true},
-    // Correct on an H200, but slower than SDPA's memory-efficient kernel (docs/gpu.md).
+    // Correct on CUDA, but slower than SDPA's memory-efficient kernel (docs/gpu.md).
     {Op::kAttention, nullptr, "triton", false, false, true},
     // The reference's index_select backward adds atomically, T^2 adds into 32 addresses a head.
     {Op::kToeplitzBias, nullptr, "one-hot backward", false, true, false},
     {Op::kFeedForward, nullptr, "triton", false, true, false},
     // CPUs without AVX512 have no bf16 products of their own (docs/performance.md).
     {Op::kLinear, "bf16 emulation", nullptr, true, false, false},
-    // CPU: fewer passes per weight and micro-batch (docs/ops.md#weight_grad has the figures).
+    // CPU: fewer passes per weight and micro-batch (docs/ops.md, `weight_grad`, has the figures).
     {Op::kWeightGradient, "in-place fp32 product", "cuBLAS bf16 x bf16 -> fp32, beta 1", true,
      false, false},
 }};

@@ -1,4 +1,4 @@
-// Damaged and hostile data as a user meets it (issue 14, items 5, 6 and 10): truncated and fake
+// Damaged and hostile data as a user meets it: truncated and fake
 // compressed files, UTF-16 text, a huge line, shards with flipped bytes and crafted headers. Each
 // case makes the fault, runs xlme-data, and checks the exit code, that the message names the file
 // and the offset or field, and that the shards the user had are untouched.
@@ -194,10 +194,9 @@ TEST_F(DataFaults, HugeLineIsSkippedUnreadAndCounted) {
   EXPECT_EQ(shard.sequences(), 300);
 }
 
-// Issue 36 item 2: binarize's memory is flat in the number of lines. Its index (8 bytes a
-// sentence) used to be read back whole and copied at the end: 4M one-word lines peaked ~95 MB
-// above 4k of them (three times the 31 MB index). Now the peaks differ by less than the index
-// itself: 1.4 MB alone, up to 18.5 MB measured while the suite ran two tests at a time.
+// binarize's memory is flat in the number of lines: its index (8 bytes a sentence) is not read
+// back whole and copied at the end, so the peaks of 4M one-word lines and of 4k of them differ by
+// less than the 31 MB index itself (a copy would add about three times the index).
 TEST_F(DataFaults, BinarizeMemoryIsFlatInTheNumberOfLines) {
   const auto corpus = [&](const std::string& folder, int64_t lines) {
     std::string text;
@@ -223,10 +222,10 @@ TEST_F(DataFaults, BinarizeMemoryIsFlatInTheNumberOfLines) {
                                    << " KiB for 4M lines (index: " << index_kib << " KiB)";
 }
 
-// Issue 36 (weak): a mono/en.txt that is a dangling link (an unmounted file system), a FIFO, a
-// folder or /dev/zero, or a para file that is a dangling link, was skipped: exit 0 and English
-// absent from training. Each is now an error naming the file and the language; the shards the
-// user had are untouched.
+// A mono/en.txt that is a dangling link (an unmounted file system), a FIFO, a folder or
+// /dev/zero, or a para file that is a dangling link, is not skipped (exit 0 and English absent
+// from training): each is an error naming the file and the language; the shards the user had are
+// untouched.
 TEST_F(DataFaults, CorpusFilesThatAreNotRegularFilesAreNamedNotSkipped) {
   const std::string before = shard_files();
   const std::string en = dir_ / "raw/mono/en.txt";
@@ -276,8 +275,8 @@ TEST_F(DataFaults, UnfinishedShardIsNamedNotSkipped) {
   }
 }
 
-// Issue 36 (weak): an edit that keeps the file's size, with its old mtime put back (touch -d,
-// cp -p), was "up to date" and the shard kept the old text.
+// An edit that keeps the file's size, with its old mtime put back (touch -d, cp -p), is not
+// "up to date": the shard gets the new text.
 TEST_F(DataFaults, SameSizeEditWithTheOldMtimeIsBinarizedAgain) {
   const std::string file = dir_ / "raw/mono/xx.txt";
   const auto mtime = std::filesystem::last_write_time(file);
@@ -293,8 +292,8 @@ TEST_F(DataFaults, SameSizeEditWithTheOldMtimeIsBinarizedAgain) {
   EXPECT_TRUE(contains_all(r.err, {"en-xx        up to date"})) << r.err;  // the pair: unchanged
 }
 
-// Issue 36 (weak): a file with CR-only line ends (classic Mac OS) was one line, cut to max_len
-// (or, longer than data.binarize.max_line_bytes, skipped as "too long"): the language had one
+// A file with CR-only line ends (classic Mac OS) would read as one line, cut to max_len (or,
+// longer than data.binarize.max_line_bytes, skipped as "too long"): the language would have one
 // sentence or none. Every corpus reader refuses it naming the file and the conversion; CRLF is
 // read as before, and a byte-order mark at the start is dropped as the fine-tuning readers drop it.
 // A file that switches to CR line ends after its fifth line was read as 6 lines, the rest joined
@@ -364,7 +363,7 @@ TEST_F(DataFaults, CrOnlyLineEndsAreRefusedNamingTheFileAndTheFix) {
   EXPECT_EQ(sentences("\xEF\xBB\xBF" + text), plain);
 }
 
-// Issue 36 (weak): held-out files without text made validation log zeros at every validation.
+// Held-out files without text would make validation log zeros at every validation:
 // xlme-pretrain refuses them at start, naming both files, before the first step.
 TEST_F(DataFaults, EmptyHeldOutFilesAreRefusedAtStart) {
   write_file(dir_ / "heldout/en-xx.en", "");
@@ -385,9 +384,9 @@ TEST_F(DataFaults, EmptyHeldOutFilesAreRefusedAtStart) {
   EXPECT_TRUE(contains_all(r.err, {"held-out pair en-xx", "(3 lines, all blank)"})) << r.err;
 }
 
-// Issue 36 (weak): --allow-data-change continued a run with another tokenizer of the same size
-// (only the shards were named, in a warning): every id then meant another piece. The resume is
-// refused whatever --allow-data-change says, naming both tokenizers and their hashes.
+// A run continued with another tokenizer of the same size would read every id as another piece:
+// the resume is refused whatever --allow-data-change says, naming both tokenizers and their
+// hashes.
 TEST_F(DataFaults, ResumeWithAnotherTokenizerIsRefusedEvenWithAllowDataChange) {
   const auto pretrain = [&](const std::string& tokenizer, const std::string& shards, int steps,
                             const std::vector<std::string>& extra) {

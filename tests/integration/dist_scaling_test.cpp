@@ -1,4 +1,4 @@
-// Issue 35, points 4, 5, 6 and 9, with two Gloo ranks on loopback: gradient buckets sent during the
+// Distributed runs with two Gloo ranks on loopback: gradient buckets sent during the
 // backward give the weights of buckets sent after it, bit for bit; ZeRO-1 gives the weights of the
 // unsharded run and checkpoints that resume on one rank or two, with or without it; a run.out_dir
 // that is not one shared folder is refused at start and no checkpoint is committed without every
@@ -230,7 +230,7 @@ std::vector<std::string> two_ranks(const std::string& dir, const std::string& mo
   return results;
 }
 
-// Point 9a: the step's last backward sends each bucket as soon as its gradients are final; the
+// The step's last backward sends each bucket as soon as its gradients are final; the
 // weights after 3 steps are those of sending every bucket after the backward, bit for bit.
 TEST(DistScaling, BucketsSentDuringTheBackwardGiveTheSameWeightsBitForBit) {
   TempDir tmp;
@@ -249,7 +249,7 @@ TEST(DistScaling, BucketsSentDuringTheBackwardGiveTheSameWeightsBitForBit) {
   xlme::testing::expect_same_parameters(on, off, /*atol=*/0);
 }
 
-// Point 9b: ZeRO-1 (reduce-scatter, each rank steps its shard, all-gather) gives the weights of the
+// ZeRO-1 (reduce-scatter, each rank steps its shard, all-gather) gives the weights of the
 // unsharded run: bit for bit without gradient clipping (the same fused AdamW kernel on slices of
 // the same elements); with clipping within float rounding, as the global norm is summed from the
 // ranks' slices in float64 instead of from per-parameter norms, so the clipping factor may differ
@@ -269,7 +269,7 @@ TEST(DistScaling, ZeroOneEqualsTheUnshardedRun) {
   EXPECT_GT(max_difference(plain_clipped, plain), 1e-3);  // clipping was active
 }
 
-// Point 9b: checkpoints of a ZeRO-1 run hold the whole optimizer state (the unsharded run's), so
+// Checkpoints of a ZeRO-1 run hold the whole optimizer state (the unsharded run's), so
 // that they resume on one rank with or without ZeRO (2 -> 1), and a one-rank checkpoint resumes on
 // two ranks with ZeRO as without it (1 -> 2): bit for bit (no clipping, see above).
 TEST(DistScaling, ZeroCheckpointsResumeOnAnyNumberOfRanks) {
@@ -312,7 +312,7 @@ TEST(DistScaling, ZeroCheckpointsResumeOnAnyNumberOfRanks) {
   EXPECT_EQ(max_difference(plain, sharded), 0.0);
 }
 
-// Point 4: a rank whose checkpoint file does not land in rank 0's folder (each rank saving into a
+// A rank whose checkpoint file does not land in rank 0's folder (each rank saving into a
 // folder of its own, as with a run.out_dir local to each node) gets no checkpoint committed, and
 // both ranks fail naming the rank and the folder: when rank 1 has no such folder (it cannot write)
 // and when it has one of its own (its file lands there).
@@ -344,7 +344,7 @@ TEST(DistScaling, NoCheckpointIsCommittedWithoutEveryRanksFile) {
   }
 }
 
-// Point 4: at start, a run.out_dir that another rank does not see as the same folder is refused by
+// At start, a run.out_dir that another rank does not see as the same folder is refused by
 // every rank, naming the rank, its host and its folder.
 TEST(DistScaling, ARunFolderNotSharedByEveryRankIsRefusedAtStart) {
   TempDir tmp;
@@ -368,9 +368,9 @@ TEST(DistScaling, ARunFolderNotSharedByEveryRankIsRefusedAtStart) {
   }
 }
 
-// Point 4, as on a cluster: the same run.out_dir path on both ranks, but rank 1 sees another
+// As on a cluster: the same run.out_dir path on both ranks, but rank 1 sees another
 // folder there (a disk of its own: its own mount namespace with another folder bound over the
-// path). The path strings agree, which the old check compared; the probe file does not.
+// path). The path strings agree; the probe file does not.
 TEST(DistScaling, TheSamePathOnAnotherDiskIsRefusedAtStart) {
   TempDir tmp;
   const std::string dir = tmp.path().string();
@@ -423,8 +423,8 @@ TEST(DistScaling, TheSamePathOnAnotherDiskIsRefusedAtStart) {
   EXPECT_FALSE(fs::exists(dir + "/run/checkpoints"));
 }
 
-// Point 5: ranks with another train.lr (trained on silently), model.hidden_size (SIGABRT inside
-// Gloo) or train.steps (hung at the end) fail at start on every rank, naming the key and both
+// Ranks with another train.lr (would train on silently), model.hidden_size (SIGABRT inside
+// Gloo) or train.steps (would hang at the end) fail at start on every rank, naming the key and both
 // values.
 TEST(DistScaling, RanksWithDifferentConfigsFailAtStartNamingTheKeys) {
   for (const auto& [key, values] : std::vector<std::pair<std::string, std::string>>{
@@ -450,7 +450,7 @@ TEST(DistScaling, RanksWithDifferentConfigsFailAtStartNamingTheKeys) {
   }
 }
 
-// Point 8: two ranks launched by hand on one host (no LOCAL_WORLD_SIZE, SLURM_* nor
+// Two ranks launched by hand on one host (no LOCAL_WORLD_SIZE, SLURM_* nor
 // OMP_NUM_THREADS) count each other at the rendezvous and take half of the cores each.
 TEST(DistScaling, RanksLaunchedByHandShareTheHostsCores) {
   TempDir tmp;
@@ -464,7 +464,7 @@ TEST(DistScaling, RanksLaunchedByHandShareTheHostsCores) {
   }
 }
 
-// Point 6: a checkpoint of 2 ranks whose train.tokens_per_task (3 micro-batches) was rounded up
+// A checkpoint of 2 ranks whose train.tokens_per_task (3 micro-batches) was rounded up
 // to 128 tokens per step does not resume on 1 rank (96 tokens) unless train.tokens_per_task is
 // changed on purpose; the refusal names the world sizes that keep 128.
 TEST(DistScaling, AResumeOnAnotherWorldSizeKeepsTheTokensPerStepOrRefuses) {

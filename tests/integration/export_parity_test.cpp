@@ -193,7 +193,7 @@ TEST_F(ExportParity, TheBinaryRefusesToOverwriteAndNamesBadInput) {
   r = run_tool("xlme-export",
                {"--checkpoint", checkpoint.path, "--out", dir / "export", "--force"});
   EXPECT_EQ(r.code, 0) << r.err;
-  // A run folder stands for its newest valid checkpoint (issue 37 point 9).
+  // A run folder stands for its newest valid checkpoint.
   r = run_tool("xlme-export", {"--checkpoint", dir / "run", "--out", dir / "other"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains_all(r.err, {"run folder " + (dir / "run") +

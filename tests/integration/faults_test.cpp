@@ -263,7 +263,7 @@ TEST(Faults, SecondRunInTheSameFolderFailsNamingTheHolder) {
   EXPECT_FALSE(fs::exists(run + "/metrics.jsonl"));
 }
 
-// Issue 36 item 1: a run.lock, logs/rank0.log or metrics.jsonl that is a symbolic link is refused
+// A run.lock, logs/rank0.log or metrics.jsonl that is a symbolic link is refused
 // naming the file, and the link's target (the user's notes) is neither truncated nor appended to.
 TEST(Faults, RunFilesThatAreSymbolicLinksAreRefusedAndTheirTargetsKept) {
   for (const std::string name : {"run.lock", "logs/rank0.log", "metrics.jsonl"}) {
@@ -283,8 +283,8 @@ TEST(Faults, RunFilesThatAreSymbolicLinksAreRefusedAndTheirTargetsKept) {
   }
 }
 
-// Issue 36 item 4: a train.micro_batch_tokens of 2e9 passed the dry run (its allocation
-// overcommitted) and grew past 6 GB; it is refused before anything is allocated, naming the key.
+// A train.micro_batch_tokens of 2e9 would pass a dry run (its allocation overcommitted) and grow
+// past the machine's memory; it is refused before anything is allocated, naming the key.
 TEST(Faults, MicroBatchLargerThanTheMachinesMemoryIsRefusedBeforeAllocating) {
   TempDir dir;
   const auto r = testing::run_tool_measured(
@@ -298,8 +298,8 @@ TEST(Faults, MicroBatchLargerThanTheMachinesMemoryIsRefusedBeforeAllocating) {
   EXPECT_LT(r.peak_rss_kib, 2 << 20) << "peak RSS " << r.peak_rss_kib << " KiB";
 }
 
-// Issue 36 (weak): a checkpoint folder named step_..40 holding step 1 was taken as the newest, so
-// that every resume rewound. It is skipped with a warning naming both steps and the right name.
+// A checkpoint folder named step_..40 holding step 1 is not taken as the newest (every resume
+// would rewind): it is skipped with a warning naming both steps and the right name.
 TEST(Faults, RenamedCheckpointIsNotTakenAsTheNewest) {
   TempDir dir;
   const std::string run = dir / "run";
@@ -315,8 +315,8 @@ TEST(Faults, RenamedCheckpointIsNotTakenAsTheNewest) {
   EXPECT_TRUE(verifies(step_folder(run, 3)));
 }
 
-// Issue 36 (weak): another run's checkpoint copied into checkpoints/ was refused with a message
-// about a data-state seed; the message now names the other run and what to do.
+// Another run's checkpoint copied into checkpoints/ is refused with a message that names the
+// other run and what to do (not one about a data-state seed).
 TEST(Faults, AnotherRunsCheckpointCopiedInIsNamed) {
   TempDir dir;
   const std::string run = dir / "run", other = dir / "other";
@@ -334,7 +334,8 @@ TEST(Faults, AnotherRunsCheckpointCopiedInIsNamed) {
       << r.err;
 }
 
-// Issue 36 (weak): run.out_dir pointing at '/' wrote checkpoints/, logs/ and metrics.jsonl there.
+// run.out_dir pointing at '/' is refused: it would write checkpoints/, logs/ and metrics.jsonl
+// there.
 TEST(Faults, RunFolderAtTheFileSystemRootIsRefused) {
   for (const std::string root : {"/", "/tmp/../", "//"}) {
     SCOPED_TRACE(root);
@@ -456,7 +457,7 @@ TEST(Faults, ConfigFolderAndEmptyOutDirAreNamed) {
 
 // Item 9: SIGTERM during start-up is a stop like any other: exit code 75, not death by the signal
 // (143). Rank 0 of 2 is signalled while it waits at the rendezvous for rank 1, which never comes:
-// it stops at once (issue 35: it used to wait for the whole rendezvous timeout) and, no step
+// it stops at once (without waiting for the whole rendezvous timeout) and, no step
 // having run, saves nothing.
 TEST(Faults, StopSignalDuringStartUpExits75) {
   TempDir dir;
@@ -548,9 +549,8 @@ TEST(Faults, RanksWithDifferentRunFoldersFailAtStart) {
   }
 }
 
-// Issue 36 item 6: ranks with another model.hidden_size or objectives.set died of SIGABRT inside
-// Gloo; every rank now fails at start naming the rank that differs and the key (issue 35 point 5:
-// any key of the resolved config).
+// Ranks with another model.hidden_size or objectives.set (a SIGABRT inside Gloo otherwise): every
+// rank fails at start naming the rank that differs and the key (any key of the resolved config).
 TEST(Faults, RanksWithDifferentModelConfigsFailAtStartNamingTheRank) {
   for (const auto& [set, section] :
        {std::pair<std::string, std::string>{"model.hidden_size=64", "model.hidden_size"},

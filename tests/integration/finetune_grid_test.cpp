@@ -140,7 +140,7 @@ TEST_F(FinetuneGrid, BadGridsAndFailingPointsNameTheFileAndThePoint) {
   EXPECT_FALSE(std::filesystem::exists(data_.path() / "out/grid.json"));
 }
 
-// Issue 37: TyDiQA-GoldP has no dev set in XTREME; its grid runs as XTREME's scripts run it (final
+// TyDiQA-GoldP has no dev set in XTREME; its grid runs as XTREME's scripts run it (final
 // weights, no selection): every point is run and listed with its test average, none is selected.
 TEST_F(FinetuneGrid, TaskWithoutDevSetRunsEveryPointAndSelectsNone) {
   nlohmann::json train = {{"data", nlohmann::json::array()}};
@@ -272,7 +272,7 @@ struct Table11Row {
   int64_t warmup_steps;
 };
 
-// Issue 37: configs/finetune/paper/ holds the recipe of every task of Table 11; every `# grid:`
+// configs/finetune/paper/ holds the recipe of every task of Table 11; every `# grid:`
 // point is accepted by the config loader (what scripts/finetune_grid.sh passes to xlme-finetune)
 // and the points together are the table's grid.
 TEST(FinetunePaperRecipes, EveryTaskOfTable11WithItsGrid) {

@@ -575,8 +575,8 @@ std::string conllu_of(const std::vector<std::string>& sentences) {
   return out;
 }
 
-// Issue 37: with finetune.gold_dir the test set comes from the gold; XTREME's test file, when
-// there, must hold the same examples (a gold cut short was scored as a subset without a word); a
+// With finetune.gold_dir the test set comes from the gold; XTREME's test file, when there, must
+// hold the same examples (a gold cut short is not scored as a subset without a word); a
 // gold file alone is allowed; the log says which file(s) each set came from.
 TEST_F(FinetuneTasks, TestFileAndGoldAreMatchedAndTheSourceIsLogged) {
   const std::string tagged = "a\tNOUN\nb\tVERB\n\nc\tDET\n";
@@ -637,7 +637,7 @@ TEST_F(FinetuneTasks, TestFileAndGoldAreMatchedAndTheSourceIsLogged) {
       << log;
 }
 
-// Issue 37: without finetune.languages, the languages without data are skipped at info level with
+// Without finetune.languages, the languages without data are skipped at info level with
 // the file each lacked; the summary says what its average covers; a test set without gold is
 // said to be predicted but not scored, and why.
 TEST_F(FinetuneTasks, SummarySaysWhatTheAverageCoversAndWhatWasNotScored) {
@@ -731,7 +731,7 @@ TEST_F(FinetuneTasks, UdGoldOfAnotherReleaseIsRefusedByItsDevTags) {
   EXPECT_EQ(failed_log.find("step 1/1"), std::string::npos) << failed_log;
 }
 
-// Issue 37: xlme-data xtreme refuses an empty download instead of writing the other files, and
+// xlme-data xtreme refuses an empty download instead of writing the other files, and
 // fine-tuning's message for the missing training file says how to write it.
 TEST_F(FinetuneTasks, XtremeCommandRefusesEmptyInputsAndMessagesSayWhatToDo) {
   write_file(file("ud/UD_English-A/en_a-ud-train.conllu"), "");
@@ -753,7 +753,7 @@ TEST_F(FinetuneTasks, XtremeCommandRefusesEmptyInputsAndMessagesSayWhatToDo) {
   EXPECT_EQ(error.find("drop"), std::string::npos) << error;
 }
 
-// Issue 37: the QA training and dev files are config keys (XTREME's paths when empty), and a
+// The QA training and dev files are config keys (XTREME's paths when empty), and a
 // warm-up longer than the run is a warning with both numbers.
 TEST_F(FinetuneTasks, QaTrainAndDevFilesAreConfigKeys) {
   write_file(file("download/mine/train.json"), squad_json(8, 1, false));

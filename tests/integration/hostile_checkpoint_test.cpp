@@ -1,7 +1,7 @@
-// Checkpoints altered by someone else, against the release xlme-pretrain (issue 19 items 3(a), 6
-// and 9): each case copies one real checkpoint, alters it and re-signs its manifest (so that it
-// verifies), runs --resume or --init-from on it, and checks the exit code (never a signal), that
-// the message names the file and the entry, tensor or key, and that nothing outside was opened.
+// Checkpoints altered by someone else, against the release xlme-pretrain: each case copies one real
+// checkpoint, alters it and re-signs its manifest (so that it verifies), runs --resume or
+// --init-from on it, and checks the exit code (never a signal), that the message names the file and
+// the entry, tensor or key, and that nothing outside was opened.
 #include "fault_fixtures.h"
 #include "hostile_fixtures.h"
 #include "test_util.h"
@@ -161,9 +161,8 @@ TEST_F(HostileCheckpoint, RecordShorterThanItsTensorIsRefusedNamingFileAndTensor
   }
 }
 
-// Issue 36 (weak): NaN/inf weights (a diverged run) exported, fine-tuned and evaluated with exit
-// 0, and a resume failed its dry run with "index out of range in self". Every reader of the
-// weights now refuses them naming the file and the tensor.
+// NaN/inf weights (a diverged run) are not exported, fine-tuned, evaluated or resumed from: every
+// reader of the weights refuses them naming the file and the tensor.
 TEST_F(HostileCheckpoint, NonFiniteWeightsAreRefusedNamingFileAndTensor) {
   const std::string file = checkpoint_ + "/model.pt";
   auto records = archive_records(file);

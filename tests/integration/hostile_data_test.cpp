@@ -1,4 +1,4 @@
-// Hostile shards (issue 19, item 7): shard headers and indexes crafted to break the reader, run
+// Hostile shards: shard headers and indexes crafted to break the reader, run
 // through `xlme-data inspect` and xlme-pretrain. Counts whose byte sizes wrap around 2^64, offsets
 // and document starts that fall or leave the file, token ids past the vocabulary with valid
 // checksums, a vocabulary larger than the model's, a name without its NUL, a FIFO or a folder in a

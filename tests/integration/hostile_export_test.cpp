@@ -1,4 +1,4 @@
-// Hostile exports (issue 19 items 1, 2, 4 and 9): a real export of a tiny model, then its
+// Hostile exports: a real export of a tiny model, then its
 // config.json or model.safetensors crafted to break readers (deep JSON, sizes out of range,
 // overflowing shapes, tensors sharing bytes), and --out folders that hold the input or are
 // symbolic links. Every case runs the release binaries or scripts/xlme_reference.py and asserts
@@ -356,8 +356,8 @@ TEST_F(HostileExport, ForceNeverReplacesASymbolicLinkOrWhatItPointsTo) {
   EXPECT_TRUE(sentinel.untouched());
 }
 
-// Issue 36 item 7: two exports to one --out at once both exited 0 and one export was silently
-// gone. An export holds <out>.lock: the second fails at once naming the first (here this test).
+// Two exports to one --out at once must not both exit 0 with one export silently gone. An export
+// holds <out>.lock: the second fails at once naming the first (here this test).
 TEST_F(HostileExport, TwoExportsToOneFolderAtOnceTheSecondFailsNamingTheFirst) {
   TempDir dir;
   const std::string out = dir / "exported";
@@ -371,9 +371,9 @@ TEST_F(HostileExport, TwoExportsToOneFolderAtOnceTheSecondFailsNamingTheFirst) {
   EXPECT_FALSE(fs::exists(out));
 }
 
-// Issue 36 item 8: the --force and marker checks ran at start only, and the final rename removed
-// whatever was at --out by then (in the report: a run folder moved there during a 167 MB export).
-// The folder at --out is checked again when the export moves into place: anything but an empty
+// The --force and marker checks do not run at start only, so that the final rename cannot remove
+// whatever is at --out by then (a run folder moved there during a long export). The folder at
+// --out is checked again when the export moves into place: anything but an empty
 // folder or (with --force) an export is kept as it is, and the new export discarded.
 TEST_F(HostileExport, WhatAppearsAtOutWhileTheExportRunsIsKept) {
   TempDir dir;
@@ -448,9 +448,9 @@ TEST_F(HostileExport, UnfinishedFoldersOfKilledExportsAreRemovedByTheNext) {
   EXPECT_FALSE(fs::exists(out + ".lock"));  // the export's lock goes with it
 }
 
-// Issue 37 point 9: --checkpoint takes a run folder and exports its newest valid checkpoint,
+// --checkpoint takes a run folder and exports its newest valid checkpoint,
 // through the resolver finetune.init uses; a damaged newer one is skipped with a warning (the
-// scripts picked the newest by name with `ls | sort | tail`, valid or not).
+// newest by name, as `ls | sort | tail` gives it, may not be valid).
 TEST_F(HostileExport, ARunFolderExportsItsNewestValidCheckpoint) {
   TempDir dir;
   copy_run(dir / "run");
@@ -488,8 +488,8 @@ TEST_F(HostileExport, ForceRemovesAnExportButNotWhatItsLinksPointTo) {
   EXPECT_TRUE(sentinel.untouched());
 }
 
-// Issue 36 (weak): a safetensors header that lists a tensor name twice was accepted (each reader
-// kept one copy, maybe not the same); it is refused naming the file and the name (the reference
+// A safetensors header that lists a tensor name twice (each reader would keep one copy, maybe not
+// the same) is refused naming the file and the name (the reference
 // loader's case is in TheReferenceLoaderChecksHeadersLikeTheCppReader).
 TEST_F(HostileExport, DuplicateTensorNamesAreRefusedNamingFileAndName) {
   TempDir dir;
@@ -587,9 +587,9 @@ TEST_F(HostileExport, TheReferenceLoaderChecksHeadersLikeTheCppReader) {
   EXPECT_EQ(run.err.find("Traceback"), std::string::npos) << run.err;
 }
 
-// Issue 36 (weak): xlme_reference.py ended in a Python traceback naming no file for a config.json
-// value out of range or not fitting the weights (RuntimeError from view/einsum, IndexError from
-// the bucket table) and for token ids outside the vocabulary. Each is one line naming the config
+// xlme_reference.py does not end in a Python traceback naming no file (RuntimeError from
+// view/einsum, IndexError from the bucket table) for a config.json value out of range or not
+// fitting the weights, or for token ids outside the vocabulary: each is one line naming the config
 // file and the key (or the input), exit 1.
 TEST_F(HostileExport, TheReferenceLoaderNamesFileAndKeyForOutOfRangeConfigs) {
   const std::string lacks = xlme::testing::python_lacks(kHostileReferencePython, "torch");
@@ -641,8 +641,8 @@ TEST_F(HostileExport, TheReferenceLoaderNamesFileAndKeyForOutOfRangeConfigs) {
   }
 }
 
-// Issue 36 (weak): an export whose spm.model was swapped for another SentencePiece model of the
-// same size loaded silently (ids read as other pieces). config.json records spm.model's size and
+// An export whose spm.model was swapped for another SentencePiece model of the same size must not
+// load silently (ids read as other pieces). config.json records spm.model's size and
 // CRC32 (tokenizer_config.json its CRC32): xlme-export/xlme-finetune's loader, xlme_reference.py
 // and the transformers tokenizer refuse the swapped file, naming it.
 TEST_F(HostileExport, ASwappedTokenizerOfTheSameSizeIsNamedByEveryLoader) {

@@ -1,4 +1,4 @@
-// Hostile fine-tuning inputs (issue 19, items 3(b) and 8) against the built xlme-finetune: a
+// Hostile fine-tuning inputs against the built xlme-finetune: a
 // language code that names a path outside finetune.data_dir, and a PAWS-X line of 100 MB.
 #include "xlme/finetune/finetune.h"
 
@@ -124,9 +124,9 @@ TEST_F(HostileFinetune, HundredMegabyteFieldIsCutBeforeTokenization) {
   EXPECT_TRUE(fs::exists(out_dir() + "/results.json"));
 }
 
-// Issue 36 item 3: one 30 MB line in LASER's Tatoeba files or a retrieval pair's file took ~80
-// bytes of memory per byte (2.4 GB) to tokenize; it is cut to retrieval_max_len * 64 bytes
-// first, with a warning, so that the peak RSS grows by less than 4 bytes per byte of the line.
+// One 30 MB line in LASER's Tatoeba files or a retrieval pair's file would take tens of bytes of
+// memory per byte to tokenize; it is cut to retrieval_max_len * 64 bytes first, with a warning, so
+// that the peak RSS grows by less than 4 bytes per byte of the line.
 TEST_F(HostileFinetune, HugeTatoebaAndRetrievalLinesAreCutBeforeTokenization) {
   const std::string words = "alpha beta gamma\ndelta epsilon zeta\neta theta iota\n";
   const std::string huge(30 << 20, 'a');
@@ -166,9 +166,9 @@ TEST_F(HostileFinetune, HugeTatoebaAndRetrievalLinesAreCutBeforeTokenization) {
   }
 }
 
-// Issue 36 (weak): an empty train or dev file was refused without its name ("no training
-// features for en", "the en dev set of pawsx has no labels"), and an empty test file gave a
-// 0-line submission with exit 0. Each is an error naming the file, before any training.
+// An empty train, dev or test file is an error naming the file, before any training (not "no
+// training features for en" or "the en dev set of pawsx has no labels" without its name, nor a
+// 0-line submission with exit 0).
 TEST_F(HostileFinetune, EmptyTrainDevAndTestFilesAreNamed) {
   for (const std::string split : {"train", "dev", "test"}) {
     SCOPED_TRACE(split);
@@ -185,8 +185,8 @@ TEST_F(HostileFinetune, EmptyTrainDevAndTestFilesAreNamed) {
   }
 }
 
-// Issue 36 (weak): a NUL byte inside a TSV field was accepted (the text was cut there
-// downstream); it is an error naming the file and line.
+// A NUL byte inside a TSV field (the text would be cut there downstream) is an error naming the
+// file and line.
 TEST_F(HostileFinetune, NulInsideATsvFieldIsNamed) {
   const std::string file = data_dir() + "/pawsx/train-en.tsv";
   write_file(file, hostile_pawsx_rows(2, true) + std::string("ab\0cd ef\tgh ij\t1\n", 17) +
@@ -195,8 +195,8 @@ TEST_F(HostileFinetune, NulInsideATsvFieldIsNamed) {
   EXPECT_TRUE(fails_cleanly(run, 1, {file + ":3: a NUL byte at byte 3 of the line"}));
 }
 
-// Issue 36 (weak): a byte-order mark was invisible in the label error ("label '1' is not in the
-// pawsx label set [0 1]"). At the start of a file it is dropped, as every text reader drops it;
+// A byte-order mark must not be invisible in the label error ("label '1' is not in the pawsx
+// label set [0 1]"). At the start of a file it is dropped, as every text reader drops it;
 // elsewhere (a file with one pasted in) the error shows its bytes and names it.
 TEST_F(HostileFinetune, ByteOrderMarkIsDroppedAtTheStartAndShownInALabel) {
   const std::string file = data_dir() + "/pawsx/train-en.tsv";

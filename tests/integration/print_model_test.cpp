@@ -100,8 +100,8 @@ TEST(PrintModel, VecoCountsTheCrossAttention) {
       << veco.out << mlm.out;
 }
 
-// Issue 36 item 5: --print-model built the weights it counts (xl.yaml took ~9 GB, 1,024 layers
-// passed 6 GB); it counts from the config now, so that its peak memory is that of any start-up.
+// --print-model counts from the config without building the weights it counts (for xl.yaml those
+// take several GB), so that its peak memory is that of any start-up.
 TEST(PrintModel, CountsFromTheConfigWithoutAllocatingTheWeights) {
   const testing::TempDir run;
   for (const std::vector<std::string>& sets :

@@ -1,6 +1,6 @@
 // Checkpoint folders: atomic save, verification of each damage kind, newest-valid selection,
 // pruning, and a failed save that leaves everything as it was; manifests and archives made to
-// break the reader (issue 19).
+// break the reader.
 #include "xlme/checkpoint/manager.h"
 
 #include "xlme/checkpoint/archive.h"
@@ -126,7 +126,7 @@ TEST(Checkpoint, InterruptedSavesAreIgnoredAndCleanedUp) {
   EXPECT_FALSE(fs::exists(dir / "ckpt/step_00000200.tmp"));
 }
 
-// Issue 19 item 3(c): only the step_<N>.tmp folders begin() makes are removed; a user's folder or
+// Only the step_<N>.tmp folders begin() makes are removed; a user's folder or
 // file ending in .tmp, a name with other digits, and a link (and what it points to) stay.
 TEST(Checkpoint, RemoveTemporariesRemovesOnlyXlmesOwnTemporaryFolders) {
   TempDir dir;
@@ -150,7 +150,7 @@ TEST(Checkpoint, RemoveTemporariesRemovesOnlyXlmesOwnTemporaryFolders) {
   EXPECT_EQ(read_file(dir / "elsewhere/notes.txt"), "linked");
 }
 
-// Issue 19 item 3(a): a manifest entry that is not a plain file name inside the folder is refused
+// A manifest entry that is not a plain file name inside the folder is refused
 // naming the manifest and the entry, before any file is opened: the sentinel outside, listed with
 // its true size and CRC (so that it would verify), and model.bin inside are never opened.
 TEST(Checkpoint, ManifestEntriesOutsideTheFolderAreRefusedBeforeAnyFileIsOpened) {
@@ -189,7 +189,7 @@ TEST(Checkpoint, ManifestEntriesOutsideTheFolderAreRefusedBeforeAnyFileIsOpened)
   EXPECT_FALSE(manager.latest_valid().has_value());
 }
 
-// Issue 19 item 3(a): a listed file that is a symbolic link (to a file outside, with its true size
+// A listed file that is a symbolic link (to a file outside, with its true size
 // and CRC) is refused without following it.
 TEST(Checkpoint, ALinkInTheCheckpointIsRefusedWithoutFollowingIt) {
   TempDir dir;
@@ -207,7 +207,7 @@ TEST(Checkpoint, ALinkInTheCheckpointIsRefusedWithoutFollowingIt) {
   EXPECT_TRUE(outside.untouched());
 }
 
-// Issue 19 item 6: a loader gets the path of a file only when the manifest lists it (and verify()
+// A loader gets the path of a file only when the manifest lists it (and verify()
 // checked it); an unlisted file is an error naming the manifest and the file.
 TEST(Checkpoint, AFileTheManifestDoesNotListIsNotHandedToTheLoader) {
   TempDir dir;
@@ -238,7 +238,7 @@ TEST(Checkpoint, ArchiveReadBackHoldsTheTensorsWritten) {
   EXPECT_TRUE(tensors.at("bias").equal(torch::ones({4})));
 }
 
-// Issue 19 item 6: a data record shorter than its tensor (the archive re-zipped with the record cut
+// A data record shorter than its tensor (the archive re-zipped with the record cut
 // to half) is an error naming the file and the tensor, not a read past the record's end.
 TEST(Checkpoint, ArchiveRecordShorterThanItsTensorIsRefusedNamingTheTensor) {
   TempDir dir;
@@ -264,7 +264,7 @@ TEST(Checkpoint, ArchiveRecordShorterThanItsTensorIsRefusedNamingTheTensor) {
   }
 }
 
-// Issue 19 item 9: an archive that is not a readable zip is an error naming the file.
+// An archive that is not a readable zip is an error naming the file.
 TEST(Checkpoint, UnreadableArchiveIsNamed) {
   TempDir dir;
   write_module_archive(dir / "model.pt");

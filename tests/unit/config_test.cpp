@@ -387,8 +387,8 @@ TEST(ShippedConfigs, DemoIsTinyEnoughForTheCpu) {
   EXPECT_LE(c.train.steps * c.train.tokens_per_task * 2, 20'000'000);
 }
 
-// Hostile YAML (issue 19): nesting past kMaxYamlDepth is named with the file and line before the
-// parser recurses far (yaml-cpp's own guard said "malformed YAML: bad file" at depth 2000).
+// Hostile YAML: nesting past kMaxYamlDepth is named with the file and line before the parser
+// recurses far (yaml-cpp's own guard says only "malformed YAML: bad file", at depth 2000).
 TEST_F(ConfigErrors, DeepNestingIsNamedWithFileAndLine) {
   const int64_t deep = 100000;
   EXPECT_TRUE(contains_all(
@@ -445,8 +445,8 @@ TEST_F(ConfigErrors, OversizedYamlIsRefusedUnread) {
       {"big.yaml holds 16777217 bytes of YAML, over the limit of 16 MiB"}));
 }
 
-// Issue 36 (weak): an include: of a non-YAML file (a .env) echoed its content, secrets included,
-// into the error; the error names the file and its size, never its text.
+// An include: of a non-YAML file (a .env) does not echo its content, secrets included, into the
+// error: the error names the file and its size, never its text.
 TEST(ConfigInclude, ANonYamlFileIsNamedWithoutEchoingIt) {
   TempDir dir;
   write_file(dir / ".env", "SECRET_TOKEN=abc123\nDB_PASS=hunter2\n");
@@ -460,7 +460,7 @@ TEST(ConfigInclude, ANonYamlFileIsNamedWithoutEchoingIt) {
   EXPECT_EQ(message.find("hunter2"), std::string::npos) << message;
 }
 
-// Issue 36 (weak): a 60k-deep --set value echoed 120 kB into the error; values in messages are
+// A 60k-deep --set value is not echoed whole (120 kB) into the error: values in messages are
 // clipped to 80 bytes and their size.
 TEST(ConfigOverride, HugeValuesAreClippedInErrors) {
   const std::string deep = std::string(60000, '[') + std::string(60000, ']');

@@ -593,9 +593,9 @@ TEST(QaFiles, GoldNeedsNoAnswerStrippedCopy) {
                    {dir / "gold/xquad.ru.json", "finetune.gold_dir"}));
 }
 
-// Issue 37: a UTF-8 byte-order mark (as Windows editors write one) is dropped by every reader
-// alike; a .conllu with one was refused as "10 TAB-separated columns, found 1", a Tatoeba line kept
-// it in its text and a BUCC id no longer matched its gold.
+// A UTF-8 byte-order mark (as Windows editors write one) is dropped by every reader alike, so that
+// a .conllu with one is not refused as "10 TAB-separated columns, found 1", a Tatoeba line does not
+// keep it in its text and a BUCC id still matches its gold.
 TEST(Bom, EveryReaderDropsAByteOrderMarkAlike) {
   TempDir dir;
   auto both = [&](const std::string& name, const std::string& content) {
@@ -648,7 +648,7 @@ TEST(Bom, EveryReaderDropsAByteOrderMarkAlike) {
   EXPECT_EQ(read_all("bom"), plain);
 }
 
-// Issue 37: a processed test file and the gold it was made from are compared; the first
+// A processed test file and the gold it was made from are compared; the first
 // difference names both files and both lines.
 TEST(TestAgainstGold, FirstDifferenceNamesBothFilesAndLines) {
   const std::vector<ExampleKey> gold = {{{"g.conllu", 1}, {"Ich", "bin"}},
@@ -696,8 +696,8 @@ TEST(TestAgainstGold, FirstDifferenceNamesBothFilesAndLines) {
                               [](const std::string&, const std::string&) { return true; }));
 }
 
-// Issue 37: xlme-data xtreme's readers refuse an empty or unparseable download, naming it (a
-// 0-byte .conllu was skipped and "wrote 4 files" followed); a treebank without text (forms all
+// xlme-data xtreme's readers refuse an empty or unparseable download, naming it (a 0-byte
+// .conllu is not skipped with "wrote 4 files" after it); a treebank without text (forms all
 // '_', as UD_English-ESL) is still no error.
 TEST(Prepare, RefusesEmptyAndUnparseableInputsNamingThem) {
   TempDir dir;
@@ -723,7 +723,7 @@ TEST(Prepare, RefusesEmptyAndUnparseableInputsNamingThem) {
                            {dir / "panx/en/train", "holds no raw PAN-X line"}));
 }
 
-// Issue 37: every "file not found" says what the user has to do for that file: xlme-data xtreme
+// Every "file not found" says what the user has to do for that file: xlme-data xtreme
 // for udpos and panx, XTREME's download_data.sh for what it writes, the upstream archive and
 // finetune.gold_dir for gold; none says to drop a language (for the training language that
 // cannot help).
@@ -756,7 +756,7 @@ TEST(DataMessages, SayWhatTheUserHasToDoForEachFile) {
        {"finetune.data_dir", "<a>-<b>.gold"});
 }
 
-// Issue 37: LASER's data/tatoeba/v1 is finetune.gold_dir; each error points at the right key.
+// LASER's data/tatoeba/v1 is finetune.gold_dir; each error points at the right key.
 TEST(Tatoeba, ErrorsPointAtTheRightKey) {
   TempDir dir;
   write_file(dir / "v1/tatoeba.deu-eng.deu", "Hallo\n");

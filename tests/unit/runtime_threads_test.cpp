@@ -1,4 +1,4 @@
-// Issue 35 point 8: run.threads=0 without OMP_NUM_THREADS divides the cores among the ranks the
+// run.threads=0 without OMP_NUM_THREADS divides the cores among the ranks the
 // launcher put on this host, instead of giving every rank every core.
 #include "xlme/common/runtime.h"
 

@@ -1,4 +1,4 @@
-// Issue 35 point 9: the communication estimate of xlme-pretrain --comm-estimate, against the ring
+// The communication estimate of xlme-pretrain --comm-estimate, against the ring
 // all-reduce formula computed by hand.
 #include "xlme/train/comm_estimate.h"
 

@@ -339,8 +339,8 @@ TEST(Trainer, Bf16WeightsAreCastOncePerStepNotPerMicroBatch) {
 }
 
 // train.tokens_per_task that is not a whole number of micro-batches over the ranks is rounded up,
-// and the start-up log says so with both numbers and the world size (issue 35: Base on 24 GPUs
-// trained +12.5% tokens per step without a word); an even split says nothing.
+// and the start-up log says so with both numbers and the world size (Base on 24 GPUs would
+// otherwise train +12.5% tokens per step without a word); an even split says nothing.
 TEST(Trainer, RoundedGlobalBatchIsLoggedAtStart) {
   auto start_log = [](int64_t tokens_per_task, const std::string& rounding) {
     auto c = tiny_config(4, 1, 0.0);  // micro_batch_tokens = 64
@@ -381,7 +381,7 @@ TEST(Trainer, RoundedGlobalBatchIsLoggedAtStart) {
                             "down (2 per rank, 128 tokens per step, -20.0%)"}));
 }
 
-// Issue 35 point 6: Base (1,048,576 tokens per task in micro-batches of 16,384) on 24 GPUs is 2.67
+// Base (1,048,576 tokens per task in micro-batches of 16,384) on 24 GPUs is 2.67
 // micro-batches per rank: refused by default, naming the world sizes nearest to 24 that divide it
 // and what rounding up (+12.5%) or down (-25%) would give.
 TEST(Trainer, AGlobalBatchThatDoesNotDivideIsRefusedNamingTheNearestWorldSizes) {

@@ -15,8 +15,8 @@
 namespace xlme::checkpoint {
 
 // Throws xlme::Error naming `file` and the first floating-point tensor of `weights` that holds
-// NaN or infinite values (a run that diverged before it was saved): such weights used to export,
-// fine-tune and evaluate with exit 0, and a resume failed later with "index out of range".
+// NaN or infinite values (a run that diverged before it was saved), so that such weights are not
+// exported, fine-tuned or evaluated as if they were sound, nor resumed from.
 void check_finite_weights(const std::map<std::string, torch::Tensor>& weights,
                           const std::string& file);
 

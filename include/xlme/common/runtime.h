@@ -66,14 +66,14 @@ std::string preload_with(const std::string& preload, const std::string& library)
 // once with the same arguments (about 0.5 s) when one is missing; returns only if no
 // re-execution happened:
 // - OMP_WAIT_POLICY=PASSIVE when unset. LibTorch's OpenMP threads busy-wait after each parallel
-//   region while other threads need the cores; on few cores that made a training step up to 3x
-//   slower (measured with LibTorch 1.13 and OpenBLAS; scripts/bench_threads.sh measures it).
+//   region while other threads need the cores, which on few cores slows a training step several
+//   times over (docs/performance.md; scripts/bench_threads.sh measures it).
 //   libgomp reads the variable only when it is loaded, before main(). A user's own OMP_WAIT_POLICY
 //   is left alone.
 // - tcmalloc appended to LD_PRELOAD when it is installed and malloc is glibc's. glibc returns
 //   the large tensors freed every step to the OS and faults them back in on the next, and keeps
-//   what it does not return in a fragmented, resident heap (demo run: 1287 MiB peak RSS against
-//   533 MiB with tcmalloc, at the same speed). XLME_ALLOCATOR=system keeps glibc malloc; an
+//   what it does not return in a fragmented, resident heap (peak RSS of about twice tcmalloc's
+//   at the same speed: docs/performance.md). XLME_ALLOCATOR=system keeps glibc malloc; an
 //   allocator the user preloads (e.g. jemalloc) is kept; without tcmalloc the run goes on with
 //   glibc malloc (detect_allocator() says why).
 // Throws when XLME_ALLOCATOR is neither tcmalloc nor system.
@@ -89,9 +89,9 @@ std::string address_space_note(const std::string& message);
 // MallocExtension_ReleaseFreeMemory; glibc: malloc_trim(0), which also releases the free pages
 // inside the heap, not only at its top); a no-op returning false with other C libraries. glibc
 // keeps what LibTorch's CPU tensors free in its main heap for reuse; with micro-batches of changing
-// shapes that heap fragments and its free pages stay resident: the demo pre-training run held ~0.9
-// GiB of free heap for ~85 MiB in use after 180 steps. Not free of cost: the next step faults the
-// pages it reuses back in (train.release_memory).
+// shapes that heap fragments and its free pages stay resident, many times what is in use
+// (docs/performance.md). Not free of cost: the next step faults the pages it reuses back in
+// (train.release_memory).
 bool release_free_memory();
 
 // One line describing the build: xlme, LibTorch and CUDA versions.

@@ -29,8 +29,8 @@ bool is_language_code(std::string_view code);
 
 // Throws xlme::Error when the corpus file `path`, whose name says it holds language (or pair)
 // `code`, cannot be read as one: `code` is not a language code, or `path` is not a regular file
-// (a dangling symbolic link — an unmounted file system —, a FIFO, a folder, a device). Such a
-// file used to be skipped, and its language silently left out of training.
+// (a dangling symbolic link — an unmounted file system —, a FIFO, a folder, a device), so that
+// no language is silently left out of training.
 void check_corpus_file(const std::string& path, const std::string& code);
 
 // A SentencePiece piece covers at most 16 code points (max_sentencepiece_length's default), 64

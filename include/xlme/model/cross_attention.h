@@ -1,6 +1,6 @@
-// VECO's cross-attention (Luo et al., 2021; docs/pretraining.md#veco): the queries come from one
-// side of a pair, the keys and values from the last hidden states of the other side. No position
-// bias: the two sides' positions are unrelated.
+// VECO's cross-attention (Luo et al., 2021; docs/pretraining.md#veco-cross-attention-mlm): the
+// queries come from one side of a pair, the keys and values from the last hidden states of the
+// other side. No position bias: the two sides' positions are unrelated.
 #pragma once
 
 #include <torch/nn/module.h>

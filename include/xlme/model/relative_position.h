@@ -56,8 +56,8 @@ torch::Tensor toeplitz_bias(const torch::Tensor& d, const torch::Tensor& buckets
 
 // The same table, whose backward sums the [H, T * T] gradient into the buckets as one product
 // with the [T * T, num_buckets] one-hot matrix of `buckets`, instead of index_select's backward
-// (index_add_: on a GPU, T * T atomic adds into num_buckets addresses per head, 1.5 ms per layer
-// at T = 512 on an H200). The forward is index_select's, bit for bit.
+// (index_add_: on a GPU, T * T atomic adds into num_buckets addresses per head, a sizeable share
+// of the step; docs/gpu.md). The forward is index_select's, bit for bit.
 torch::Tensor toeplitz_bias_one_hot(const torch::Tensor& d, const torch::Tensor& buckets);
 
 }  // namespace xlme::model

@@ -1,11 +1,10 @@
-// Dropout with an own CPU mask. LibTorch's CPU bernoulli_ draws the mask at ~200M elements/s on
-// 2 cores (LibTorch 2.11, MKL's generator; 1.13 without MKL drew from one Mersenne Twister on one
-// thread): the 20 dropouts of a bf16 `cpu_small` step took a quarter of it (docs/performance.md).
-// On the CPU the keep mask here comes from a counter-based generator instead (SplitMix64 of a seed
-// and the element's index), filled in parallel; the seed is drawn from LibTorch's default CPU
-// generator, so torch::manual_seed and checkpointed generator state decide the masks as before,
-// and the masks do not depend on the number of threads. With XLME_OPS=dropout=reference
-// (ops/registry.h), and on other devices, it is torch::dropout.
+// Dropout with an own CPU mask. LibTorch's CPU bernoulli_ draws the mask slowly enough that a
+// step's dropouts take a large share of a bf16 CPU step (docs/performance.md). On the CPU the
+// keep mask here comes from a counter-based generator instead (SplitMix64 of a seed and the
+// element's index), filled in parallel; the seed is drawn from LibTorch's default CPU
+// generator, so torch::manual_seed and checkpointed generator state decide the masks as they
+// decide torch::dropout's, and the masks do not depend on the number of threads. With
+// XLME_OPS=dropout=reference (ops/registry.h), and on other devices, it is torch::dropout.
 #pragma once
 
 #include <torch/types.h>

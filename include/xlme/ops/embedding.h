@@ -1,4 +1,4 @@
-// A table lookup whose gradient is the rows it read (issue 32, point 5; docs/ops.md#embedding).
+// A table lookup whose gradient is the rows it read (docs/ops.md, `embedding_lookup`).
 //
 // The shared token table ([vocab, E], 768 MB in fp32 at Base's 250,002 x 768) is read three times
 // per micro-batch: the generator's and the discriminator's lookups and the generator's tied output

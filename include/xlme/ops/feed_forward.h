@@ -1,5 +1,5 @@
 // The feed-forward block gelu(x W1^T + b1) W2^T + b2 with its element-wise passes folded into the
-// matrix products around them, on CUDA (src/ops/triton/gemm_gelu.py; docs/ops.md#feed_forward):
+// matrix products around them, on CUDA (src/ops/triton/gemm_gelu.py; docs/ops.md, `feed_forward`):
 // - forward: one Triton product writes h = x W1^T + b1 and gelu(h) from its tile in registers
 //   (erf-GELU, the model's); the second product is cuBLAS's (bias in its epilogue);
 // - backward: one Triton product computes dA = dOut W2 and writes dh = dA * gelu'(h) with each

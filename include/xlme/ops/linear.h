@@ -5,12 +5,12 @@
 // the product for contiguous 3-D inputs).
 //
 // The fused CPU form, "bf16 emulation": LibTorch hands bf16 products to oneDNN only on CPUs with
-// AVX512 (BW, VL, DQ); elsewhere LibTorch 1.13 ran a scalar loop, ~20x slower than its float32
-// product (measured on a 2-core AMD EPYC with AVX2; LibTorch 2.11's fallback has not been
-// measured on such a CPU). There, under bf16 CPU autocast, the products run in float32 on operands
-// rounded to bf16 and the result is rounded to bf16: what a bf16 product with float32 accumulation
-// computes (the products of bf16 values are exact in float32), up to the order of the sums.
-// Gradients take the same path. No CUDA form: CUDA's bf16 products are cuBLAS's.
+// AVX512 (BW, VL, DQ); elsewhere LibTorch 1.13 falls back to a scalar loop, many times slower
+// than its float32 product, and whether LibTorch 2.11's fallback is faster is not known
+// (docs/performance.md). There, under bf16 CPU autocast, the products run in float32 on
+// operands rounded to bf16 and the result is rounded to bf16: what a bf16 product with float32
+// accumulation computes (the products of bf16 values are exact in float32), up to the order of the
+// sums. Gradients take the same path. No CUDA form: CUDA's bf16 products are cuBLAS's.
 //
 // Where weight_gradient_in_place() holds for a weight (the weight_grad op, ops/weight_gradient.h),
 // the product's backward adds that weight's gradient into its .grad buffer itself (one product,

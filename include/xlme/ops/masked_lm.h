@@ -1,4 +1,4 @@
-// The masked-LM loss and the generator's replacement draw (docs/ops.md#masked_lm): at the masked
+// The masked-LM loss and the generator's replacement draw (docs/ops.md, `masked_lm`): at the masked
 // rows, the summed cross-entropy, the number of rows whose argmax is the target (MLM accuracy),
 // and optionally one draw per row from softmax(logits / temperature) with some ids excluded
 // (XLM-E's generator sampling, ../shared/DESIGN.md).

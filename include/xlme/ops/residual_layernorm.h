@@ -1,5 +1,5 @@
-// A post-norm sub-layer's end: LayerNorm(x + dropout(y)) (docs/ops.md#residual_layernorm), where x
-// is the residual stream and y the sub-layer's output.
+// A post-norm sub-layer's end: LayerNorm(x + dropout(y)) (docs/ops.md, `residual_layernorm`), where
+// x is the residual stream and y the sub-layer's output.
 //
 // Reference: x + ops::dropout(y) through the LayerNorm module. Fused (CUDA, XLME_OPS
 // residual_layernorm=fused): one Triton kernel reads x and y once and writes the output and each

@@ -1,5 +1,5 @@
-// A weight's gradient added into its main gradient by the matrix product itself (issue 32, point
-// 5; docs/ops.md, `weight_grad`).
+// A weight's gradient added into its main gradient by the matrix product itself (docs/ops.md,
+// `weight_grad`).
 //
 // A linear layer's weight gradient is dy^T x over the micro-batch's rows. Under bf16 autocast,
 // LibTorch's path makes three passes for it: the product writes dW in bf16 (rounded), the cast's

@@ -17,9 +17,9 @@ bool takes_weight_decay(const torch::Tensor& parameter);
 // LibTorch's AdamW with the same state, options and checkpoint format, stepping every parameter
 // of a group at once with LibTorch's fused kernel (at::_fused_adamw_, on the CPU as on CUDA): the
 // arithmetic of LibTorch's per-parameter loop up to rounding (the kernel orders and fuses the
-// operations its own way). On `cpu_small` the CPU step takes 16 ms against 60 ms with the
-// multi-tensor (_foreach_) operations that LibTorch's loop performs (LibTorch 2.11). No amsgrad,
-// no maximize (xlme uses neither).
+// operations its own way). On the CPU it is several times faster than the multi-tensor
+// (_foreach_) operations that LibTorch's loop performs (docs/performance.md). No amsgrad, no
+// maximize (xlme uses neither).
 class MultiTensorAdamW : public torch::optim::AdamW {
  public:
   using torch::optim::AdamW::AdamW;

@@ -1,4 +1,4 @@
-"""Attention with XLM-E's gated relative position bias, flash-style (issue 33; docs/ops.md).
+"""Attention with XLM-E's gated relative position bias, flash-style (docs/ops.md).
 
 Scores s_ij = scale * q_i . k_j + f_i * t[h, i - j + Tk - 1] over the keys j < length[b], where t
 is the head's bias per distance (d[h, bucket(i - j)] expanded over the Tq + Tk - 1 distances, a

@@ -1,4 +1,4 @@
-"""Matrix products with GELU epilogues for the feed-forward block (issue 32, point 6; docs/ops.md).
+"""Matrix products with GELU epilogues for the feed-forward block (docs/ops.md).
 
 The block is out = gelu(x W1^T + b1) W2^T + b2 with erf-GELU (the model's and the export's
 `hidden_act: gelu`). Two kernels fold its element-wise passes into the products around them:
