@@ -20,18 +20,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-}  // namespace
-
-TaskReader::TaskReader(const BatchOptions& options, Task task)
-    : options_(options),
-      task_(task),
-      task_options_(task == Task::kMono ? options.mono : options.para) {
+// The settings a task's reader needs to make sense of, checked before any shard is opened.
+void check_options(const BatchOptions& options, Task task, const TaskBatchOptions& task_options) {
   const char* key = task_key(task);
-  const bool pairs = task == Task::kPara || task_options_.sentence_pairs;
-  XLME_CHECK(task_options_.max_len >= (pairs ? 5 : 3),
+  const bool pairs = task == Task::kPara || task_options.sentence_pairs;
+  XLME_CHECK(task_options.max_len >= (pairs ? 5 : 3),
              "data.{}.max_len ({}) is smaller than the special-token frame: {} needs at least {} "
              "tokens ({}); raise data.{}.max_len",
-             key, task_options_.max_len,
+             key, task_options.max_len,
              task == Task::kPara ? "TRTD"
              : pairs             ? "a pair of adjacent sentences (objectives.set=veco)"
                                  : "MRTD",
@@ -40,13 +36,13 @@ TaskReader::TaskReader(const BatchOptions& options, Task task)
              : pairs             ? "<s> a </s> b </s>"
                                  : "<s> x </s>",
              key);
-  XLME_CHECK(task_options_.max_len <= options.micro_batch_tokens,
+  XLME_CHECK(task_options.max_len <= options.micro_batch_tokens,
              "data.{}.max_len ({}) exceeds train.micro_batch_tokens ({}): one sequence must fit "
              "in a micro-batch",
-             key, task_options_.max_len, options.micro_batch_tokens);
-  XLME_CHECK(task_options_.sampling_exponent > 0 && task_options_.sampling_exponent <= 1,
+             key, task_options.max_len, options.micro_batch_tokens);
+  XLME_CHECK(task_options.sampling_exponent > 0 && task_options.sampling_exponent <= 1,
              "data.{}.sampling_exponent must be in (0, 1], got {}", key,
-             task_options_.sampling_exponent);
+             task_options.sampling_exponent);
   XLME_CHECK(options.mask_ratio >= 0 && options.mask_ratio <= 1 && options.mask_token_ratio >= 0 &&
                  options.mask_token_ratio <= 1,
              "objectives.mask_ratio ({}) and objectives.mask_token_ratio ({}) must be in [0, 1]",
@@ -54,7 +50,13 @@ TaskReader::TaskReader(const BatchOptions& options, Task task)
   XLME_CHECK(options.ranks >= 1 && options.rank >= 0 && options.rank < options.ranks,
              "rank {} of {} ranks is out of range", options.rank, options.ranks);
   XLME_CHECK(options.bucket_pool >= 1, "data.bucket_pool ({}) must be >= 1", options.bucket_pool);
+}
 
+// The languages that have a shard (a .idx) in the task's folder `dir` of data.shards, sorted; a
+// .bin without its .idx is named in a warning. Throws when there is none.
+std::vector<std::string> shard_languages(const BatchOptions& options, Task task,
+                                         const fs::path& dir) {
+  const char* key = task_key(task);
   XLME_CHECK(!options.shards.empty(),
              "data.shards is not set; binarize a corpus with xlme-data binarize --out DIR and pass "
              "--set data.shards=DIR");
@@ -62,7 +64,6 @@ TaskReader::TaskReader(const BatchOptions& options, Task task)
              "shard folder '{}' (data.shards) not found; run xlme-data binarize --input CORPUS "
              "--out {}",
              options.shards, options.shards);
-  const fs::path dir = fs::path(options.shards) / key;
   std::vector<std::string> available, without_index;
   if (fs::is_directory(dir)) {
     for (const auto& e : fs::directory_iterator(dir)) {
@@ -90,6 +91,38 @@ TaskReader::TaskReader(const BatchOptions& options, Task task)
                    "corpus of translation pairs alone trains none of them)"
                  : "TLM and TRTD (translation pairs)",
              options.shards, key);
+  return available;
+}
+
+// Language `name`'s shard in `dir`, checked: of the task's kind, binarized with data.tokenizer,
+// not empty.
+std::unique_ptr<Shard> open_shard(const BatchOptions& options, Task task, const fs::path& dir,
+                                  const std::string& name) {
+  const char* key = task_key(task);
+  auto shard = std::make_unique<Shard>((dir / name).string(), options.verify_shards);
+  const ShardKind kind = task == Task::kMono ? ShardKind::kMono : ShardKind::kPara;
+  XLME_CHECK(shard->kind() == kind, "shard '{}.idx' is not a {} shard; move it out of {}",
+             shard->stem(), key, dir.string());
+  if (!options.tokenizer_path.empty()) {
+    shard->check_tokenizer(options.tokenizer_hash, options.tokenizer_path);
+  }
+  XLME_CHECK(shard->sequences() > 0 && shard->header().tokens > 0,
+             "shard '{}.idx' has no tokens; re-run xlme-data binarize or remove '{}' from "
+             "data.{}.languages",
+             shard->stem(), name, key);
+  return shard;
+}
+
+}  // namespace
+
+TaskReader::TaskReader(const BatchOptions& options, Task task)
+    : options_(options),
+      task_(task),
+      task_options_(task == Task::kMono ? options.mono : options.para) {
+  check_options(options, task, task_options_);
+  const char* key = task_key(task);
+  const fs::path dir = fs::path(options.shards) / key;
+  const std::vector<std::string> available = shard_languages(options, task, dir);
   std::vector<std::string> names = task_options_.languages;
   if (names.empty()) names = available;
   for (size_t i = 0; i < names.size(); ++i) {
@@ -103,26 +136,16 @@ TaskReader::TaskReader(const BatchOptions& options, Task task)
                key, name, dir.string(), name, fmt::join(available, ", "), key);
     auto language = std::make_unique<Language>();
     language->name = name;
-    language->shard = std::make_unique<Shard>((dir / name).string(), options.verify_shards);
-    const Shard& shard = *language->shard;
-    const ShardKind kind = task == Task::kMono ? ShardKind::kMono : ShardKind::kPara;
-    XLME_CHECK(shard.kind() == kind, "shard '{}.idx' is not a {} shard; move it out of {}",
-               shard.stem(), key, dir.string());
-    if (!options.tokenizer_path.empty()) {
-      shard.check_tokenizer(options.tokenizer_hash, options.tokenizer_path);
-    }
-    XLME_CHECK(shard.sequences() > 0 && shard.header().tokens > 0,
-               "shard '{}.idx' has no tokens; re-run xlme-data binarize or remove '{}' from "
-               "data.{}.languages",
-               shard.stem(), name, key);
+    language->shard = open_shard(options, task, dir, name);
     language->key = hash_name(name);
-    language->units = shard.sequences();
+    language->units = language->shard->sequences();
     language->rotation =
         static_cast<int64_t>(hash_key({options.seed, kSaltRotation, language->key}) %
                              static_cast<uint64_t>(language->units));
     language->pool_units = std::min(options.bucket_pool, language->units);
     languages_.push_back(std::move(language));
   }
+  // Every shard shares one vocabulary: data.tokenizer's, or the first shard's.
   ids_ = options.ids;
   if (ids_.vocab_size == 0) {
     ids_ = SpecialIds::for_vocab(static_cast<int64_t>(languages_[0]->shard->header().vocab_size));

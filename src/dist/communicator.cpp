@@ -517,6 +517,14 @@ Communicator::~Communicator() {
 
 namespace {
 
+// Why the rendezvous gave up when the stop signal came `while_doing` something.
+RendezvousInterrupted interrupted(const LaunchInfo& launch, const std::string& while_doing) {
+  return RendezvousInterrupted(
+      fmt::format("rank {} of {}: stopped by a signal while {}: no step ran, nothing to save",
+                  launch.rank, launch.world_size, while_doing),
+      __FILE__, __LINE__);
+}
+
 // c10d's store for this rank: served here (rank 0 without torchrun's agent) or reached as a
 // client, retried every kConnectAttempt until `deadline` so that `stop` is seen in between.
 // `timeout`: the store's own timeout for its calls afterwards.
@@ -587,12 +595,7 @@ c10::intrusive_ptr<c10d::Store> open_store(const LaunchInfo& launch, bool serve,
                "for every rank, or stop that process",
                launch.world_size, launch.master_port, launch.master_addr);
     if (serve || Clock::now() >= deadline) break;
-    if (stop && stop()) {
-      throw RendezvousInterrupted(
-          fmt::format("rank {} of {}: stopped by a signal while {}: no step ran, nothing to save",
-                      launch.rank, launch.world_size, waiting_for),
-          __FILE__, __LINE__);
-    }
+    if (stop && stop()) throw interrupted(launch, waiting_for);
   }
   XLME_FAIL(
       "rank {} of {}: cannot {} the rendezvous at {} ({}){}; check MASTER_ADDR and MASTER_PORT, "
@@ -624,10 +627,11 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
   return create(launch, device, backend, options);
 }
 
-std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
-                                                   const torch::Device& device,
-                                                   const std::string& backend,
-                                                   const CommOptions& options) {
+namespace {
+
+// The backend dist.backend names for `device` ("auto": nccl on CUDA, else gloo); throws when it
+// is unknown or cannot run on `device`.
+std::string choose_backend(const std::string& backend, const torch::Device& device) {
   std::string chosen = backend;
   if (chosen == "auto") chosen = device.is_cuda() ? "nccl" : "gloo";
   XLME_CHECK(chosen == "gloo" || chosen == "nccl",
@@ -636,51 +640,48 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
              "dist.backend=nccl needs CUDA tensors but this process runs on {} (run.device); use "
              "dist.backend=gloo or auto",
              device.str());
-  std::shared_ptr<Communicator> comm(new Communicator(launch, device, chosen));
-  if (launch.world_size == 1) return comm;
-  stop_with_parent(launch);
+  return chosen;
+}
 
-  const int rank = launch.rank;
-  const int world = launch.world_size;
-  const auto timeout = options.timeout;
-  const double startup_seconds = in_seconds(options.startup_timeout);
-  const std::string where = fmt::format("{}:{}", launch.master_addr, launch.master_port);
-  comm->group_ = std::make_unique<Group>();
-  Group& group = *comm->group_;
-  const auto start = Clock::now();
-  const auto deadline = start + options.startup_timeout;
-  auto stopped = [&options] { return options.stop_requested && options.stop_requested(); };
-  auto interrupted = [&](const std::string& while_doing) {
-    return RendezvousInterrupted(
-        fmt::format("rank {} of {}: stopped by a signal while {}: no step ran, nothing to save",
-                    rank, world, while_doing),
-        __FILE__, __LINE__);
-  };
+// What the start-up steps share: this rank, the rendezvous's address, when start-up began and
+// its deadline (dist.startup_timeout_s), and the stop signal.
+struct StartUp {
+  const LaunchInfo& launch;
+  const CommOptions& options;
+  std::string where;  // MASTER_ADDR:MASTER_PORT
+  Clock::time_point start;
+  Clock::time_point deadline;
 
-  // Rendezvous: rank 0 serves a TCPStore without waiting for the others, so that the presence
-  // check below, not the store, decides who is missing and says so. Under torchrun's agent store
-  // the agent serves it already and every rank is a client, as in PyTorch's own rendezvous.
-  const bool serve = rank == 0 && !launch.agent_store;
-  group.serves_store = serve;
-  if (serve && !store_listen_address(launch.master_addr)) {
+  bool stopped() const { return options.stop_requested && options.stop_requested(); }
+  double startup_seconds() const { return in_seconds(options.startup_timeout); }
+};
+
+// Rendezvous: rank 0 serves a TCPStore without waiting for the others, so that the start-up
+// check, not the store, decides who is missing and says so. Under torchrun's agent store the
+// agent serves it already and every rank is a client, as in PyTorch's own rendezvous.
+c10::intrusive_ptr<c10d::Store> rendezvous(const StartUp& s, bool serve) {
+  if (serve && !store_listen_address(s.launch.master_addr)) {
     spdlog::info(
         "MASTER_ADDR {} is a host name: the rendezvous store listens on every interface of this "
         "host; set MASTER_ADDR to this host's address on the job's private network to listen "
         "there only",
-        launch.master_addr);
+        s.launch.master_addr);
   }
-  group.store =
-      open_store(launch, serve, timeout, deadline, stopped, "reaching the rendezvous at " + where);
+  return open_store(
+      s.launch, serve, s.options.timeout, s.deadline, [&s] { return s.stopped(); },
+      "reaching the rendezvous at " + s.where);
+}
 
-  // Start-up check: every rank announces itself (its heartbeat counter first, so that the
-  // counters exist before anyone reads them); rank 0 names the ones that stay silent.
-  const std::string host = this_host();
-  std::vector<std::string> hosts;
+// Start-up check, first half: this rank announces itself as `host` (its heartbeat counter first,
+// so that the counters exist before anyone reads them). A second process with the same rank
+// stops here with DuplicateRank, before it writes anything the job reads.
+void announce(c10d::Store& store, const StartUp& s, const std::string& host) {
+  const int rank = s.launch.rank;
   try {
-    if (group.store->add(claim_key(rank), 1) > 1) {
+    if (store.add(claim_key(rank), 1) > 1) {
       std::string first = "not announced yet";
-      if (group.store->check({alive_key(rank)})) {
-        const auto value = group.store->get(alive_key(rank));
+      if (store.check({alive_key(rank)})) {
+        const auto value = store.get(alive_key(rank));
         first = std::string(value.begin(), value.end());
       }
       throw DuplicateRank(
@@ -689,74 +690,177 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
               "(host:pid {}); this one ({}) stops without touching that job. Each rank is "
               "started once: check RANK (and LOCAL_RANK, SLURM_PROCID) of this launch, or "
               "whether the same job was launched twice on MASTER_PORT {}",
-              rank, world, where, rank, first, host, launch.master_port),
+              rank, s.launch.world_size, s.where, rank, first, host, s.launch.master_port),
           __FILE__, __LINE__);
     }
-    group.store->add(beat_key(rank), 1);
-    group.store->set(alive_key(rank), std::vector<uint8_t>(host.begin(), host.end()));
+    store.add(beat_key(rank), 1);
+    store.set(alive_key(rank), std::vector<uint8_t>(host.begin(), host.end()));
   } catch (const DuplicateRank&) {
     throw;
   } catch (const std::exception& e) {
-    XLME_FAIL("rank {} of {}: the rendezvous store at {} failed: {}; see rank 0's log", rank, world,
-              where, message_of(e));
+    XLME_FAIL("rank {} of {}: the rendezvous store at {} failed: {}; see rank 0's log", rank,
+              s.launch.world_size, s.where, message_of(e));
   }
-  if (rank == 0) {
-    const auto report_every = missing_report_every(options.startup_timeout);
-    auto next_report = start + report_every;
-    std::vector<int> missing;
-    do {
-      missing.clear();
-      for (int r = 0; r < world; ++r) {
-        if (!group.store->check({alive_key(r)})) missing.push_back(r);
-      }
-      if (missing.empty()) break;
-      if (stopped())
-        throw interrupted(fmt::format("waiting for rank(s) {} to join", fmt::join(missing, ", ")));
-      if (Clock::now() >= next_report) {
-        next_report += report_every;
-        spdlog::warn(
-            "rendezvous at {}: still waiting for rank(s) {} of {} after {:.0f} s (giving up "
-            "after dist.startup_timeout_s = {:g} s)",
-            where, fmt::join(missing, ", "), world, seconds_since(start), startup_seconds);
-      }
-      std::this_thread::sleep_for(kRendezvousPoll);
-    } while (Clock::now() < deadline);
-    XLME_CHECK(missing.empty(),
-               "rank(s) {} of {} did not join the rendezvous at {} within {:g} s "
-               "(dist.startup_timeout_s); check that every process was launched and can reach {}",
-               fmt::join(missing, ", "), world, where, startup_seconds, where);
-    std::string all;
+}
+
+// Start-up check on rank 0: waits until every rank has announced itself, naming the ones that
+// stay silent, then confirms the rendezvous with every rank's host:pid. Returns them.
+std::vector<std::string> confirm_all_joined(c10d::Store& store, const StartUp& s) {
+  const int world = s.launch.world_size;
+  const auto report_every = missing_report_every(s.options.startup_timeout);
+  auto next_report = s.start + report_every;
+  std::vector<int> missing;
+  do {
+    missing.clear();
     for (int r = 0; r < world; ++r) {
-      const auto value = group.store->get(alive_key(r));
-      hosts.emplace_back(value.begin(), value.end());
-      all += hosts.back() + "\n";
+      if (!store.check({alive_key(r)})) missing.push_back(r);
     }
-    group.store->set(kAllAliveKey, std::vector<uint8_t>(all.begin(), all.end()));
-  } else {
-    try {
-      while (!group.store->check({kAllAliveKey})) {
-        if (stopped()) throw interrupted("waiting for rank 0 to confirm the rendezvous");
-        XLME_CHECK(Clock::now() < deadline,
-                   "rank {} of {}: rank 0 did not confirm within {:g} s (dist.startup_timeout_s) "
-                   "that all ranks joined the rendezvous at {}; rank 0's log names the missing "
-                   "ranks",
-                   rank, world, startup_seconds, where);
-        std::this_thread::sleep_for(kRendezvousPoll);
-      }
-      hosts = split_lines(group.store->get(kAllAliveKey));
-    } catch (const xlme::Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      XLME_FAIL(
-          "rank {} of {}: lost the rendezvous store at {} while waiting for rank 0 ({}); see "
-          "rank 0's log",
-          rank, world, where, message_of(e));
+    if (missing.empty()) break;
+    if (s.stopped()) {
+      throw interrupted(s.launch,
+                        fmt::format("waiting for rank(s) {} to join", fmt::join(missing, ", ")));
     }
-    XLME_CHECK(static_cast<int>(hosts.size()) == world,
-               "rank {} of {}: rank 0 confirmed {} ranks at the rendezvous {}; is another job "
-               "using MASTER_PORT {}?",
-               rank, world, hosts.size(), where, launch.master_port);
+    if (Clock::now() >= next_report) {
+      next_report += report_every;
+      spdlog::warn(
+          "rendezvous at {}: still waiting for rank(s) {} of {} after {:.0f} s (giving up "
+          "after dist.startup_timeout_s = {:g} s)",
+          s.where, fmt::join(missing, ", "), world, seconds_since(s.start), s.startup_seconds());
+    }
+    std::this_thread::sleep_for(kRendezvousPoll);
+  } while (Clock::now() < s.deadline);
+  XLME_CHECK(missing.empty(),
+             "rank(s) {} of {} did not join the rendezvous at {} within {:g} s "
+             "(dist.startup_timeout_s); check that every process was launched and can reach {}",
+             fmt::join(missing, ", "), world, s.where, s.startup_seconds(), s.where);
+  std::vector<std::string> hosts;
+  std::string all;
+  for (int r = 0; r < world; ++r) {
+    const auto value = store.get(alive_key(r));
+    hosts.emplace_back(value.begin(), value.end());
+    all += hosts.back() + "\n";
   }
+  store.set(kAllAliveKey, std::vector<uint8_t>(all.begin(), all.end()));
+  return hosts;
+}
+
+// Start-up check on the other ranks: waits for rank 0's confirmation and returns every rank's
+// host:pid from it.
+std::vector<std::string> await_confirmation(c10d::Store& store, const StartUp& s) {
+  const int rank = s.launch.rank;
+  const int world = s.launch.world_size;
+  std::vector<std::string> hosts;
+  try {
+    while (!store.check({kAllAliveKey})) {
+      if (s.stopped()) throw interrupted(s.launch, "waiting for rank 0 to confirm the rendezvous");
+      XLME_CHECK(Clock::now() < s.deadline,
+                 "rank {} of {}: rank 0 did not confirm within {:g} s (dist.startup_timeout_s) "
+                 "that all ranks joined the rendezvous at {}; rank 0's log names the missing "
+                 "ranks",
+                 rank, world, s.startup_seconds(), s.where);
+      std::this_thread::sleep_for(kRendezvousPoll);
+    }
+    hosts = split_lines(store.get(kAllAliveKey));
+  } catch (const xlme::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    XLME_FAIL(
+        "rank {} of {}: lost the rendezvous store at {} while waiting for rank 0 ({}); see "
+        "rank 0's log",
+        rank, world, s.where, message_of(e));
+  }
+  XLME_CHECK(static_cast<int>(hosts.size()) == world,
+             "rank {} of {}: rank 0 confirmed {} ranks at the rendezvous {}; is another job "
+             "using MASTER_PORT {}?",
+             rank, world, hosts.size(), s.where, s.launch.master_port);
+  return hosts;
+}
+
+// Group construction: the `backend` process group over the rendezvous store, each collective
+// limited to options.timeout. `hosts`: every rank's host:pid, to check gloo's address.
+c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const StartUp& s, const std::string& backend,
+                                                     const std::vector<std::string>& hosts) {
+  const int rank = s.launch.rank;
+  const int world = s.launch.world_size;
+  auto prefix = c10::make_intrusive<c10d::PrefixStore>("xlme/pg", store);
+  try {
+    if (backend == "gloo") {
+      check_gloo_address(rank, hosts);
+      auto pg_options = c10d::ProcessGroupGloo::Options::create(s.options.timeout);
+      pg_options->devices.push_back(gloo_device(s.launch.master_addr));
+      return c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, rank, world, pg_options);
+    }
+#ifdef USE_C10D_NCCL
+    // A failed or timed-out collective tears the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING
+    // 3, LibTorch 2.x's default; 1.x defaulted to 0, a hang) unless the user chose otherwise.
+    ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3", /*overwrite=*/0);
+    const char* handling = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+    if (std::string(handling) == "0" || std::string(handling) == "2") {
+      spdlog::warn(
+          "TORCH_NCCL_ASYNC_ERROR_HANDLING={}: a failed NCCL collective will not stop this "
+          "process; unset it (xlme then uses 3) so that a lost rank ends the job",
+          handling);
+    }
+    auto pg_options = c10d::ProcessGroupNCCL::Options::create();
+    pg_options->timeout = s.options.timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(prefix, rank, world, pg_options);
+#else
+    XLME_FAIL(
+        "dist.backend=nccl needs a CUDA LibTorch built with NCCL; this build ({}) has "
+        "none: use dist.backend=gloo",
+        TORCH_VERSION);
+#endif
+  } catch (const xlme::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    XLME_FAIL("rank {} of {}: cannot create the {} process group: {}", rank, world, backend,
+              e.what());
+  }
+}
+
+// One line per rank saying how it joined the job.
+void log_joined(const StartUp& s, const torch::Device& device, const std::string& backend) {
+  // SLURM without MASTER_PORT: launch_info_from_env() derived the port from the job id.
+  const char* master_port = std::getenv("MASTER_PORT");
+  const bool slurm_port = s.launch.launcher == "slurm" &&
+                          (master_port == nullptr || *master_port == '\0') &&
+                          std::getenv("SLURM_JOB_ID") != nullptr;
+  spdlog::info("distributed: rank {} of {} (local rank {}) on {}, {} via {}, rendezvous {}{}; {}",
+               s.launch.rank, s.launch.world_size, s.launch.local_rank, device.str(), backend,
+               s.launch.launcher, s.where,
+               s.launch.agent_store ? " (torchrun agent's store)"
+               : slurm_port         ? " (port 15000 + SLURM_JOB_ID % 20000; set MASTER_PORT to "
+                                      "choose another)"
+                                    : "",
+               s.options.heartbeat.count() > 0
+                   ? fmt::format("heartbeat: a rank silent for {:g} s stops the job",
+                                 in_seconds(s.options.heartbeat))
+                   : std::string("no heartbeat (dist.heartbeat_s = 0)"));
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
+                                                   const torch::Device& device,
+                                                   const std::string& backend,
+                                                   const CommOptions& options) {
+  const std::string chosen = choose_backend(backend, device);
+  std::shared_ptr<Communicator> comm(new Communicator(launch, device, chosen));
+  if (launch.world_size == 1) return comm;
+  stop_with_parent(launch);
+
+  const auto start = Clock::now();
+  const StartUp s{launch, options, fmt::format("{}:{}", launch.master_addr, launch.master_port),
+                  start, start + options.startup_timeout};
+  comm->group_ = std::make_unique<Group>();
+  Group& group = *comm->group_;
+  group.serves_store = launch.rank == 0 && !launch.agent_store;
+  group.store = rendezvous(s, group.serves_store);
+
+  announce(*group.store, s, this_host());
+  const std::vector<std::string> hosts =
+      launch.rank == 0 ? confirm_all_joined(*group.store, s) : await_confirmation(*group.store, s);
 
   // From here on a lost rank is noticed within dist.heartbeat_s, also while the process group
   // connects (a rank that fails below tells the others through its destructor).
@@ -764,69 +868,22 @@ std::shared_ptr<Communicator> Communicator::create(const LaunchInfo& launch,
     const auto period = options.heartbeat;
     const auto store = open_store(launch, /*serve=*/false, period, Clock::now() + period, nullptr,
                                   "opening the heartbeat's connection");
-    group.heartbeat =
-        std::make_unique<Heartbeat>(store, rank, hosts, where, !launch.agent_store, period);
+    group.heartbeat = std::make_unique<Heartbeat>(store, launch.rank, hosts, s.where,
+                                                  !launch.agent_store, period);
     group.heartbeat_period = period;
     group.leave_wait = std::max<std::chrono::milliseconds>(period, std::chrono::seconds(5));
   }
 
-  auto prefix = c10::make_intrusive<c10d::PrefixStore>("xlme/pg", group.store);
-  try {
-    if (chosen == "gloo") {
-      check_gloo_address(rank, hosts);
-      auto pg_options = c10d::ProcessGroupGloo::Options::create(timeout);
-      pg_options->devices.push_back(gloo_device(launch.master_addr));
-      group.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, rank, world, pg_options);
-    } else {
-#ifdef USE_C10D_NCCL
-      // A failed or timed-out collective tears the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING
-      // 3, LibTorch 2.x's default; 1.x defaulted to 0, a hang) unless the user chose otherwise.
-      ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3", /*overwrite=*/0);
-      const char* handling = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
-      if (std::string(handling) == "0" || std::string(handling) == "2") {
-        spdlog::warn(
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING={}: a failed NCCL collective will not stop this "
-            "process; unset it (xlme then uses 3) so that a lost rank ends the job",
-            handling);
-      }
-      auto pg_options = c10d::ProcessGroupNCCL::Options::create();
-      pg_options->timeout = timeout;
-      group.pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefix, rank, world, pg_options);
-#else
-      XLME_FAIL(
-          "dist.backend=nccl needs a CUDA LibTorch built with NCCL; this build ({}) has "
-          "none: use dist.backend=gloo",
-          TORCH_VERSION);
-#endif
-    }
-  } catch (const xlme::Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    XLME_FAIL("rank {} of {}: cannot create the {} process group: {}", rank, world, chosen,
-              e.what());
-  }
+  group.pg = make_process_group(group.store, s, chosen, hosts);
 
   // One all-reduce through the new group proves the collective path end to end.
   std::vector<torch::Tensor> probe{torch::ones({1}, torch::TensorOptions().device(device))};
   comm->all_reduce_sum(probe);
   const double total = probe[0].item<double>();
-  XLME_CHECK(total == world, "start-up all-reduce over {} ranks returned {} instead of {}", world,
-             total, world);
-  // SLURM without MASTER_PORT: launch_info_from_env() derived the port from the job id.
-  const char* master_port = std::getenv("MASTER_PORT");
-  const bool slurm_port = launch.launcher == "slurm" &&
-                          (master_port == nullptr || *master_port == '\0') &&
-                          std::getenv("SLURM_JOB_ID") != nullptr;
-  spdlog::info("distributed: rank {} of {} (local rank {}) on {}, {} via {}, rendezvous {}{}; {}",
-               rank, world, launch.local_rank, device.str(), chosen, launch.launcher, where,
-               launch.agent_store ? " (torchrun agent's store)"
-               : slurm_port ? " (port 15000 + SLURM_JOB_ID % 20000; set MASTER_PORT to choose "
-                              "another)"
-                            : "",
-               options.heartbeat.count() > 0
-                   ? fmt::format("heartbeat: a rank silent for {:g} s stops the job",
-                                 in_seconds(options.heartbeat))
-                   : std::string("no heartbeat (dist.heartbeat_s = 0)"));
+  XLME_CHECK(total == launch.world_size,
+             "start-up all-reduce over {} ranks returned {} instead of {}", launch.world_size,
+             total, launch.world_size);
+  log_joined(s, device, chosen);
   return comm;
 }
 

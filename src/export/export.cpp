@@ -361,7 +361,11 @@ ExportOptions ExportOptions::from_config(const config::Config& config) {
   return o;
 }
 
-ExportSummary export_model(const ExportOptions& options) {
+namespace {
+
+// The checks made before anything is locked or read: the options, and `--out` as a place to
+// write (not a link, not a file, not the checkpoint's own folder). Returns `--out` absolute.
+fs::path checked_destination(const ExportOptions& options) {
   XLME_CHECK(!options.checkpoint.empty(),
              "no checkpoint to export: pass --checkpoint DIR (a run folder, whose newest valid "
              "checkpoint is exported, a <run>/checkpoints/step_<N> folder or an export folder) or "
@@ -380,70 +384,119 @@ ExportSummary export_model(const ExportOptions& options) {
   XLME_CHECK(!is_within(options.checkpoint, out),
              "--out '{}' is the folder being exported or holds it ('{}'); choose another --out",
              options.out_dir, options.checkpoint);
-  // One export of `out` at a time: a second one fails here naming the first, instead of both
-  // finishing and one export silently replacing the other.
-  fs::create_directories(out.parent_path(), ec);
-  const FileLock lock(out.string() + ".lock", fmt::format("export folder '{}'", options.out_dir),
-                      "two exports to one --out would replace each other",
-                      /*remove_when_done=*/true);
-  clean_leftovers(out);
-  if (is_non_empty_directory(out)) {
-    XLME_CHECK(options.force,
-               "export folder '{}' exists and is not empty; pass --force to replace it, or choose "
-               "another --out",
-               options.out_dir);
-    const std::string reason = not_replaceable(out);
-    XLME_CHECK(reason.empty(),
-               "--force refuses to replace '{}': {}; only an export folder written by xlme-export "
-               "is replaced. Choose another --out (or remove the folder yourself)",
-               options.out_dir, reason);
-  }
+  return out;
+}
 
+// A non-empty `out` is replaced only with --force, and only when xlme-export wrote it.
+void check_replaceable(const ExportOptions& options, const fs::path& out) {
+  if (!is_non_empty_directory(out)) return;
+  XLME_CHECK(options.force,
+             "export folder '{}' exists and is not empty; pass --force to replace it, or choose "
+             "another --out",
+             options.out_dir);
+  const std::string reason = not_replaceable(out);
+  XLME_CHECK(reason.empty(),
+             "--force refuses to replace '{}': {}; only an export folder written by xlme-export "
+             "is replaced. Choose another --out (or remove the folder yourself)",
+             options.out_dir, reason);
+}
+
+// The checkpoint to export, with its tokenizer. A run folder stands for its newest valid
+// checkpoint, as finetune.init and distill.teacher.
+checkpoint::Pretrained load_source(const ExportOptions& options) {
   checkpoint::PretrainedOptions load;
   load.with_generator = options.with_generator;
   load.fallback_tokenizer = options.fallback_tokenizer;
-  // A run folder stands for its newest valid checkpoint, as finetune.init and distill.teacher.
   checkpoint::Pretrained p = checkpoint::load_pretrained_resolved(options.checkpoint, load);
-  const std::string folder = p.path;
-  if (folder != options.checkpoint) {
+  if (p.path != options.checkpoint) {
     spdlog::info("run folder {}: exporting its newest valid checkpoint {}", options.checkpoint,
-                 folder);
+                 p.path);
   }
   XLME_CHECK(!p.tokenizer_path.empty(),
              "checkpoint '{}' holds no tokenizer.model (its run had no data.tokenizer); give the "
              "SentencePiece model it was trained with: --set data.tokenizer=FILE",
-             folder);
-  spdlog::info("loaded {} (step {}, {} tokens seen)", folder, p.step, p.tokens_seen);
+             p.path);
+  spdlog::info("loaded {} (step {}, {} tokens seen)", p.path, p.step, p.tokens_seen);
+  return p;
+}
 
-  const bool bf16 = options.dtype == "bf16";
-  checkpoint::SafetensorsContent content;
-  content.tensors =
-      exported_weights(p, options.with_generator, bf16 ? torch::kBFloat16 : torch::kFloat32);
-  content.metadata = {{"format", "pt"}, {"producer", "xlme-export " XLME_VERSION}};
-
+// config.json's content for the export of `p`.
+checkpoint::ExportedConfig exported_config(const checkpoint::Pretrained& p,
+                                           const ExportOptions& options) {
   checkpoint::ExportedConfig exported;
   exported.model = p.model;
   exported.objective_set = p.objective_set;
   exported.vocab_layout = p.vocab_layout;
   exported.special_ids = p.special_ids;
-  exported.dtype = bf16 ? "bfloat16" : "float32";
+  exported.dtype = options.dtype == "bf16" ? "bfloat16" : "float32";
   exported.rtd_head = !p.discriminator->discriminator_head.is_empty();
   exported.generator = options.with_generator;
   exported.step = p.step;
   exported.tokens_seen = p.tokens_seen;
+  return exported;
+}
+
+// The run's metrics.jsonl for the model card: beside the checkpoints folder
+// (<run>/checkpoints/step_<N>), else under the run's recorded run.out_dir.
+fs::path metrics_file(const checkpoint::Pretrained& p) {
+  const fs::path source = fs::absolute(p.path).lexically_normal();
+  fs::path metrics = source.parent_path().parent_path() / checkpoint::kMetricsFile;
+  if (!fs::is_regular_file(metrics) && p.run_config) {
+    metrics = fs::path(p.run_config->run.out_dir) / checkpoint::kMetricsFile;
+  }
+  return metrics;
+}
+
+// Writes the export's files into the new folder `tmp`, the unfinished marker first and removed
+// last; sets `summary.weight_bytes`. `metrics`: the run's metrics.jsonl, for the model card.
+void write_export_files(const fs::path& tmp, const checkpoint::Pretrained& p,
+                        const checkpoint::SafetensorsContent& content,
+                        checkpoint::ExportedConfig& exported, const fs::path& metrics,
+                        ExportSummary& summary) {
+  write_file_atomic(
+      (tmp / kUnfinishedMarker).string(),
+      fmt::format("an unfinished xlme-export (pid {} on host {})\n", ::getpid(), host_name()));
+  checkpoint::write_safetensors((tmp / checkpoint::kExportWeightsFile).string(), content);
+  summary.weight_bytes = fs::file_size(tmp / checkpoint::kExportWeightsFile);
+  const std::string tokenizer = (tmp / checkpoint::kExportTokenizerFile).string();
+  copy_file_synced(p.tokenizer_file, tokenizer);
+  checkpoint::record_tokenizer(exported, tokenizer);
+  write_file_atomic((tmp / checkpoint::kExportConfigFile).string(), checkpoint::to_json(exported));
+  write_transformers_files(tmp.string(), exported);
+  write_file_atomic((tmp / checkpoint::kExportReadmeFile).string(),
+                    model_card(p, exported, summary, metrics.string()));
+  write_file_atomic((tmp / checkpoint::kExportMarkerFile).string(),
+                    "written by xlme-export " XLME_VERSION "; --force may replace this folder\n");
+  fs::remove(tmp / kUnfinishedMarker);
+}
+
+}  // namespace
+
+ExportSummary export_model(const ExportOptions& options) {
+  const fs::path out = checked_destination(options);
+  // One export of `out` at a time: a second one fails here naming the first, instead of both
+  // finishing and one export silently replacing the other.
+  std::error_code ec;
+  fs::create_directories(out.parent_path(), ec);
+  const FileLock lock(out.string() + ".lock", fmt::format("export folder '{}'", options.out_dir),
+                      "two exports to one --out would replace each other",
+                      /*remove_when_done=*/true);
+  clean_leftovers(out);
+  check_replaceable(options, out);
+
+  checkpoint::Pretrained p = load_source(options);
+  checkpoint::SafetensorsContent content;
+  content.tensors = exported_weights(p, options.with_generator,
+                                     options.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32);
+  content.metadata = {{"format", "pt"}, {"producer", "xlme-export " XLME_VERSION}};
+  checkpoint::ExportedConfig exported = exported_config(p, options);
 
   ExportSummary summary;
   summary.out_dir = options.out_dir;
   summary.step = p.step;
   summary.tensors = static_cast<int64_t>(content.tensors.size());
   for (const auto& [name, tensor] : content.tensors) summary.parameters += tensor.numel();
-
-  // Checkpoint folder -> <run>/metrics.jsonl (checkpoints live in <run>/checkpoints/step_<N>).
-  const fs::path source = fs::absolute(folder).lexically_normal();
-  fs::path metrics = source.parent_path().parent_path() / checkpoint::kMetricsFile;
-  if (!fs::is_regular_file(metrics) && p.run_config) {
-    metrics = fs::path(p.run_config->run.out_dir) / checkpoint::kMetricsFile;
-  }
+  const fs::path metrics = metrics_file(p);
 
   // A new folder of this export's own: one left at this name that clean_leftovers kept (no
   // marker, or files of someone else) is not removed by its name alone.
@@ -455,22 +508,7 @@ ExportSummary export_model(const ExportOptions& options) {
   fs::create_directories(tmp, ec);
   XLME_CHECK(!ec, "cannot create the folder '{}': {}", tmp.string(), ec.message());
   try {
-    write_file_atomic(
-        (tmp / kUnfinishedMarker).string(),
-        fmt::format("an unfinished xlme-export (pid {} on host {})\n", ::getpid(), host_name()));
-    checkpoint::write_safetensors((tmp / checkpoint::kExportWeightsFile).string(), content);
-    summary.weight_bytes = fs::file_size(tmp / checkpoint::kExportWeightsFile);
-    const std::string tokenizer = (tmp / checkpoint::kExportTokenizerFile).string();
-    copy_file_synced(p.tokenizer_file, tokenizer);
-    checkpoint::record_tokenizer(exported, tokenizer);
-    write_file_atomic((tmp / checkpoint::kExportConfigFile).string(),
-                      checkpoint::to_json(exported));
-    write_transformers_files(tmp.string(), exported);
-    write_file_atomic((tmp / checkpoint::kExportReadmeFile).string(),
-                      model_card(p, exported, summary, metrics.string()));
-    write_file_atomic((tmp / checkpoint::kExportMarkerFile).string(),
-                      "written by xlme-export " XLME_VERSION "; --force may replace this folder\n");
-    fs::remove(tmp / kUnfinishedMarker);
+    write_export_files(tmp, p, content, exported, metrics, summary);
     move_export_into_place(tmp.string(), out.string(), options.force);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp, ec);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <string_view>
 
@@ -90,8 +91,8 @@ std::vector<int64_t> encode_ids(const data::Tokenizer& tokenizer, const std::str
 }
 
 // Text fields cut before tokenization to data::kMaxBytesPerPiece bytes per token of the setting
-// that bounds them: the cut changes no feature of real text, and bounds the tokenizer's memory on
-// a hostile one (a 100 MB line took 24 GB).
+// that bounds them: the cut changes no feature of real text, and bounds the tokenizer's memory
+// (which grows with the text's length) on a hostile one.
 class FeatTextBound {
  public:
   // `tokens` is the setting that bounds the field (`name`, e.g. "max_len").
@@ -384,146 +385,208 @@ std::vector<std::string> split_context_words(const std::string& context,
   return words;
 }
 
+namespace {
+
+// A context's words (split_context_words) and sub-tokens, each word tokenized alone as HF's
+// squad_convert_example_to_features does.
+struct QaContext {
+  std::vector<std::string> words;
+  std::vector<int64_t> byte_to_word;   // per byte of the context: its word (split_context_words)
+  std::vector<int64_t> tokens;         // the context's sub-token ids (HF's all_doc_tokens)
+  std::vector<int64_t> token_to_word;  // per sub-token: the word it comes from
+  std::vector<int64_t> word_to_token;  // per word: its first sub-token
+};
+
+QaContext tokenize_context(const QaExample& example, const data::Tokenizer& tokenizer,
+                           FeatTextBound& bound) {
+  QaContext context;
+  context.words = split_context_words(example.context, &context.byte_to_word);
+  context.word_to_token.resize(context.words.size());
+  for (size_t w = 0; w < context.words.size(); ++w) {
+    context.word_to_token[w] = static_cast<int64_t>(context.tokens.size());
+    for (const int64_t id : bound.encode(tokenizer, context.words[w], example.source)) {
+      context.tokens.push_back(id);
+      context.token_to_word.push_back(static_cast<int64_t>(w));
+    }
+  }
+  return context;
+}
+
+// The first answer's first and last words, as SquadExample: the words of its first and last byte.
+// Nothing when run_squad skips the example: no answer, or the words it spans do not contain the
+// whitespace-normalized answer.
+std::optional<std::pair<int64_t, int64_t>> answer_words(const QaExample& example,
+                                                        const QaContext& context) {
+  const QaAnswer* answer = example.answers.empty() ? nullptr : &example.answers[0];
+  const auto context_size = static_cast<int64_t>(example.context.size());
+  if (answer == nullptr || answer->text.empty() || answer->start < 0 ||
+      answer->start >= context_size) {
+    return std::nullopt;
+  }
+  const int64_t start_word = context.byte_to_word[static_cast<size_t>(answer->start)];
+  const int64_t end_word = context.byte_to_word[static_cast<size_t>(
+      std::min(answer->start + static_cast<int64_t>(answer->text.size()) - 1, context_size - 1))];
+  const bool found =
+      start_word >= 0 &&
+      join_words(context.words, start_word, end_word)
+              .find(text::encode_utf8(text::collapse(text::decode_utf8(answer->text)))) !=
+          std::string::npos;
+  if (!found) return std::nullopt;
+  return std::make_pair(start_word, end_word);
+}
+
+// The answer's context sub-tokens, first and last (inclusive).
+struct AnswerSpan {
+  int64_t first = 0;
+  int64_t last = 0;
+};
+
+// _improve_answer_span: the sub-tokens of the answer's words, tightened to the first, then
+// longest, sub-span equal to the answer's own pieces. Nothing when the words have no pieces.
+std::optional<AnswerSpan> answer_tokens(const QaExample& example, const QaContext& context,
+                                        std::pair<int64_t, int64_t> words,
+                                        const data::Tokenizer& tokenizer, FeatTextBound& bound) {
+  const auto [start_word, end_word] = words;
+  const auto num_words = static_cast<int64_t>(context.words.size());
+  int64_t first = context.word_to_token[static_cast<size_t>(start_word)];
+  int64_t last = end_word < num_words - 1
+                     ? context.word_to_token[static_cast<size_t>(end_word + 1)] - 1
+                     : static_cast<int64_t>(context.tokens.size()) - 1;
+  const auto answer_ids = bound.encode(tokenizer, example.answers[0].text, example.source);
+  bool improved = false;
+  for (int64_t s = first; s <= last && !improved; ++s) {
+    for (int64_t t = last; t >= s && !improved; --t) {
+      if (t - s + 1 == static_cast<int64_t>(answer_ids.size()) &&
+          std::equal(answer_ids.begin(), answer_ids.end(), context.tokens.begin() + s)) {
+        first = s;
+        last = t;
+        improved = true;
+      }
+    }
+  }
+  if (last < first) return std::nullopt;
+  return AnswerSpan{first, last};
+}
+
+// The question's ids, truncated to max_query_len.
+std::vector<int64_t> encode_question(const QaExample& example, const data::Tokenizer& tokenizer,
+                                     const QaOptions& options, FeatTextBound& bound) {
+  auto query = bound.encode(tokenizer, example.question, example.source);
+  if (static_cast<int64_t>(query.size()) > options.max_query_len) {
+    query.resize(static_cast<size_t>(options.max_query_len));
+  }
+  return query;
+}
+
+// (first context sub-token, length) of each window: starts at 0, stride, ... until one reaches
+// the last of `tokens` sub-tokens; each holds at most `capacity`.
+using Windows = std::vector<std::pair<int64_t, int64_t>>;
+Windows context_windows(int64_t tokens, int64_t capacity, int64_t stride) {
+  Windows windows;
+  while (static_cast<int64_t>(windows.size()) * stride < tokens) {
+    const int64_t first = static_cast<int64_t>(windows.size()) * stride;
+    windows.emplace_back(first, std::min(tokens - first, capacity));
+    if (first + windows.back().second >= tokens) break;
+  }
+  return windows;
+}
+
+// _new_check_is_max_context: whether window `k` is the one maximizing min(left, right) + 0.01 *
+// length around context sub-token `position`, the first one on ties.
+bool is_max_context(const Windows& windows, size_t k, int64_t position) {
+  double best = -1;
+  size_t best_window = 0;
+  for (size_t m = 0; m < windows.size(); ++m) {
+    const auto [first, length] = windows[m];
+    const int64_t last = first + length - 1;
+    if (position < first || position > last) continue;
+    const double score = static_cast<double>(std::min(position - first, last - position)) +
+                         0.01 * static_cast<double>(length);
+    if (score > best) {
+      best = score;
+      best_window = m;
+    }
+  }
+  return best_window == k;
+}
+
+// Window `k` of example `example`: `<s> Q </s></s> C[window] </s>`, with the training targets
+// when `answer` (its context sub-token span) lies inside the window.
+QaFeature make_window(int64_t example, const std::vector<int64_t>& query, const QaContext& context,
+                      const Windows& windows, size_t k, const std::optional<AnswerSpan>& answer,
+                      const data::SpecialIds& special) {
+  const auto [first, length] = windows[k];
+  const auto offset = static_cast<int64_t>(query.size()) + 3;  // <s> Q </s></s>
+  QaFeature feature;
+  feature.example = example;
+  feature.context_offset = first;
+  auto& ids = feature.input_ids;
+  ids.push_back(special.bos);
+  ids.insert(ids.end(), query.begin(), query.end());
+  ids.insert(ids.end(), {special.eos, special.eos});
+  ids.insert(ids.end(), context.tokens.begin() + first, context.tokens.begin() + first + length);
+  ids.push_back(special.eos);
+  feature.token_to_word.assign(ids.size(), -1);
+  feature.max_context.assign(ids.size(), 0);
+  for (int64_t j = 0; j < length; ++j) {
+    const int64_t position = first + j;
+    feature.token_to_word[static_cast<size_t>(offset + j)] =
+        context.token_to_word[static_cast<size_t>(position)];
+    feature.max_context[static_cast<size_t>(offset + j)] =
+        is_max_context(windows, k, position) ? 1 : 0;
+  }
+  if (answer && answer->first >= first && answer->last <= first + length - 1) {
+    feature.start = answer->first - first + offset;
+    feature.end = answer->last - first + offset;
+  }
+  return feature;
+}
+
+}  // namespace
+
 QaFeatures featurize_qa(const std::vector<QaExample>& examples, const data::Tokenizer& tokenizer,
                         const QaOptions& options, bool training) {
   XLME_CHECK(options.doc_stride >= 1 && options.max_query_len >= 0,
              "QA needs doc_stride >= 1 and max_query_len >= 0, got {} and {}", options.doc_stride,
              options.max_query_len);
-  const auto& special = tokenizer.special_ids();
   QaFeatures out;
   // Context words and answers by max_len (a longer word fills whole windows), questions by
   // max_query_len.
   FeatTextBound context_bound(options.max_len, "max_len");
   FeatTextBound query_bound(options.max_query_len, "max_query_len");
   // The context's words and sub-tokens, kept while consecutive questions share a paragraph.
-  const std::string* context = nullptr;
-  std::vector<std::string> words;
-  std::vector<int64_t> byte_to_word, doc, tok_to_word, word_to_tok;
+  const std::string* context_text = nullptr;
+  QaContext context;
   for (size_t e = 0; e < examples.size(); ++e) {
     const QaExample& example = examples[e];
-    if (context == nullptr || *context != example.context) {
-      context = &example.context;
-      words = split_context_words(example.context, &byte_to_word);
-      doc.clear();
-      tok_to_word.clear();
-      word_to_tok.resize(words.size());
-      for (size_t w = 0; w < words.size(); ++w) {
-        word_to_tok[w] = static_cast<int64_t>(doc.size());
-        for (const int64_t id : context_bound.encode(tokenizer, words[w], example.source)) {
-          doc.push_back(id);
-          tok_to_word.push_back(static_cast<int64_t>(w));
-        }
-      }
+    if (context_text == nullptr || *context_text != example.context) {
+      context_text = &example.context;
+      context = tokenize_context(example, tokenizer, context_bound);
     }
-    const auto num_words = static_cast<int64_t>(words.size());
-    const auto num_tokens = static_cast<int64_t>(doc.size());
 
-    // The answer's words, as SquadExample: the words of its first and last byte.
-    int64_t start_word = -1, end_word = -1;
+    // Training targets: the answer's context sub-tokens; an example without them is skipped.
+    std::optional<AnswerSpan> answer;
     if (training) {
-      const QaAnswer* answer = example.answers.empty() ? nullptr : &example.answers[0];
-      const auto context_size = static_cast<int64_t>(example.context.size());
-      if (answer != nullptr && !answer->text.empty() && answer->start >= 0 &&
-          answer->start < context_size) {
-        start_word = byte_to_word[static_cast<size_t>(answer->start)];
-        end_word = byte_to_word[static_cast<size_t>(std::min(
-            answer->start + static_cast<int64_t>(answer->text.size()) - 1, context_size - 1))];
-      }
-      // run_squad: skip when the span's words do not contain the whitespace-normalized answer.
-      const bool found =
-          start_word >= 0 &&
-          join_words(words, start_word, end_word)
-                  .find(text::encode_utf8(text::collapse(text::decode_utf8(answer->text)))) !=
-              std::string::npos;
-      if (!found) {
+      const auto words = answer_words(example, context);
+      if (words) answer = answer_tokens(example, context, *words, tokenizer, context_bound);
+      if (!answer) {
         out.skipped.push_back(static_cast<int64_t>(e));
         continue;
       }
     }
 
-    int64_t tok_start = 0, tok_end = -1;
-    if (training) {
-      tok_start = word_to_tok[static_cast<size_t>(start_word)];
-      tok_end = end_word < num_words - 1 ? word_to_tok[static_cast<size_t>(end_word + 1)] - 1
-                                         : num_tokens - 1;
-      // _improve_answer_span: the first, then longest, sub-span equal to the answer's own pieces.
-      const auto answer_ids =
-          context_bound.encode(tokenizer, example.answers[0].text, example.source);
-      bool improved = false;
-      for (int64_t s = tok_start; s <= tok_end && !improved; ++s) {
-        for (int64_t t = tok_end; t >= s && !improved; --t) {
-          if (t - s + 1 == static_cast<int64_t>(answer_ids.size()) &&
-              std::equal(answer_ids.begin(), answer_ids.end(), doc.begin() + s)) {
-            tok_start = s;
-            tok_end = t;
-            improved = true;
-          }
-        }
-      }
-      if (tok_end < tok_start) {  // the answer's words have no pieces
-        out.skipped.push_back(static_cast<int64_t>(e));
-        continue;
-      }
-    }
-
-    auto query = query_bound.encode(tokenizer, example.question, example.source);
-    if (static_cast<int64_t>(query.size()) > options.max_query_len) {
-      query.resize(static_cast<size_t>(options.max_query_len));
-    }
-    const auto offset = static_cast<int64_t>(query.size()) + 3;  // <s> Q </s></s>
-    const int64_t capacity = options.max_len - offset - 1;
+    const auto query = encode_question(example, tokenizer, options, query_bound);
+    // Context sub-tokens per window: max_len less <s> Q </s></s> and the closing </s>.
+    const int64_t capacity = options.max_len - static_cast<int64_t>(query.size()) - 4;
     XLME_CHECK(capacity >= options.doc_stride,
                "{}: question '{}' leaves {} context tokens per window, fewer than doc_stride {}; "
                "raise max_len or lower max_query_len",
                where(example.source), example.id, capacity, options.doc_stride);
-
-    std::vector<std::pair<int64_t, int64_t>> spans;  // (first context token, length)
-    while (static_cast<int64_t>(spans.size()) * options.doc_stride < num_tokens) {
-      const int64_t first = static_cast<int64_t>(spans.size()) * options.doc_stride;
-      spans.emplace_back(first, std::min(num_tokens - first, capacity));
-      if (first + spans.back().second >= num_tokens) break;
-    }
-
-    for (size_t k = 0; k < spans.size(); ++k) {
-      const auto [first, length] = spans[k];
-      QaFeature feature;
-      feature.example = static_cast<int64_t>(e);
-      feature.context_offset = first;
-      auto& ids = feature.input_ids;
-      ids.push_back(special.bos);
-      ids.insert(ids.end(), query.begin(), query.end());
-      ids.insert(ids.end(), {special.eos, special.eos});
-      ids.insert(ids.end(), doc.begin() + first, doc.begin() + first + length);
-      ids.push_back(special.eos);
-      feature.token_to_word.assign(ids.size(), -1);
-      feature.max_context.assign(ids.size(), 0);
-      for (int64_t j = 0; j < length; ++j) {
-        const int64_t position = first + j;
-        feature.token_to_word[static_cast<size_t>(offset + j)] =
-            tok_to_word[static_cast<size_t>(position)];
-        // _new_check_is_max_context: the window maximizing min(left, right) + 0.01 * length; the
-        // first one on ties.
-        double best = -1;
-        size_t best_span = 0;
-        for (size_t m = 0; m < spans.size(); ++m) {
-          const auto [other_first, other_length] = spans[m];
-          const int64_t last = other_first + other_length - 1;
-          if (position < other_first || position > last) continue;
-          const double score =
-              static_cast<double>(std::min(position - other_first, last - position)) +
-              0.01 * static_cast<double>(other_length);
-          if (score > best) {
-            best = score;
-            best_span = m;
-          }
-        }
-        feature.max_context[static_cast<size_t>(offset + j)] = best_span == k ? 1 : 0;
-      }
-      if (training && tok_start >= first && tok_end <= first + length - 1) {
-        feature.start = tok_start - first + offset;
-        feature.end = tok_end - first + offset;
-      }
-      out.features.push_back(std::move(feature));
+    const auto windows =
+        context_windows(static_cast<int64_t>(context.tokens.size()), capacity, options.doc_stride);
+    for (size_t k = 0; k < windows.size(); ++k) {
+      out.features.push_back(make_window(static_cast<int64_t>(e), query, context, windows, k,
+                                         answer, tokenizer.special_ids()));
     }
   }
   context_bound.report();

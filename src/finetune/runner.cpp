@@ -48,6 +48,171 @@ Scores evaluate_without_grad(TrainableTask& task, FinetuneModel& model, const st
   return scores;
 }
 
+// The step counts of one seed: an epoch of finetune.batch_size batches, the run (finetune.epochs,
+// cut at finetune.max_steps), the warm-up and the dev evaluations' period.
+struct StepPlan {
+  int64_t per_epoch = 0;
+  int64_t total = 0;
+  int64_t warmup = 0;
+  int64_t eval_every = 0;
+};
+
+// Warns when the warm-up is not shorter than the run.
+StepPlan plan_steps(const config::FinetuneConfig& settings, int64_t examples) {
+  StepPlan plan;
+  plan.per_epoch = (examples + settings.batch_size - 1) / settings.batch_size;
+  plan.total = plan.per_epoch * settings.epochs;
+  if (settings.max_steps > 0) plan.total = std::min(plan.total, settings.max_steps);
+  // XTREME's schedule: a warm-up longer than the run is kept, as transformers keeps it.
+  plan.warmup = settings.warmup_steps > 0
+                    ? settings.warmup_steps
+                    : static_cast<int64_t>(
+                          std::llround(settings.warmup_ratio * static_cast<double>(plan.total)));
+  plan.eval_every = settings.eval_every > 0 ? settings.eval_every : plan.per_epoch;
+  if (plan.warmup >= plan.total) {
+    const optim::TransformersLinearSchedule schedule(settings.lr, plan.warmup, plan.total);
+    const bool steps = settings.warmup_steps > 0;
+    spdlog::warn(
+        "the warm-up ({} steps, {} {}) is not shorter than the run ({} steps): the whole run is "
+        "warm-up and the learning rate never reaches finetune.lr ({}); the last step runs at "
+        "{:.3g} (XTREME's schedule, transformers' get_linear_schedule_with_warmup, does not cut "
+        "the warm-up); lower {} or set it to fit the run",
+        plan.warmup, steps ? "finetune.warmup_steps" : "finetune.warmup_ratio",
+        steps ? fmt::format("{}", settings.warmup_steps) : fmt::format("{}", settings.warmup_ratio),
+        plan.total, settings.lr, schedule.lr(plan.total - 1),
+        steps ? "finetune.warmup_steps" : "finetune.warmup_ratio");
+  }
+  return plan;
+}
+
+// Whether the train language has a dev set to select on; throws when finetune.select best_dev
+// needs one that is missing or not read.
+bool can_select_on_dev(const config::FinetuneConfig& settings, const TrainableTask& task) {
+  const bool select_best = settings.select == "best_dev";
+  const auto dev_languages = task.languages(Split::kDev);
+  const bool can_select = std::find(dev_languages.begin(), dev_languages.end(),
+                                    settings.train_language) != dev_languages.end();
+  const auto& named = settings.languages;
+  XLME_CHECK(!select_best || can_select || named.empty() ||
+                 std::find(named.begin(), named.end(), settings.train_language) != named.end(),
+             "finetune.select best_dev selects on the {} dev set (finetune.train_language), but "
+             "finetune.languages [{}] does not name {}, so its dev set is not read; add {} to "
+             "finetune.languages or set finetune.select: last",
+             settings.train_language, fmt::join(named, ", "), settings.train_language,
+             settings.train_language);
+  XLME_CHECK(!select_best || can_select,
+             "finetune.select best_dev needs a {} dev set for {}; add it under "
+             "finetune.data_dir or set finetune.select: last",
+             settings.train_language, settings.task);
+  return can_select;
+}
+
+// Every evaluation set, read before the first step: a missing or damaged dev, test or gold file
+// stops the run now, not after the training it would lose.
+void read_eval_sets(TrainableTask& task) {
+  for (Split split : {Split::kDev, Split::kTest}) {
+    for (const auto& language : task.languages(split)) task.read(language, split);
+  }
+}
+
+// The mean training loss since the last log line, logged every 50 steps and at the last.
+class LossLog {
+ public:
+  LossLog(int64_t seed, int64_t total) : seed_(seed), total_(total) {}
+
+  // One host read per step: fine-tuning batches are small and the log needs the value.
+  void add(const torch::Tensor& loss, int64_t step, double lr) {
+    sum_ += loss.item<double>();
+    ++count_;
+    if (step % 50 != 0 && step != total_) return;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    spdlog::info("seed {} step {}/{} lr {:.3g} loss {:.4f} ({:.1f} s)", seed_, step, total_, lr,
+                 sum_ / static_cast<double>(count_), seconds);
+    sum_ = 0.0;
+    count_ = 0;
+  }
+
+ private:
+  int64_t seed_;
+  int64_t total_;
+  double sum_ = 0.0;
+  int64_t count_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+// The weights with the best train-language dev score so far (finetune.select best_dev).
+struct BestDev {
+  std::map<std::string, torch::Tensor> weights;
+  double score = -std::numeric_limits<double>::infinity();
+  int64_t step = 0;
+};
+
+// One update on the training features `indices`: the loss under autocast, its gradients,
+// clipping to finetune.clip_norm, the optimizer's step at learning rate `lr`. Returns the loss.
+torch::Tensor train_step(const config::FinetuneConfig& settings, TrainableTask& task,
+                         FinetuneModel& model, torch::optim::Optimizer& optimizer,
+                         const std::vector<int64_t>& indices, double lr,
+                         const std::vector<double>& scales, const torch::Device& device,
+                         bool bf16) {
+  set_group_learning_rates(optimizer, lr, scales);
+  optimizer.zero_grad();
+  torch::Tensor loss;
+  {
+    AutocastScope autocast(device, bf16);
+    loss = task.loss(model, indices, device);
+  }
+  loss.backward();
+  if (settings.clip_norm > 0) {
+    torch::nn::utils::clip_grad_norm_(model->parameters(), settings.clip_norm);
+  }
+  optimizer.step();
+  return loss;
+}
+
+// Scores the train language's dev set after `step`; with finetune.select best_dev, keeps the
+// weights in `best` when they score higher than any before.
+void evaluate_dev(const config::FinetuneConfig& settings, TrainableTask& task, FinetuneModel& model,
+                  int64_t seed, int64_t step, const torch::Device& device, bool bf16,
+                  BestDev& best) {
+  const auto dev =
+      evaluate_without_grad(task, model, settings.train_language, Split::kDev, device, bf16, "");
+  XLME_CHECK(!dev.values.empty(), "the {} dev set of {} has no labels to select with",
+             settings.train_language, settings.task);
+  spdlog::info("seed {} step {}: {} dev {} {:.2f}", seed, step, settings.train_language, dev.main,
+               dev.main_value());
+  if (settings.select == "best_dev" && dev.main_value() > best.score) {
+    best.score = dev.main_value();
+    best.step = step;
+    best.weights = snapshot_weights(*model);
+  }
+}
+
+// Evaluates every language of both splits with the final (or selected) weights; writes the
+// predictions under `predictions_dir` (empty = none).
+void evaluate_all(const config::FinetuneConfig& settings, TrainableTask& task, FinetuneModel& model,
+                  const torch::Device& device, bool bf16, const std::string& predictions_dir,
+                  SeedResult& result) {
+  const bool select_best = settings.select == "best_dev";
+  for (Split split : {Split::kDev, Split::kTest}) {
+    for (const auto& language : task.languages(split)) {
+      const std::string predictions =
+          predictions_dir.empty()
+              ? std::string()
+              : path_under(predictions_dir, task.prediction_file(language, split));
+      auto scores = evaluate_without_grad(task, model, language, split, device, bf16, predictions);
+      if (scores.values.empty()) {  // predicted, but the set has no gold to score
+        result.unscored[split_name(split)].push_back(language);
+        continue;
+      }
+      if (split == Split::kDev && language == settings.train_language && !select_best) {
+        result.best_dev = scores.main_value();
+      }
+      result.by[split_name(split)][language] = std::move(scores);
+    }
+  }
+}
+
 }  // namespace
 
 const char* split_name(Split split) {
@@ -93,57 +258,17 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
   const int64_t examples = task.train_size();
   XLME_CHECK(examples > 0, "finetune.task {}: no training features for {}", settings.task,
              settings.train_language);
-  const int64_t per_epoch = (examples + settings.batch_size - 1) / settings.batch_size;
-  int64_t total = per_epoch * settings.epochs;
-  if (settings.max_steps > 0) total = std::min(total, settings.max_steps);
-  // XTREME's schedule: a warm-up longer than the run is kept, as transformers keeps it.
-  const int64_t warmup =
-      settings.warmup_steps > 0
-          ? settings.warmup_steps
-          : static_cast<int64_t>(std::llround(settings.warmup_ratio * static_cast<double>(total)));
-  const optim::TransformersLinearSchedule schedule(settings.lr, warmup, total);
-  if (warmup >= total) {
-    const bool steps = settings.warmup_steps > 0;
-    spdlog::warn(
-        "the warm-up ({} steps, {} {}) is not shorter than the run ({} steps): the whole run is "
-        "warm-up and the learning rate never reaches finetune.lr ({}); the last step runs at "
-        "{:.3g} (XTREME's schedule, transformers' get_linear_schedule_with_warmup, does not cut "
-        "the warm-up); lower {} or set it to fit the run",
-        warmup, steps ? "finetune.warmup_steps" : "finetune.warmup_ratio",
-        steps ? fmt::format("{}", settings.warmup_steps) : fmt::format("{}", settings.warmup_ratio),
-        total, settings.lr, schedule.lr(total - 1),
-        steps ? "finetune.warmup_steps" : "finetune.warmup_ratio");
-  }
-  const int64_t eval_every = settings.eval_every > 0 ? settings.eval_every : per_epoch;
+  const StepPlan plan = plan_steps(settings, examples);
+  const int64_t total = plan.total;
+  const optim::TransformersLinearSchedule schedule(settings.lr, plan.warmup, total);
   const bool select_best = settings.select == "best_dev";
-  const auto dev_languages = task.languages(Split::kDev);
-  const bool can_select = std::find(dev_languages.begin(), dev_languages.end(),
-                                    settings.train_language) != dev_languages.end();
-  const auto& named = settings.languages;
-  XLME_CHECK(!select_best || can_select || named.empty() ||
-                 std::find(named.begin(), named.end(), settings.train_language) != named.end(),
-             "finetune.select best_dev selects on the {} dev set (finetune.train_language), but "
-             "finetune.languages [{}] does not name {}, so its dev set is not read; add {} to "
-             "finetune.languages or set finetune.select: last",
-             settings.train_language, fmt::join(named, ", "), settings.train_language,
-             settings.train_language);
-  XLME_CHECK(!select_best || can_select,
-             "finetune.select best_dev needs a {} dev set for {}; add it under "
-             "finetune.data_dir or set finetune.select: last",
-             settings.train_language, settings.task);
-  // Every evaluation set is read before the first step: a missing or damaged dev, test or gold
-  // file stops the run now, not after the training it would lose.
-  for (Split split : {Split::kDev, Split::kTest}) {
-    for (const auto& language : task.languages(split)) task.read(language, split);
-  }
+  const bool can_select = can_select_on_dev(settings, task);
+  read_eval_sets(task);
   spdlog::info("seed {}: {} training features, {} steps ({} per epoch), warm-up {}, dev every {}",
-               seed, examples, total, per_epoch, warmup, eval_every);
+               seed, examples, total, plan.per_epoch, plan.warmup, plan.eval_every);
 
-  std::map<std::string, torch::Tensor> best;
-  double best_dev = -std::numeric_limits<double>::infinity();
-  double loss_sum = 0.0;
-  int64_t loss_count = 0;
-  const auto start = std::chrono::steady_clock::now();
+  BestDev best;
+  LossLog loss_log(seed, total);
   std::vector<int64_t> order(static_cast<size_t>(examples));
   for (int64_t step = 0; step < total;) {
     std::iota(order.begin(), order.end(), 0);
@@ -151,72 +276,27 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
     for (int64_t first = 0; first < examples && step < total; first += settings.batch_size) {
       const int64_t last = std::min(first + settings.batch_size, examples);
       std::vector<int64_t> indices(order.begin() + first, order.begin() + last);
-      set_group_learning_rates(*optimizer, schedule.lr(step), scales);
-      optimizer->zero_grad();
-      torch::Tensor loss;
-      {
-        AutocastScope autocast(device, bf16);
-        loss = task.loss(model, indices, device);
-      }
-      loss.backward();
-      if (settings.clip_norm > 0) {
-        torch::nn::utils::clip_grad_norm_(model->parameters(), settings.clip_norm);
-      }
-      optimizer->step();
+      const auto loss = train_step(settings, task, model, *optimizer, indices, schedule.lr(step),
+                                   scales, device, bf16);
       ++step;
-      // One host read per step: fine-tuning batches are small and the log needs the value.
-      loss_sum += loss.item<double>();
-      ++loss_count;
-      if (step % 50 == 0 || step == total) {
-        const double seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        spdlog::info("seed {} step {}/{} lr {:.3g} loss {:.4f} ({:.1f} s)", seed, step, total,
-                     schedule.lr(step - 1), loss_sum / static_cast<double>(loss_count), seconds);
-        loss_sum = 0.0;
-        loss_count = 0;
-      }
-      if (can_select && (step % eval_every == 0 || step == total)) {
-        const auto dev = evaluate_without_grad(task, model, settings.train_language, Split::kDev,
-                                               device, bf16, "");
-        XLME_CHECK(!dev.values.empty(), "the {} dev set of {} has no labels to select with",
-                   settings.train_language, settings.task);
-        spdlog::info("seed {} step {}: {} dev {} {:.2f}", seed, step, settings.train_language,
-                     dev.main, dev.main_value());
-        if (select_best && dev.main_value() > best_dev) {
-          best_dev = dev.main_value();
-          result.best_step = step;
-          best = snapshot_weights(*model);
-        }
+      loss_log.add(loss, step, schedule.lr(step - 1));
+      if (can_select && (step % plan.eval_every == 0 || step == total)) {
+        evaluate_dev(settings, task, model, seed, step, device, bf16, best);
       }
     }
   }
   result.steps = total;
   if (select_best) {
-    restore_weights(*model, best);
-    result.best_dev = best_dev;
+    restore_weights(*model, best.weights);
+    result.best_step = best.step;
+    result.best_dev = best.score;
     spdlog::info("seed {}: kept step {} ({} dev {:.2f})", seed, result.best_step,
-                 settings.train_language, best_dev);
+                 settings.train_language, best.score);
   } else {
     result.best_step = total;
   }
 
-  for (Split split : {Split::kDev, Split::kTest}) {
-    for (const auto& language : task.languages(split)) {
-      const std::string predictions =
-          predictions_dir.empty()
-              ? std::string()
-              : path_under(predictions_dir, task.prediction_file(language, split));
-      auto scores = evaluate_without_grad(task, model, language, split, device, bf16, predictions);
-      if (scores.values.empty()) {  // predicted, but the set has no gold to score
-        result.unscored[split_name(split)].push_back(language);
-        continue;
-      }
-      if (split == Split::kDev && language == settings.train_language && !select_best) {
-        result.best_dev = scores.main_value();
-      }
-      result.by[split_name(split)][language] = std::move(scores);
-    }
-  }
+  evaluate_all(settings, task, model, device, bf16, predictions_dir, result);
   return result;
 }
 

@@ -154,57 +154,84 @@ bool file_exists(const std::string& path) {
   return fs::is_regular_file(path);
 }
 
-// Evaluation sets by (language, split), read and featurized once: dev is evaluated every
-// finetune.eval_every steps.
+// A task that trains a head, with what every such task shares: its settings and tokenizer, the
+// languages that have evaluation sets, and each evaluation set by (language, split), read and
+// featurized once by load() (dev is evaluated every finetune.eval_every steps). A task says how
+// to read a set (read_set) and featurize it (featurize).
 template <class Example, class Features>
-class EvalCache {
+class EvalSetTask : public TrainableTask {
  public:
+  HeadKind head_kind() const override { return task_info(settings_.task).head; }
+
+  void read(const std::string& language, Split split) override { load(language, split); }
+
+  std::string prediction_file(const std::string& language, Split split) const override {
+    return fmt::format("{}/{}-{}.{}", settings_.task, split_name(split), language, extension_);
+  }
+
+ protected:
   struct Set {
     std::vector<Example> examples;  // the first finetune.max_eval_examples
     Features features;
     int64_t total = 0;  // examples in the set before the cut
   };
 
-  // The set of `language`'s `split`; a cut to `max_examples` is logged with `task` and `unit`.
-  template <class Read, class Featurize>
-  const Set& get(const std::string& task, const std::string& language, Split split,
-                 int64_t max_examples, const std::string& unit, const Read& read,
-                 const Featurize& featurize) {
+  // `unit`: what an example is ("pair", "sentence", "question"), in logs and scores;
+  // `extension`: of the prediction files.
+  EvalSetTask(const config::FinetuneConfig& settings, const data::Tokenizer& tokenizer,
+              std::string unit, std::string extension)
+      : settings_(settings),
+        tokenizer_(tokenizer),
+        unit_(std::move(unit)),
+        extension_(std::move(extension)) {}
+
+  // The set of `language`'s `split`, read and featurized on the first call; a cut to
+  // finetune.max_eval_examples is logged.
+  const Set& load(const std::string& language, Split split) {
     const auto key = std::make_pair(language, split);
-    auto it = sets_.find(key);
-    if (it != sets_.end()) return it->second;
+    auto it = loaded_.find(key);
+    if (it != loaded_.end()) return it->second;
     Set set;
-    set.examples = read();
+    set.examples = read_set(language, split);
     set.total = static_cast<int64_t>(set.examples.size());
-    keep_first(set.examples, max_examples);
+    keep_first(set.examples, settings_.max_eval_examples);
     if (static_cast<int64_t>(set.examples.size()) < set.total) {
-      spdlog::info("{} {} {}: scored {} of {} {}s (the first; finetune.max_eval_examples)", task,
-                   split_name(split), language, set.examples.size(), set.total, unit);
+      spdlog::info("{} {} {}: scored {} of {} {}s (the first; finetune.max_eval_examples)",
+                   settings_.task, split_name(split), language, set.examples.size(), set.total,
+                   unit_);
     }
     set.features = featurize(set.examples);
-    return sets_.emplace(key, std::move(set)).first->second;
+    return loaded_.emplace(key, std::move(set)).first->second;
   }
 
- private:
-  std::map<std::pair<std::string, Split>, Set> sets_;
-};
+  // `scores` with the examples scored and in `set`.
+  Scores with_counts(Scores scores, const Set& set) const {
+    scores.scored = static_cast<int64_t>(set.examples.size());
+    scores.total = set.total;
+    scores.unit = unit_;
+    return scores;
+  }
 
-// `scores` with the examples scored and in the set.
-template <class Set>
-Scores with_counts(Scores scores, const Set& set, const std::string& unit) {
-  scores.scored = static_cast<int64_t>(set.examples.size());
-  scores.total = set.total;
-  scores.unit = unit;
-  return scores;
-}
+  // `language`'s `split` set as its files hold it; logs where it came from.
+  virtual std::vector<Example> read_set(const std::string& language, Split split) const = 0;
+  virtual Features featurize(const std::vector<Example>& examples) const = 0;
+
+  const config::FinetuneConfig& settings_;
+  const data::Tokenizer& tokenizer_;
+  EvalSets sets_{settings_};
+
+ private:
+  std::string unit_;
+  std::string extension_;
+  std::map<std::pair<std::string, Split>, Set> loaded_;
+};
 
 // ---- Sentence pairs --------------------------------------------------------------------------
 
-class PairTask : public TrainableTask {
+class PairTask : public EvalSetTask<PairExample, std::vector<ClassificationFeature>> {
  public:
   PairTask(const config::FinetuneConfig& settings, const data::Tokenizer& tokenizer)
-      : settings_(settings),
-        tokenizer_(tokenizer),
+      : EvalSetTask(settings, tokenizer, "pair", "tsv"),
         labels_(task_labels(settings.task)),
         quoting_(parse_tsv_quoting(settings.tsv_quotes)) {
     auto examples = read_pair_split(settings.data_dir, settings.task, "train",
@@ -213,7 +240,6 @@ class PairTask : public TrainableTask {
     train_ = featurize_pairs(examples, labels_, tokenizer_, settings.max_len);
   }
 
-  HeadKind head_kind() const override { return task_info(settings_.task).head; }
   int64_t classes() const override { return static_cast<int64_t>(labels_.size()); }
   int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
 
@@ -241,10 +267,8 @@ class PairTask : public TrainableTask {
     if (!predictions_path.empty()) write_label_predictions(predictions_path, predicted);
     for (const auto& e : examples) gold.push_back(e.label);
     if (!has_gold(examples)) return {};
-    return with_counts({{{"accuracy", accuracy(gold, predicted)}}, "accuracy"}, set, "pair");
+    return with_counts({{{"accuracy", accuracy(gold, predicted)}}, "accuracy"}, set);
   }
-
-  void read(const std::string& language, Split split) override { load(language, split); }
 
   std::vector<std::string> languages(Split split) const override {
     return sets_.available(split, [&](const std::string& language, std::string& missing) {
@@ -259,17 +283,11 @@ class PairTask : public TrainableTask {
     });
   }
 
-  std::string prediction_file(const std::string& language, Split split) const override {
-    return fmt::format("{}/{}-{}.tsv", settings_.task, split_name(split), language);
-  }
-
  private:
   static bool has_gold(const std::vector<PairExample>& examples) {
     return !examples.empty() && std::all_of(examples.begin(), examples.end(),
                                             [](const PairExample& e) { return !e.label.empty(); });
   }
-
-  using Cache = EvalCache<PairExample, std::vector<ClassificationFeature>>;
 
   // The two sentences of each pair, as XTREME's preprocessing writes them from the gold (stripped;
   // the test file read with its CSV quoting undone).
@@ -281,7 +299,7 @@ class PairTask : public TrainableTask {
     return out;
   }
 
-  std::vector<PairExample> read_set(const std::string& language, Split split) const {
+  std::vector<PairExample> read_set(const std::string& language, Split split) const override {
     const bool gold = split == Split::kTest && !settings_.gold_dir.empty();
     if (!gold) {
       const auto path = pair_file(settings_.data_dir, settings_.task, split_name(split), language);
@@ -304,28 +322,22 @@ class PairTask : public TrainableTask {
     return examples;
   }
 
-  const Cache::Set& load(const std::string& language, Split split) {
-    return cache_.get(
-        settings_.task, language, split, settings_.max_eval_examples, "pair",
-        [&] { return read_set(language, split); },
-        [&](const auto& e) { return featurize_pairs(e, labels_, tokenizer_, settings_.max_len); });
+  std::vector<ClassificationFeature> featurize(
+      const std::vector<PairExample>& examples) const override {
+    return featurize_pairs(examples, labels_, tokenizer_, settings_.max_len);
   }
 
-  const config::FinetuneConfig& settings_;
-  const data::Tokenizer& tokenizer_;
-  EvalSets sets_{settings_};
   std::vector<std::string> labels_;
   TsvQuoting quoting_;
   std::vector<ClassificationFeature> train_;
-  Cache cache_;
 };
 
 // ---- Tagging ---------------------------------------------------------------------------------
 
-class TaggingTask : public TrainableTask {
+class TaggingTask : public EvalSetTask<TaggedSentence, std::vector<TaggingFeature>> {
  public:
   TaggingTask(const config::FinetuneConfig& settings, const data::Tokenizer& tokenizer)
-      : settings_(settings), tokenizer_(tokenizer), labels_(task_labels(settings.task)) {
+      : EvalSetTask(settings, tokenizer, "sentence", "tsv"), labels_(task_labels(settings.task)) {
     options_.max_len = settings.max_len;
     auto sentences = read_conll_tsv(
         tagging_file(settings.data_dir, settings.task, "train", settings.train_language),
@@ -334,7 +346,6 @@ class TaggingTask : public TrainableTask {
     train_ = featurize_tagging(sentences, labels_, tokenizer_, options_);
   }
 
-  HeadKind head_kind() const override { return task_info(settings_.task).head; }
   int64_t classes() const override { return static_cast<int64_t>(labels_.size()); }
   int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
 
@@ -380,10 +391,8 @@ class TaggingTask : public TrainableTask {
                          {"recall", scores.recall},
                          {"token_accuracy", scores.accuracy}},
                         "f1"},
-                       set, "sentence");
+                       set);
   }
-
-  void read(const std::string& language, Split split) override { load(language, split); }
 
   std::vector<std::string> languages(Split split) const override {
     return sets_.available(split, [&](const std::string& language, std::string&) {
@@ -395,13 +404,7 @@ class TaggingTask : public TrainableTask {
     });
   }
 
-  std::string prediction_file(const std::string& language, Split split) const override {
-    return fmt::format("{}/{}-{}.tsv", settings_.task, split_name(split), language);
-  }
-
  private:
-  using Cache = EvalCache<TaggedSentence, std::vector<TaggingFeature>>;
-
   static std::vector<ExampleKey> keys(const std::vector<TaggedSentence>& sentences) {
     std::vector<ExampleKey> out;
     for (const auto& s : sentences) {
@@ -412,7 +415,7 @@ class TaggingTask : public TrainableTask {
     return out;
   }
 
-  std::vector<TaggedSentence> read_set(const std::string& language, Split split) const {
+  std::vector<TaggedSentence> read_set(const std::string& language, Split split) const override {
     const bool gold = split == Split::kTest && !settings_.gold_dir.empty();
     if (!gold) {
       const auto path =
@@ -451,28 +454,22 @@ class TaggingTask : public TrainableTask {
     return check_ud_release(settings_.gold_dir, dev_file, language);
   }
 
-  const Cache::Set& load(const std::string& language, Split split) {
-    return cache_.get(
-        settings_.task, language, split, settings_.max_eval_examples, "sentence",
-        [&] { return read_set(language, split); },
-        [&](const auto& e) { return featurize_tagging(e, labels_, tokenizer_, options_); });
+  std::vector<TaggingFeature> featurize(
+      const std::vector<TaggedSentence>& sentences) const override {
+    return featurize_tagging(sentences, labels_, tokenizer_, options_);
   }
 
-  const config::FinetuneConfig& settings_;
-  const data::Tokenizer& tokenizer_;
-  EvalSets sets_{settings_};
   std::vector<std::string> labels_;
   TaggingOptions options_;
   std::vector<TaggingFeature> train_;
-  Cache cache_;
 };
 
 // ---- Extractive QA ---------------------------------------------------------------------------
 
-class QaTask : public TrainableTask {
+class QaTask : public EvalSetTask<QaExample, QaFeatures> {
  public:
   QaTask(const config::FinetuneConfig& settings, const data::Tokenizer& tokenizer)
-      : settings_(settings), tokenizer_(tokenizer) {
+      : EvalSetTask(settings, tokenizer, "question", "json") {
     options_.max_len = settings.max_len;
     options_.doc_stride = settings.doc_stride;
     options_.max_query_len = settings.max_query_len;
@@ -495,7 +492,6 @@ class QaTask : public TrainableTask {
     train_ = std::move(features.features);
   }
 
-  HeadKind head_kind() const override { return task_info(settings_.task).head; }
   int64_t classes() const override { return 2; }
   int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
 
@@ -540,11 +536,8 @@ class QaTask : public TrainableTask {
     // MLQA normalizes answers by their language; SQuAD's English rules serve the others.
     const bool by_language = task_info(settings_.task).metric == TaskMetric::kMlqaF1;
     const auto scores = qa_scores(gold, decoded.text, by_language ? language : std::string());
-    return with_counts({{{"f1", scores.f1}, {"exact_match", scores.exact_match}}, "f1"}, set,
-                       "question");
+    return with_counts({{{"f1", scores.f1}, {"exact_match", scores.exact_match}}, "f1"}, set);
   }
-
-  void read(const std::string& language, Split split) override { load(language, split); }
 
   std::vector<std::string> languages(Split split) const override {
     if (split == Split::kDev && !task_info(settings_.task).has_dev) {
@@ -560,10 +553,6 @@ class QaTask : public TrainableTask {
     return sets_.available(split, [&](const std::string& language, std::string&) {
       return file_exists(path(language, split));
     });
-  }
-
-  std::string prediction_file(const std::string& language, Split split) const override {
-    return fmt::format("{}/{}-{}.json", settings_.task, split_name(split), language);
   }
 
  private:
@@ -591,7 +580,7 @@ class QaTask : public TrainableTask {
     return out;
   }
 
-  std::vector<QaExample> read_set(const std::string& language, Split split) const {
+  std::vector<QaExample> read_set(const std::string& language, Split split) const override {
     const auto file = path(language, split);
     auto examples = read_squad_json(file, /*skip_mismatched=*/false).examples;
     const bool gold = split == Split::kTest && !settings_.gold_dir.empty();
@@ -612,21 +601,12 @@ class QaTask : public TrainableTask {
     return examples;
   }
 
-  using Cache = EvalCache<QaExample, QaFeatures>;
-
-  const Cache::Set& load(const std::string& language, Split split) {
-    return cache_.get(
-        settings_.task, language, split, settings_.max_eval_examples, "question",
-        [&] { return read_set(language, split); },
-        [&](const auto& e) { return featurize_qa(e, tokenizer_, options_, /*training=*/false); });
+  QaFeatures featurize(const std::vector<QaExample>& examples) const override {
+    return featurize_qa(examples, tokenizer_, options_, /*training=*/false);
   }
 
-  const config::FinetuneConfig& settings_;
-  const data::Tokenizer& tokenizer_;
-  EvalSets sets_{settings_};
   QaOptions options_;
   std::vector<QaFeature> train_;
-  Cache cache_;
 };
 
 }  // namespace
