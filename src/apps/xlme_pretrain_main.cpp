@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
           XLME_CHECK(config.model.vocab_size > 0,
                      "--print-model needs model.vocab_size (0 = the tokenizer's size, read only "
                      "when training starts); add e.g. --set model.vocab_size=250002");
-          // Counted from the config: building the model only to count it took 9 GB for xl.yaml.
+          // Counted from the config: building the model only to count it would allocate all of it.
           const auto architecture = xlme::model::architecture_for(config.objectives.set);
           std::cout << xlme::model::format_parameter_table(
               xlme::model::analytic_parameter_counts(config.model, architecture));
