@@ -1,6 +1,7 @@
-// A whole pre-training run on one rank: resume, the step loop with its log lines and metrics,
-// periodic and final checkpoints, and preemption (docs/ARCHITECTURE.md#training). The trainer
-// (trainer.h) does the steps; this decides when to log, save and stop, like Marian's Scheduler.
+// A whole pre-training run on one rank: resume, the step loop, periodic and final checkpoints,
+// and preemption (docs/ARCHITECTURE.md#training). The trainer (trainer.h) does the steps and the
+// metrics processor (metrics_processor.h) reports them; this decides when to validate, save and
+// stop, like Marian's Scheduler.
 #pragma once
 
 #include "xlme/common/runtime.h"

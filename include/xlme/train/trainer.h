@@ -22,6 +22,7 @@
 #include "xlme/objectives/term_sums.h"
 #include "xlme/optim/schedule.h"
 #include "xlme/optim/zero.h"
+#include "xlme/train/global_batch.h"
 #include "xlme/train/gradient_buckets.h"
 #include "xlme/train/micro_batch_graphs.h"
 #include "xlme/train/rng.h"
@@ -38,25 +39,6 @@
 #include <vector>
 
 namespace xlme::train {
-
-// A step's global batch for each task: micro-batches of train.micro_batch_tokens per rank, and the
-// tokens they make over all ranks.
-struct GlobalBatch {
-  int64_t micro_batches = 1;
-  int64_t tokens_per_step = 0;
-};
-
-// The global batch on `world_size` ranks: train.tokens_per_task when it is a whole number of
-// micro-batches over the ranks, else rounded as train.batch_rounding says (up / down to whole
-// micro-batches per rank); nullopt where batch_rounding=error refuses or rounding down leaves none.
-std::optional<GlobalBatch> try_global_batch(const config::TrainConfig& train, int world_size);
-// try_global_batch, or an error that says why and lists the nearest world sizes that divide
-// train.tokens_per_task evenly and what up and down would give.
-GlobalBatch global_batch(const config::TrainConfig& train, int world_size);
-// The world sizes (1..4096) on which try_global_batch gives `tokens_per_step` tokens, the
-// `count` nearest to `world_size` first, returned in increasing order.
-std::vector<int> world_sizes_with(const config::TrainConfig& train, int64_t tokens_per_step,
-                                  int world_size, std::size_t count = 4);
 
 struct StepRecord {
   int64_t step = 0;  // updates done, this one included
@@ -89,6 +71,8 @@ class Trainer {
   Trainer(const config::Config& config, model::ElectraModel model, data::BatchSource& source,
           std::shared_ptr<dist::Communicator> comm);
 
+  // One optimizer step (the steps above). After an interrupted step (StepRecord::interrupted) it
+  // refuses: the caller saves a checkpoint and stops, and the resumed run repeats the step.
   StepRecord train_step();
 
   // One forward + backward micro-batch of each task at its maximum length (data.<task>.max_len,
@@ -98,21 +82,14 @@ class Trainer {
   // run continues exactly as without it. Every rank calls it (no collective inside).
   void dry_run();
 
-  // Every rank calls these. The checkpoint holds the model (generator, discriminator, shared
-  // embeddings, heads), the optimizer, the step, the tokens seen, each rank's reader and RNG
-  // state, the resolved config and the tokenizer model (when data.tokenizer names one). After an
-  // interrupted step the reader and RNG states saved are those from before that step, so that
-  // the resumed run reads and draws it again; train_step() is then no longer allowed. Rank 0
-  // writes the checkpoint through its CheckpointManager (a failed save leaves no temporary
-  // folder) and commits it only after checking that every rank's file landed in it as that rank
-  // wrote it (size and CRC32): a run.out_dir that is not one shared folder is refused, naming the
-  // rank and the folder, on every rank (no checkpoint without every rank's file). With
-  // train.zero=1 the optimizer state is gathered first, so that the checkpoint is the same as
-  // without ZeRO. The load reads the files of a checkpoint that the caller verified (each file
-  // once); it refuses a checkpoint whose tokens per step this run would change (another world
-  // size) unless train.tokens_per_task was changed on purpose, naming the world sizes that keep
-  // them. save_checkpoint returns once the checkpoint is committed; it first finishes a save in
-  // flight (finish_checkpoint).
+  // Checkpoints (trainer_checkpoint.cpp); every rank calls these at the same step boundary. A
+  // checkpoint holds the model, the optimizer (gathered whole with train.zero=1, so that it is the
+  // same as without ZeRO), the step, the tokens seen, each rank's reader and RNG state (from
+  // before an interrupted step, so that the resumed run repeats it), the resolved config and the
+  // tokenizer model. Rank 0 commits it only when every rank's file is in it as that rank wrote it
+  // (size and CRC32): a run.out_dir that is not one folder every rank shares fails on every rank,
+  // naming the rank and the folder. A failed save leaves no temporary folder. save_checkpoint
+  // finishes a save in flight (finish_checkpoint) and returns once the checkpoint is committed.
   std::string save_checkpoint(const checkpoint::CheckpointManager& manager);
   // train.async_save: the same checkpoint, but rank 0 only copies the model and optimizer state to
   // host memory here (the ZeRO-1 gather and the ranks' files stay on the step boundary) and writes,
@@ -124,6 +101,9 @@ class Trainer {
   // xlme::Error naming the checkpoint when rank 0 could not write it (its temporary folder is
   // removed, the earlier checkpoints are kept). Returns its path; nullopt when none was in flight.
   std::optional<std::string> finish_checkpoint();
+  // Reads a checkpoint that the caller verified, each file once. Refuses one of another model, or
+  // one whose tokens per step this run would change (another world size) unless
+  // train.tokens_per_task was changed on purpose, naming the world sizes that keep them.
   void load_checkpoint(const checkpoint::VerifiedFiles& files);
 
   int64_t step() const { return step_; }
@@ -178,12 +158,20 @@ class Trainer {
                         const torch::Tensor& reduced_sums, const torch::Tensor& counts);
   void drop_gradients_absent_on_every_rank();
   void update_parameters(StepRecord& record);
+  void skip_update(StepRecord& record);
+  // The parts of save_checkpoint (`background` false) and start_checkpoint, and of
+  // load_checkpoint (trainer_checkpoint.cpp).
+  std::string save(const checkpoint::CheckpointManager& manager, bool background);
+  void write_rank_file(const std::string& folder, const std::string& file) const;
+  void save_model_and_optimizer(const checkpoint::CheckpointManager& manager,
+                                const std::string& folder, bool background,
+                                const std::vector<torch::Tensor>& exp_avg,
+                                const std::vector<torch::Tensor>& exp_avg_sq);
   void check_tokens_per_step(const checkpoint::TrainerState& saved,
                              const std::map<std::string, std::string>& saved_config,
                              const std::string& path) const;
-  void skip_update(StepRecord& record);
-  // save_checkpoint (`background` false) and start_checkpoint.
-  std::string save(const checkpoint::CheckpointManager& manager, bool background);
+  void load_model_and_optimizer(const checkpoint::VerifiedFiles& files);
+  void load_rank_states(const std::vector<std::string>& rank_files);
 
   config::Config config_;
   model::ElectraModel model_;
