@@ -117,6 +117,11 @@ inline std::vector<std::string> tiny_pretrain_args(const std::string& out_dir, i
   return args;
 }
 
+// The built xlme-pretrain.
+inline std::string pretrain_binary() {
+  return std::string(XLME_BINARY_DIR) + "/xlme-pretrain";
+}
+
 // The shell command that runs the built binary `tool` with `args` and `env` (e.g. "RANK=1
 // WORLD_SIZE=2") in the source tree.
 inline std::string tool_command(const std::string& tool, const std::vector<std::string>& args,

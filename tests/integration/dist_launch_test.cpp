@@ -30,6 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using testing::contains_all;
+using testing::pretrain_binary;
 using testing::quote;
 using testing::read_file;
 using testing::start_shell;
@@ -44,10 +45,6 @@ using testing::write_file;
 // The torchrun of the project's Python environment (XLME_PYTHON's folder).
 std::string torchrun() {
   return (fs::path(XLME_PYTHON).parent_path() / "torchrun").string();
-}
-
-std::string pretrain_binary() {
-  return std::string(XLME_BINARY_DIR) + "/xlme-pretrain";
 }
 
 std::string joined(const std::vector<std::string>& args) {

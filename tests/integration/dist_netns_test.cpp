@@ -20,6 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using testing::contains_all;
+using testing::pretrain_binary;
 using testing::quote;
 using testing::read_file;
 using testing::start_shell;
@@ -85,11 +86,7 @@ class NamespacePair {
   std::string why_;
 };
 
-std::string pretrain_binary() {
-  return std::string(XLME_BINARY_DIR) + "/xlme-pretrain";
-}
-
-std::vector<std::string> run_args(const std::string& out_dir, int64_t steps) {
+std::vector<std::string> netns_run_args(const std::string& out_dir, int64_t steps) {
   return tiny_pretrain_args(out_dir, steps,
                             {"--set", "dist.startup_timeout_s=30", "--set", "dist.heartbeat_s=2",
                              "--set", "train.tokens_per_task=128"});
@@ -139,7 +136,7 @@ TEST(DistNetns, LinkCutIsNoticedByBothRanksAndTheResumeIsBitIdentical) {
   };
 
   const std::string run = dir / "run";
-  std::vector<pid_t> pids = start_ranks(net, run_args(run, kSteps), dir, "cut", in_side);
+  std::vector<pid_t> pids = start_ranks(net, netns_run_args(run, kSteps), dir, "cut", in_side);
   bool progressed = false;
   for (int i = 0; i < 3000 && !progressed; ++i) {
     progressed = testing::newest_checkpoint_step(run) >= 3;
@@ -163,7 +160,7 @@ TEST(DistNetns, LinkCutIsNoticedByBothRanksAndTheResumeIsBitIdentical) {
 
   // The link back, the same command resumes and finishes.
   ASSERT_EQ(std::system(net.in(1, "ip link set " + net.veth(1) + " up").c_str()), 0);
-  pids = start_ranks(net, run_args(run, kSteps), dir, "resume", in_side);
+  pids = start_ranks(net, netns_run_args(run, kSteps), dir, "resume", in_side);
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(wait_code(pids[rank], 120), kExitOk)
         << read_file(dir / ("resume" + std::to_string(rank)));
@@ -172,7 +169,7 @@ TEST(DistNetns, LinkCutIsNoticedByBothRanksAndTheResumeIsBitIdentical) {
 
   // The same two ranks uninterrupted, on loopback.
   const std::string reference = dir / "reference";
-  pids = start_ranks(net, run_args(reference, kSteps), dir, "reference",
+  pids = start_ranks(net, netns_run_args(reference, kSteps), dir, "reference",
                      [&](int) { return "ip netns exec " + net.ns(0) + " "; });
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(wait_code(pids[rank], 120), kExitOk)
@@ -205,7 +202,7 @@ TEST(DistNetns, HostNameOnALoopbackAddressIsNamedWithTheFix) {
                             net.address(1 - side) + " " + names[1 - side] + "\n");
   }
   const auto start = Clock::now();
-  const auto pids = start_ranks(net, run_args(dir / "run", 5), dir, "log", [&](int rank) {
+  const auto pids = start_ranks(net, netns_run_args(dir / "run", 5), dir, "log", [&](int rank) {
     return "ip netns exec " + net.ns(rank) + " unshare --uts sh -c 'hostname " + names[rank] +
            " && exec \"$0\" \"$@\"' ";
   });

@@ -40,7 +40,7 @@ constexpr double kTolerance = 1e-4;
 // The tokenizer's texts: words of the tiny models' letters, the C++ tokenizer tests' probes and
 // text that SentencePiece's normalization rewrites (spaces, NFKC forms, combining marks, control
 // and zero-width characters, U+2581 itself, characters no piece holds).
-const std::vector<std::string> kTexts = {
+const std::vector<std::string> kTokenizerTexts = {
     "the quick brown fox",
     "Zürich 42 ☃ abc",
     "das grüne Haus über den Fluss",
@@ -63,8 +63,8 @@ const std::vector<std::string> kTexts = {
 // Writes the C++ tokenizer's ids of every text.
 nlohmann::json cpp_tokens(const std::string& model, data::VocabLayout layout) {
   const data::Tokenizer tokenizer(model, layout);
-  nlohmann::json tokens = {{"texts", kTexts}, {"ids", nlohmann::json::array()}};
-  for (const auto& text : kTexts) tokens["ids"].push_back(tokenizer.encode(text));
+  nlohmann::json tokens = {{"texts", kTokenizerTexts}, {"ids", nlohmann::json::array()}};
+  for (const auto& text : kTokenizerTexts) tokens["ids"].push_back(tokenizer.encode(text));
   return tokens;
 }
 

@@ -48,7 +48,7 @@ constexpr double kHfTolerance = 1e-4;
 constexpr double kHeadStd = 0.2;
 
 // Text in the tiny tokenizer's letters, plus characters it has never seen (<unk>).
-const std::vector<std::string> kTexts = {"the quick brown fox", "Zürich 42 ☃ abc", "a"};
+const std::vector<std::string> kExportTexts = {"the quick brown fox", "Zürich 42 ☃ abc", "a"};
 
 // A fine-tuning head the test compares: the folder name test_hf_export.py reads, the head of
 // xlme-finetune's FinetuneModel and its classes (extractive QA: a token head with start, end).
@@ -156,8 +156,8 @@ class TransformersExport : public ::testing::Test {
     write_safetensors(dir / "inputs.safetensors", inputs);
     write_safetensors(dir / "expected.safetensors", expected);
     const data::Tokenizer tokenizer(p.tokenizer_path, data::parse_vocab_layout(p.vocab_layout));
-    nlohmann::json tokens = {{"texts", kTexts}, {"ids", nlohmann::json::array()}};
-    for (const auto& text : kTexts) tokens["ids"].push_back(tokenizer.encode(text));
+    nlohmann::json tokens = {{"texts", kExportTexts}, {"ids", nlohmann::json::array()}};
+    for (const auto& text : kExportTexts) tokens["ids"].push_back(tokenizer.encode(text));
     xlme::testing::write_file(dir / "tokens.json", tokens.dump());
     return {{"name", variant.name},
             {"model", dir / "export"},

@@ -29,8 +29,9 @@ namespace {
 
 using xlme::testing::error_message;
 
-struct OpsRestored {
-  ~OpsRestored() { set_ops(""); }
+// Restores the default op choices when a test that changed them ends.
+struct DefaultOpsRestored {
+  ~DefaultOpsRestored() { set_ops(""); }
 };
 
 // A .grad for `leaf` that is a view of a flat buffer (as the trainer's buckets give it) holding
@@ -57,7 +58,7 @@ std::vector<torch::Tensor> leaves_like(const std::vector<torch::Tensor>& values)
 }
 
 TEST(OpsWeightGradient, InPlaceEqualsAutogradInFloat64) {
-  const OpsRestored restore;
+  const DefaultOpsRestored restore;
   torch::manual_seed(1);
   const auto opts = torch::TensorOptions().dtype(torch::kFloat64);
   const std::vector<torch::Tensor> values = {torch::randn({12, 16}, opts), torch::randn({12}, opts),
@@ -100,7 +101,7 @@ TEST(OpsWeightGradient, InPlaceEqualsAutogradInFloat64) {
 // product, hence the same masked-LM loss bit for bit, and the same gradients (float64, to the
 // order of the products' sums) with and without a .grad buffer in place.
 TEST(OpsWeightGradient, PaddedLogitsGiveTheUnpaddedLossAndGradients) {
-  const OpsRestored restore;
+  const DefaultOpsRestored restore;
   torch::manual_seed(4);
   const auto opts = torch::TensorOptions().dtype(torch::kFloat64);
   const int64_t vocab = 100;
@@ -151,7 +152,7 @@ TEST(OpsWeightGradient, PaddedLogitsGiveTheUnpaddedLossAndGradients) {
 TEST(OpsWeightGradient, StackedWeightsEachGetTheirOwnGradient) {
   // Attention's query, key and value as one product: q and v with buffers, k without one (its
   // gradient reaches autograd as a product), and the biases through autograd.
-  const OpsRestored restore;
+  const DefaultOpsRestored restore;
   set_ops("weight_grad=fused");
   torch::manual_seed(2);
   const auto opts = torch::TensorOptions().dtype(torch::kFloat64);
@@ -179,7 +180,7 @@ TEST(OpsWeightGradient, ASharedWeightAndTheTiedTableGetOneEmptyGradientEach) {
   // A layer used at two depths (share_layers=all) and the token table read twice and projected
   // onto (the generator's tied output): each leaf's gradient is its uses' sum, added in place; the
   // gradient that reaches the leaf (its hooks run once) is empty.
-  const OpsRestored restore;
+  const DefaultOpsRestored restore;
   set_ops("weight_grad=fused");
   torch::manual_seed(3);
   const auto opts = torch::TensorOptions().dtype(torch::kFloat64);
@@ -218,7 +219,7 @@ TEST(OpsWeightGradient, ASharedWeightAndTheTiedTableGetOneEmptyGradientEach) {
 }
 
 TEST(OpsWeightGradient, UnderBf16AutocastTheBufferGetsTheFp32ProductOfTheBf16Operands) {
-  const OpsRestored restore;
+  const DefaultOpsRestored restore;
   torch::manual_seed(4);
   const auto x0 = torch::randn({6, 9, 32}), w0 = torch::randn({16, 32}), b0 = torch::randn({16});
   const auto upstream = torch::randn({6, 9, 16});
@@ -260,7 +261,7 @@ TEST(OpsWeightGradient, UnderBf16AutocastTheBufferGetsTheFp32ProductOfTheBf16Ope
 }
 
 TEST(OpsWeightGradient, WithoutABufferUnderNoGradOrWithTheReferenceNothingChanges) {
-  const OpsRestored restore;
+  const DefaultOpsRestored restore;
   set_ops("weight_grad=fused");
   const auto w0 = torch::randn({4, 3});
   auto w = w0.clone().requires_grad_();
@@ -298,7 +299,7 @@ TEST(OpsWeightGradient, AGradientOfTheWrongShapeIsRefusedNamingTheShapes) {
 
 // The trainer's steps (buckets attached: every weight in place) equal the reference's, fp32.
 TEST(OpsWeightGradient, TrainerStepsEqualTheReferencesSteps) {
-  const OpsRestored restore;
+  const DefaultOpsRestored restore;
   auto c = xlme::testing::tiny_train_config(/*batch=*/4, /*micro_batches=*/2, /*dropout=*/0.1);
   const auto source = [&] {
     return data::SyntheticBatches(data::SpecialIds::for_vocab(c.model.vocab_size), 4, 16, 0.15,
