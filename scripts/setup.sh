@@ -11,7 +11,7 @@
 #      compiles against.
 #   3. CMake configure and build in XLME_BUILD_DIR (CUDA compiled in; the CUDA toolkit's nvcc and
 #      headers in /usr/local/cuda or on PATH are needed to configure: see docs/gpu.md); a new
-#      build folder compiles the library in unity batches.
+#      build folder compiles the library and the tests in unity batches.
 # --binaries builds only the four binaries (quickstart.sh); --print-packages prints the Debian
 # packages and exits.
 #
@@ -72,7 +72,7 @@ venv=${XLME_VENV:-$root/.venv}
 
 cmake_args=(-DXLME_WERROR=ON -DXLME_BUILD_TESTS=ON "-DXLME_PYTHON=$venv/bin/python3"
             "${cmake_args[@]}")
-# A new build folder compiles the library in unity batches (CMakeLists.txt, XLME_UNITY_BUILD):
+# A new build folder compiles the library and the tests in unity batches (XLME_UNITY_BUILD):
 # half the time of a clean build. A folder configured before keeps its setting; one you edit in
 # every day builds faster per change without (-- -DXLME_UNITY_BUILD=OFF), and is the build that
 # finds a missing #include.
