@@ -187,7 +187,7 @@ if [ "$list_only" = 1 ]; then
   done
   echo "sum of the limits: $total s; a step that would start with less than 25 s of the budget left"
   echo "is skipped and recorded, so the plan ends within its budget (the steps typically take a"
-  echo "fifth to a half of their limits: docs/gpu.md#the-window)"
+  echo "fifth to a half of their limits: docs/gpu.md#the-window-two-commands)"
   exit 0
 fi
 [ $# -ge 1 ] || { sed -n '2,50p' "$0"; exit 2; }
