@@ -191,19 +191,8 @@ TEST_F(HostileExport, ConfigValuesOutOfRangeAreRefusedNamingFileAndKey) {
 // F32 past the end of the data; the file is extended without writing (a sparse file of a few
 // hundred kilobytes on disk).
 void add_declared_tensor(const std::string& folder, const std::string& name, uint64_t bytes) {
-  const std::string path = folder + "/model.safetensors";
-  const std::string file = read_file(path);
-  uint64_t header_size = 0;
-  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | static_cast<uint8_t>(file[i]);
-  auto header = nlohmann::json::parse(file.substr(8, header_size));
-  const std::string data = file.substr(8 + header_size);
-  header[name] = {{"dtype", "F32"},
-                  {"shape", {bytes / 4}},
-                  {"data_offsets", {data.size(), data.size() + bytes}}};
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  write_raw_safetensors(path, text, data);
-  fs::resize_file(path, fs::file_size(path) + bytes);
+  xlme::testing::declare_unwritten_tensor(folder + "/model.safetensors", name,
+                                          static_cast<int64_t>(bytes / 4));
 }
 
 TEST_F(HostileExport, AnExtraTensorDeclaredAs8GiBIsRefusedByNameUnread) {
