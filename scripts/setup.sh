@@ -6,9 +6,9 @@
 #      C++ libraries xlme links (yaml-cpp, spdlog, fmt, CLI11, SentencePiece, GoogleTest, Gloo's
 #      headers, zlib, liblzma, nlohmann-json).
 #   2. The Python side in a virtual environment in the checkout (.venv, git-ignored): the pinned
-#      packages of requirements.txt (pip; skipped when .venv already holds exactly that file's
-#      set), torch==2.11.0 first of all, whose LibTorch (CUDA 13.0 build, NCCL, cuDNN) xlme
-#      compiles against.
+#      packages of requirements.txt (uv, or pip with XLME_INSTALLER=pip: install_python.sh; skipped
+#      when .venv already holds exactly that file's set), torch==2.11.0 first of all, whose
+#      LibTorch (CUDA 13.0 build, NCCL, cuDNN) xlme compiles against.
 #   3. CMake configure and build in XLME_BUILD_DIR (CUDA compiled in; the CUDA toolkit's nvcc and
 #      headers in /usr/local/cuda or on PATH are needed to configure: see docs/gpu.md); a new
 #      build folder compiles the library and the tests in unity batches.
