@@ -34,15 +34,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// "a, b, c" for at most 20 names, then "and N more".
-std::string list_weight_names(const std::vector<std::string>& names) {
-  std::string out;
-  const size_t shown = std::min<size_t>(names.size(), 20);
-  for (size_t i = 0; i < shown; ++i) out += (i ? ", " : "") + names[i];
-  if (names.size() > shown) out += fmt::format(" and {} more", names.size() - shown);
-  return out;
-}
-
 // The longest config.json read: an export's is a few kilobytes.
 constexpr uintmax_t kMaxExportConfigBytes = 1u << 20;
 
@@ -79,11 +70,11 @@ void copy_weights_strictly(torch::nn::Module& module,
   XLME_CHECK(unexpected.empty(),
              "'{}' has {} weight(s) that the model of its config does not have: {}; the weights "
              "and the config do not belong together",
-             source, unexpected.size(), list_weight_names(unexpected));
+             source, unexpected.size(), first_weight_names(unexpected));
   XLME_CHECK(match.missing.empty(),
              "'{}' lacks {} weight(s) that the model of its config needs: {}; the weights and the "
              "config do not belong together",
-             source, match.missing.size(), list_weight_names(match.missing));
+             source, match.missing.size(), first_weight_names(match.missing));
   std::vector<std::string> mismatched;
   for (const auto& m : match.mismatched) {
     mismatched.push_back(fmt::format("{} ({} stored, {} expected)", m.name, shape_text(m.stored),
@@ -91,7 +82,7 @@ void copy_weights_strictly(torch::nn::Module& module,
   }
   XLME_CHECK(mismatched.empty(),
              "'{}' has weights whose shape differs from the model of its config: {}", source,
-             list_weight_names(mismatched));
+             first_weight_names(mismatched));
   copy_weights(module, weights, match);
 }
 

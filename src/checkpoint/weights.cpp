@@ -48,18 +48,13 @@ uint64_t weight_bytes(const WeightSpecs& specs) {
   return bytes;
 }
 
-namespace {
-
-// "a, b, c" for at most 20 names, then "and N more".
-std::string first_names(const std::vector<std::string>& names) {
+std::string first_weight_names(const std::vector<std::string>& names) {
   std::string out;
   const size_t shown = std::min<size_t>(names.size(), 20);
   for (size_t i = 0; i < shown; ++i) out += (i ? ", " : "") + names[i];
   if (names.size() > shown) out += fmt::format(" and {} more", names.size() - shown);
   return out;
 }
-
-}  // namespace
 
 void check_declared_weights(const WeightSpecs& declared, const WeightSpecs& expected,
                             torch::ScalarType floating, const std::string& file,
@@ -71,7 +66,7 @@ void check_declared_weights(const WeightSpecs& declared, const WeightSpecs& expe
   XLME_CHECK(unexpected.empty(),
              "'{}' has {} weight(s) that the model of its config does not have: {}; nothing of "
              "them was read; {}",
-             file, unexpected.size(), first_names(unexpected), hint);
+             file, unexpected.size(), first_weight_names(unexpected), hint);
   for (const auto& [name, want] : expected) {
     const auto found = declared.find(name);
     if (found == declared.end()) {
@@ -90,14 +85,14 @@ void check_declared_weights(const WeightSpecs& declared, const WeightSpecs& expe
     }
   }
   XLME_CHECK(missing.empty(), "'{}' lacks {} weight(s) that the model of its config needs: {}; {}",
-             file, missing.size(), first_names(missing), hint);
+             file, missing.size(), first_weight_names(missing), hint);
   XLME_CHECK(misshapen.empty(),
              "'{}' has weights whose shape differs from the model of its config: {}; {}", file,
-             first_names(misshapen), hint);
+             first_weight_names(misshapen), hint);
   XLME_CHECK(mistyped.empty(),
              "'{}' has weights whose dtype differs from the model of its config: {}; xlme reads "
              "no other dtype in their place (no conversion applies); {}",
-             file, first_names(mistyped), hint);
+             file, first_weight_names(mistyped), hint);
 }
 
 WeightMatch match_weights(const torch::nn::Module& module,

@@ -75,9 +75,13 @@ std::map<std::string, torch::Tensor> xlmr_weights(const std::string& folder,
        "discriminator.layers.$1.ffn_norm.$2"}};
   const std::string kPositions = "embeddings.position_embeddings.weight";
   const std::string kTypes = "embeddings.token_type_embeddings.weight";
+  // RoBERTa's name without the "roberta." prefix that XLMRobertaForMaskedLM files carry.
+  auto unprefixed = [](const std::string& stored) {
+    return stored.rfind("roberta.", 0) == 0 ? stored.substr(8) : stored;
+  };
   // xlme's name for each stored tensor; the position and token-type tables fold into one.
   auto xlme_name = [&](const std::string& stored) {
-    const std::string name = stored.rfind("roberta.", 0) == 0 ? stored.substr(8) : stored;
+    const std::string name = unprefixed(stored);
     if (name == kPositions || name == kTypes) return std::string("embeddings.position.weight");
     for (const auto& [pattern, replacement] : rules) {
       if (std::regex_match(name, pattern)) return std::regex_replace(name, pattern, replacement);
@@ -95,7 +99,7 @@ std::map<std::string, torch::Tensor> xlmr_weights(const std::string& folder,
       const std::string mapped = xlme_name(stored);
       const auto model = expected.find(mapped);
       if (model == expected.end()) {
-        hf[stored.rfind("roberta.", 0) == 0 ? stored.substr(8) : stored] = torch::Tensor();
+        hf[unprefixed(stored)] = torch::Tensor();
         continue;
       }
       XLME_CHECK(declared.dtype == torch::kFloat32 || declared.dtype == torch::kFloat16 ||
@@ -121,7 +125,7 @@ std::map<std::string, torch::Tensor> xlmr_weights(const std::string& folder,
   const auto content = expected.empty() ? checkpoint::read_safetensors(file.string())
                                         : checkpoint::read_safetensors(file.string(), wanted);
   for (auto& [name, tensor] : content.tensors) {
-    hf[name.rfind("roberta.", 0) == 0 ? name.substr(8) : name] = tensor;
+    hf[unprefixed(name)] = tensor;
   }
   std::map<std::string, torch::Tensor> out;
   for (const auto& [name, tensor] : hf) {

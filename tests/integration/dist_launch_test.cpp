@@ -385,6 +385,17 @@ TEST(DistStartup, ARankWaitingForRankZeroReportsInAFewLines) {
   EXPECT_EQ(rank_log.find("frame #"), std::string::npos) << rank_log;
 }
 
+// Ranks 0 and 1 of a long run into `run` on `port`, logging to dir/log0 and dir/log1.
+std::vector<pid_t> start_two_training_ranks(const TempDir& dir, const std::string& run, int port) {
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 2; ++rank) {
+    pids.push_back(start_shell(
+        rank_env(rank, port) + " " + quote(pretrain_binary()) + joined(run_args(run, 100000)),
+        dir / ("log" + std::to_string(rank))));
+  }
+  return pids;
+}
+
 // A second process started by mistake with a rank that already joined (a leftover RANK, a job
 // launched twice) is refused at the rendezvous, naming the first one; it used to join, share the
 // rank's heartbeat and hang in an all-reduce. The job trains on.
@@ -392,12 +403,7 @@ TEST(DistStartup, ASecondProcessWithTheSameRankIsRefused) {
   TempDir dir;
   const std::string run = dir / "run";
   const int port = testing::free_port();
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < 2; ++rank) {
-    pids.push_back(start_shell(
-        rank_env(rank, port) + " " + quote(pretrain_binary()) + joined(run_args(run, 100000)),
-        dir / ("log" + std::to_string(rank))));
-  }
+  const std::vector<pid_t> pids = start_two_training_ranks(dir, run, port);
   ASSERT_TRUE(wait_for_checkpoint(run, 2, 90, pids[0])) << read_file(dir / "log0");
   const auto start = Clock::now();
   const pid_t second = start_shell(
@@ -433,12 +439,7 @@ struct Noticed {
 Noticed lose_a_rank(const TempDir& dir, int victim, int signal) {
   const std::string run = dir / "run";
   const int port = testing::free_port();
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < 2; ++rank) {
-    pids.push_back(start_shell(
-        rank_env(rank, port) + " " + quote(pretrain_binary()) + joined(run_args(run, 100000)),
-        dir / ("log" + std::to_string(rank))));
-  }
+  const std::vector<pid_t> pids = start_two_training_ranks(dir, run, port);
   Noticed noticed;
   if (!wait_for_checkpoint(run, 2, 90, pids[0])) {
     for (const pid_t pid : pids) ::kill(pid, SIGKILL);

@@ -33,6 +33,13 @@ void write_parts(const std::string& folder, int64_t step) {
   write_file(folder + "/rank0.state", "step " + std::to_string(step));
 }
 
+// Saves a checkpoint of write_parts for each of `steps`.
+void save_steps(const CheckpointManager& manager, std::initializer_list<int64_t> steps) {
+  for (const int64_t step : steps) {
+    manager.save(step, [&](const std::string& f) { write_parts(f, step); });
+  }
+}
+
 // trainer.yaml as the trainer writes it reads back field for field; the files' names are those
 // every reader opens.
 TEST(Checkpoint, TrainerStateReadsBackWhatWasWritten) {
@@ -70,9 +77,7 @@ TEST(Checkpoint, SaveWritesAVerifiedFolderWithAManifest) {
 TEST(Checkpoint, ManifestWithADuplicateKeyIsRefusedNamingBothLines) {
   TempDir dir;
   const CheckpointManager manager(dir / "ckpt", 10, 0);
-  for (int64_t step : {100, 200}) {
-    manager.save(step, [&](const std::string& f) { write_parts(f, step); });
-  }
+  save_steps(manager, {100, 200});
   const std::string manifest = dir / "ckpt/step_00000200/manifest.yaml";
   write_file(manifest, read_file(manifest) + "step: 999\n");
   EXPECT_TRUE(
@@ -86,9 +91,7 @@ TEST(Checkpoint, ManifestWithADuplicateKeyIsRefusedNamingBothLines) {
 TEST(Checkpoint, DamagedCheckpointsAreSkippedWithTheReason) {
   TempDir dir;
   const CheckpointManager manager(dir / "ckpt", 10, 0);
-  for (int64_t step : {100, 200, 300, 400}) {
-    manager.save(step, [&](const std::string& f) { write_parts(f, step); });
-  }
+  save_steps(manager, {100, 200, 300, 400});
   // 400: truncated model; 300: one flipped byte; 200: manifest lost. 100 is intact.
   fs::resize_file(dir / "ckpt/step_00000400/model.bin", 10);
   std::string model = read_file(dir / "ckpt/step_00000300/model.bin");
@@ -350,9 +353,7 @@ TEST(Checkpoint, AnArchiveLargerThanItsModelIsRefusedUnread) {
 TEST(Checkpoint, ACheckpointOfANewerFormatIsNamedNotSkippedAsDamaged) {
   TempDir dir;
   const CheckpointManager manager(dir / "ckpt", 10, 0);
-  for (int64_t step : {100, 200}) {
-    manager.save(step, [&](const std::string& f) { write_parts(f, step); });
-  }
+  save_steps(manager, {100, 200});
   const std::string manifest = dir / "ckpt/step_00000200/manifest.yaml";
   std::string text = read_file(manifest);
   text.replace(text.find("version: 1"), 10, "version: 99");

@@ -34,6 +34,9 @@ using WeightSpecs = std::map<std::string, WeightSpec>;
 // The shape and dtype of every parameter and buffer of `module`, by its dotted name.
 WeightSpecs weight_specs(const torch::nn::Module& module);
 
+// "a, b, c" for at most 20 names, then "and N more": the weights an error names.
+std::string first_weight_names(const std::vector<std::string>& names);
+
 // Bytes of the data of `specs` (sum of element count times element size).
 uint64_t weight_bytes(const WeightSpecs& specs);
 
