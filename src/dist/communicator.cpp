@@ -720,7 +720,8 @@ std::vector<std::string> confirm_all_joined(c10d::Store& store, const StartUp& s
       throw interrupted(s.launch,
                         fmt::format("waiting for rank(s) {} to join", fmt::join(missing, ", ")));
     }
-    if (Clock::now() >= next_report) {
+    // No report at the deadline itself: the error that names the ranks follows at once.
+    if (const auto now = Clock::now(); now >= next_report && now < s.deadline) {
       next_report += report_every;
       spdlog::warn(
           "rendezvous at {}: still waiting for rank(s) {} of {} after {:.0f} s (giving up "

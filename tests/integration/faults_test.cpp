@@ -664,8 +664,8 @@ TEST(Faults, TakenMasterPortIsNamed) {
   EXPECT_EQ(message.find("frame #"), std::string::npos) << message;  // no backtrace
 }
 
-// Item 9: rank 0 names the ranks it waits for every 30 s instead of waiting in silence; four
-// times before a shorter start-up timeout (here 4 s: at 1, 2 and 3 s).
+// Item 9: rank 0 names the ranks it waits for every 30 s instead of waiting in silence; at each
+// quarter of a shorter start-up timeout (here 4 s: at 1, 2 and 3 s), never at the deadline.
 TEST(Faults, RankZeroNamesTheMissingRankWhileWaiting) {
   std::ostringstream log;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
