@@ -1,12 +1,12 @@
 // xlme-data: build corpora into training data: demo corpus, SentencePiece, memory-mapped shards
 #include "xlme/cli/app.h"
 #include "xlme/common/error.h"
+#include "xlme/config/task_registry.h"
 #include "xlme/data/batch_bench.h"
 #include "xlme/data/binarize.h"
 #include "xlme/data/demo_corpus.h"
 #include "xlme/data/spm_trainer.h"
 #include "xlme/finetune/tagging_io.h"
-#include "xlme/finetune/task_registry.h"
 
 #include <spdlog/spdlog.h>
 

@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
             std::cout << fmt::format(
                 "teacher (frozen, not trained or saved): {} parameters, {} layers; relations of "
                 "layer {}\n",
-                xlme::train::teacher_parameter_count(teacher), teacher.encoder->options().layers,
+                xlme::train::teacher_parameter_count(teacher), teacher.encoder->args().layers,
                 teacher.layer);
           }
           return xlme::kExitOk;

@@ -54,6 +54,16 @@ class ExportedConfigReader {
     return value.get<std::string>();
   }
 
+  // A name of `named`'s list, with the message of validate_model's checks.
+  template <class E>
+  E choice(const std::string& dotted, const config::Named<E>& named) const {
+    const std::string spelling = text(dotted);
+    const auto value = named.value(spelling);
+    XLME_CHECK(value.has_value(), "export config '{}': {} is '{}'; it must be {}", path_, dotted,
+               spelling, named.choices().describe());
+    return *value;
+  }
+
   bool flag(const std::string& dotted) const {
     const auto& value = node(dotted);
     check(value.is_boolean(), dotted, value, "true or false");
@@ -104,6 +114,10 @@ class ModelJsonWriter {
   void field(const char* name, const T& value, const ConstraintAndDoc&...) {
     if (std::string(name) != kNotExported) out_[name] = value;
   }
+  template <class E>
+  void field(const char* name, const E& value, const config::Named<E>& named, const char* doc) {
+    field(name, named.name(value), doc);
+  }
 
   template <class T>
   void section(const char* name, T& value, const char* /*doc*/) {
@@ -132,6 +146,10 @@ class ModelJsonReader {
   }
   void field(const char* name, std::string& value, const config::Choices&, const char* /*doc*/) {
     if (exported(name)) value = r_.text(key(name));
+  }
+  template <class E>
+  void field(const char* name, E& value, const config::Named<E>& named, const char* /*doc*/) {
+    if (exported(name)) value = r_.choice(key(name), named);
   }
 
   template <class T>

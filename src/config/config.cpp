@@ -193,6 +193,11 @@ class LimitChecker {
   void field(const char* name, std::string& value, const Choices& choices, const char* /*doc*/) {
     check(choices.contains(value), name, "'" + value + "'", choices.describe());
   }
+  template <class E>
+  void field(const char* name, E& value, const Named<E>& named, const char* /*doc*/) {
+    check(!named.name(value).empty(), name, std::to_string(static_cast<int>(value)),
+          named.choices().describe());
+  }
   template <class T>
   void section(const char* name, T& value, const char* /*doc*/) {
     LimitChecker inner(source_, prefix_ + name + ".");
@@ -271,6 +276,24 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   for (const auto& text : overrides) apply_override(text, config, origins);
   validate(config, origins);
   return config;
+}
+
+ModelArgs discriminator_args(const ModelConfig& model) {
+  ModelArgs args = model;
+  if (args.embedding_size == 0) args.embedding_size = model.hidden_size;
+  return args;
+}
+
+ModelArgs generator_args(const ModelConfig& model) {
+  ModelArgs args = discriminator_args(model);
+  const auto& g = model.generator;
+  args.layers = g.layers;
+  if (g.hidden_size > 0) args.hidden_size = g.hidden_size;
+  if (g.heads > 0) args.heads = g.heads;
+  if (g.ffn_size > 0) args.ffn_size = g.ffn_size;
+  args.embedding_sharing = EmbeddingSharing::kFull;
+  args.cross_attention = false;
+  return args;
 }
 
 void validate_model(const ModelConfig& model, const std::string& source) {

@@ -1,4 +1,4 @@
-#include "xlme/objectives/objective_set.h"
+#include "xlme/config/objective_set.h"
 
 #include "xlme/common/error.h"
 

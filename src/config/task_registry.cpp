@@ -1,12 +1,12 @@
-#include "xlme/finetune/task_registry.h"
+#include "xlme/config/task_registry.h"
 
 #include "xlme/common/error.h"
-#include "xlme/finetune/text.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <sstream>
 
 namespace xlme::finetune {
 
@@ -15,7 +15,12 @@ const std::vector<TaskInfo>& task_table() {
   using M = TaskMetric;
   using G = TaskGold;
   constexpr bool kTrains = true, kProbe = false, kDev = true, kNoDev = false;
-  auto words = [](std::string_view s) { return text::split_ascii(s); };
+  auto words = [](const char* list) {
+    std::istringstream in(list);
+    std::vector<std::string> out;
+    for (std::string word; in >> word;) out.push_back(word);
+    return out;
+  };
   // One row per task: name, family, metric, trains, head, train_data, has_dev, gold,
   // languages, labels, label_aliases.
   // clang-format off

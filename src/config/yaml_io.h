@@ -40,6 +40,13 @@ class YamlReader {
   void field(const char* name, std::string& value, const Choices& choices, const char* doc);
   void field(const char* name, std::vector<std::string>& value, const char* doc);
   void field(const char* name, std::vector<int64_t>& value, const IntRange& range, const char* doc);
+  // Read as its spelling, checked against the list, and kept as the enum value.
+  template <class E>
+  void field(const char* name, E& value, const Named<E>& named, const char* doc) {
+    std::string spelling = named.name(value);
+    field(name, spelling, named.choices(), doc);
+    value = *named.value(spelling);
+  }
 
   template <class T>
   void section(const char* name, T& value, const char* /*doc*/) {
@@ -81,6 +88,10 @@ class YamlWriter {
   void field(const char* name, const std::vector<std::string>& value, const char* doc);
   void field(const char* name, const std::vector<int64_t>& value, const IntRange& range,
              const char* doc);
+  template <class E>
+  void field(const char* name, const E& value, const Named<E>& named, const char* doc) {
+    field(name, named.name(value), named.choices(), doc);
+  }
 
   template <class T>
   void section(const char* name, T& value, const char* doc) {

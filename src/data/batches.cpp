@@ -3,7 +3,7 @@
 #include "xlme/data/batches.h"
 
 #include "xlme/common/error.h"
-#include "xlme/objectives/objective_set.h"
+#include "xlme/config/objective_set.h"
 
 #include "batches_internal.h"
 

@@ -55,7 +55,7 @@ std::vector<torch::Tensor> sentence_embeddings(model::Encoder& encoder,
                                                const EmbeddingOptions& options) {
   XLME_CHECK(options.batch_size >= 1, "sentence_embeddings: batch_size must be >= 1, got {}",
              options.batch_size);
-  const int64_t depth = encoder->options().layers;
+  const int64_t depth = encoder->args().layers;
   std::vector<int64_t> layers = options.layers;
   if (layers.empty()) {
     layers.resize(static_cast<size_t>(depth) + 1);
@@ -69,7 +69,7 @@ std::vector<torch::Tensor> sentence_embeddings(model::Encoder& encoder,
   }
   const int64_t up_to = *std::max_element(layers.begin(), layers.end());
   const auto n = static_cast<int64_t>(ids.size());
-  const int64_t hidden = encoder->options().hidden_size;
+  const int64_t hidden = encoder->args().hidden_size;
   std::vector<torch::Tensor> out;
   for (size_t l = 0; l < layers.size(); ++l) out.push_back(torch::zeros({n, hidden}));  // [N, H]
   if (n == 0) return out;

@@ -95,9 +95,9 @@ std::string model_card(const checkpoint::Pretrained& p, const checkpoint::Export
       << "| training | " << p.step << " steps, " << p.tokens_seen << " tokens seen, objectives.set "
       << p.objective_set << " |\n"
       << "| encoder | " << m.layers << " layers, hidden " << m.hidden_size << ", " << m.heads
-      << " heads, FFN " << m.ffn_size << ", " << m.norm << "-LN, GELU |\n"
+      << " heads, FFN " << m.ffn_size << ", " << config::kNorms.name(m.norm) << "-LN, GELU |\n"
       << "| embeddings | " << (m.embedding_size > 0 ? m.embedding_size : m.hidden_size) << " wide ("
-      << m.embedding_sharing << " sharing)"
+      << config::kEmbeddingSharings.name(m.embedding_sharing) << " sharing)"
       << (m.absolute_positions ? fmt::format(", absolute positions up to {}", m.max_positions)
                                : std::string(", no absolute positions"))
       << " |\n"

@@ -4,11 +4,11 @@
 #include "xlme/checkpoint/weights.h"
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
+#include "xlme/config/task_registry.h"
 #include "xlme/data/tokenizer.h"
 #include "xlme/dist/launch.h"
 #include "xlme/finetune/probes.h"
 #include "xlme/finetune/runner.h"
-#include "xlme/finetune/task_registry.h"
 #include "xlme/finetune/tasks.h"
 #include "xlme/model/discriminator.h"
 

@@ -40,7 +40,7 @@ FinetuneModelImpl::FinetuneModelImpl(model::SharedEmbeddings embeddings_, model:
   XLME_CHECK(classes >= 1, "a task head needs at least one class, got {}", classes);
   embeddings = register_module("embeddings", std::move(embeddings_));
   encoder = register_module("discriminator", std::move(encoder_));
-  const auto& o = encoder->options();
+  const auto& o = encoder->args();
   if (kind == HeadKind::kSequence) {
     sequence_head =
         register_module("head", ClassificationHead(o.hidden_size, classes, dropout, o.init_std));

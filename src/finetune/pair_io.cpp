@@ -1,7 +1,7 @@
 #include "xlme/finetune/pair_io.h"
 
 #include "xlme/common/error.h"
-#include "xlme/finetune/task_registry.h"
+#include "xlme/config/task_registry.h"
 #include "xlme/finetune/text.h"
 #include "xtreme_files.h"
 

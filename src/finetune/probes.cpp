@@ -2,10 +2,10 @@
 
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
+#include "xlme/config/task_registry.h"
 #include "xlme/eval/retrieval.h"
 #include "xlme/finetune/metrics.h"
 #include "xlme/finetune/retrieval_io.h"
-#include "xlme/finetune/task_registry.h"
 #include "xlme/finetune/tasks.h"
 #include "xlme/finetune/xtreme_io.h"
 #include "xtreme_files.h"
@@ -30,7 +30,7 @@ namespace {
 // The hidden states a probe reads: finetune.layer, or 0..L with sweep_layers.
 std::vector<int64_t> probe_layers(const config::FinetuneConfig& settings,
                                   const model::Encoder& encoder) {
-  const int64_t layers = encoder->options().layers;
+  const int64_t layers = encoder->args().layers;
   XLME_CHECK(settings.layer <= layers,
              "finetune.layer is {}, but the model has {} layers (0 = embeddings, 1..{}); set "
              "finetune.layer",
@@ -52,7 +52,7 @@ std::vector<torch::Tensor> embed(model::Encoder& encoder, const data::Tokenizer&
   options.batch_size = settings.eval_batch_size;
   options.pad_id = tokenizer.special_ids().pad;
   options.device = device;
-  const int64_t max_len = std::min(settings.retrieval_max_len, encoder->options().max_positions);
+  const int64_t max_len = std::min(settings.retrieval_max_len, encoder->args().max_positions);
   return eval::sentence_embeddings(encoder, eval::sentence_ids(tokenizer, sentences, max_len),
                                    options);
 }
@@ -394,9 +394,9 @@ torch::Tensor word_vectors(model::Encoder& encoder, const data::Tokenizer& token
   }
   ids.push_back(special.eos);
   owner.push_back(-1);
-  XLME_CHECK(static_cast<int64_t>(ids.size()) <= encoder->options().max_positions,
+  XLME_CHECK(static_cast<int64_t>(ids.size()) <= encoder->args().max_positions,
              "a sentence of {} words has {} tokens, more than model.max_positions ({})",
-             words.size(), ids.size(), encoder->options().max_positions);
+             words.size(), ids.size(), encoder->args().max_positions);
   torch::NoGradGuard no_grad;
   const bool was_training = encoder->is_training();
   encoder->eval();

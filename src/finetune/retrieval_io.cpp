@@ -1,7 +1,7 @@
 #include "xlme/finetune/retrieval_io.h"
 
 #include "xlme/common/error.h"
-#include "xlme/finetune/task_registry.h"
+#include "xlme/config/task_registry.h"
 #include "xlme/finetune/text.h"
 #include "xlme/finetune/xtreme_io.h"
 #include "xtreme_files.h"

@@ -252,7 +252,7 @@ SeedResult train_and_evaluate(const config::FinetuneConfig& settings, TrainableT
   result.precision = bf16 ? "bf16" : "fp32";
   std::vector<double> scales;
   auto optimizer =
-      make_finetune_adamw(*model, model->layers(), model->encoder->options().sharing, settings.lr,
+      make_finetune_adamw(*model, model->layers(), model->encoder->args().share_layers, settings.lr,
                           settings.layer_lr_decay, settings.weight_decay, scales);
 
   const int64_t examples = task.train_size();

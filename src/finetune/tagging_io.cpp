@@ -2,8 +2,8 @@
 
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
+#include "xlme/config/task_registry.h"
 #include "xlme/data/line_reader.h"
-#include "xlme/finetune/task_registry.h"
 #include "xlme/finetune/text.h"
 #include "xlme/finetune/xtreme_io.h"
 #include "xtreme_files.h"

@@ -1,12 +1,12 @@
 #include "xlme/finetune/tasks.h"
 
 #include "xlme/common/error.h"
+#include "xlme/config/task_registry.h"
 #include "xlme/finetune/features.h"
 #include "xlme/finetune/metrics.h"
 #include "xlme/finetune/pair_io.h"
 #include "xlme/finetune/qa_io.h"
 #include "xlme/finetune/tagging_io.h"
-#include "xlme/finetune/task_registry.h"
 #include "xlme/finetune/text.h"
 #include "xlme/finetune/xtreme_io.h"
 #include "xtreme_files.h"

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "xlme/data/line_reader.h"
-#include "xlme/finetune/task_registry.h"
+#include "xlme/config/task_registry.h"
 
 #include <cstdint>
 #include <string>

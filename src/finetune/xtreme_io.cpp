@@ -2,7 +2,7 @@
 
 #include "xlme/common/error.h"
 #include "xlme/common/io.h"
-#include "xlme/finetune/task_registry.h"
+#include "xlme/config/task_registry.h"
 #include "xlme/finetune/text.h"
 #include "xtreme_files.h"
 

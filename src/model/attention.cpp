@@ -17,10 +17,16 @@
 
 namespace xlme::model {
 
-AttentionKernel resolve_attention_kernel(const std::string& name, const torch::Device& device) {
-  if (name == "math") return AttentionKernel::kMath;
-  if (name == "sdpa") return AttentionKernel::kSdpa;
-  XLME_CHECK(name == "auto", "model.attention must be auto, math or sdpa, not '{}'", name);
+AttentionKernel resolve_attention_kernel(config::AttentionChoice choice,
+                                         const torch::Device& device) {
+  switch (choice) {
+    case config::AttentionChoice::kMath:
+      return AttentionKernel::kMath;
+    case config::AttentionChoice::kSdpa:
+      return AttentionKernel::kSdpa;
+    case config::AttentionChoice::kAuto:
+      break;
+  }
   return ops::sdpa_by_default(device) ? AttentionKernel::kSdpa : AttentionKernel::kMath;
 }
 
@@ -185,34 +191,34 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   return math_attention(q, k, v, padding, bias, dropout, training);
 }
 
-SelfAttentionImpl::SelfAttentionImpl(const SelfAttentionOptions& options) : options_(options) {
-  XLME_CHECK(options.hidden_size % options.heads == 0,
-             "attention width {} must be a multiple of the number of heads {}", options.hidden_size,
-             options.heads);
-  const int64_t h = options.hidden_size;
-  const int64_t head_dim = h / options.heads;
+SelfAttentionImpl::SelfAttentionImpl(const config::ModelArgs& args) : args_(args) {
+  const auto& rp = args.relative_position;
+  XLME_CHECK(args.hidden_size % args.heads == 0,
+             "attention width {} must be a multiple of the number of heads {}", args.hidden_size,
+             args.heads);
+  const int64_t h = args.hidden_size;
+  const int64_t head_dim = h / args.heads;
   query = register_module("query", torch::nn::Linear(h, h));
   key = register_module("key", torch::nn::Linear(h, h));
   value = register_module("value", torch::nn::Linear(h, h));
   output = register_module("output", torch::nn::Linear(h, h));
-  init_normal({&query, &key, &value, &output}, options.init_std);
+  init_normal({&query, &key, &value, &output}, args.init_std);
   torch::NoGradGuard no_grad;
-  if (options.relative_bias && options.own_table) {
+  if (rp.enabled && !rp.shared_across_layers) {
     relative_bias = register_parameter(
-        "relative_bias",
-        torch::empty({options.heads, options.num_buckets}).normal_(0.0, options.init_std));
+        "relative_bias", torch::empty({args.heads, rp.num_buckets}).normal_(0.0, args.init_std));
   }
-  if (options.relative_bias) {
-    far_ = relative_position_far_distance(options.num_buckets, options.max_distance);
+  if (rp.enabled) {
+    far_ = relative_position_far_distance(rp.num_buckets, rp.max_distance);
   }
-  if (options.relative_bias && options.gated) {
+  if (rp.enabled && rp.gated) {
     // Small u, v: both gates start near 1/2 whatever the query; w = 1 (as in the gated relative
     // position bias of WavLM / XLM-E), so the initial bias is 1.75 d_{h, b}.
-    gate_u = register_parameter(
-        "gate_u", torch::empty({options.heads, head_dim}).normal_(0.0, options.init_std));
-    gate_v = register_parameter(
-        "gate_v", torch::empty({options.heads, head_dim}).normal_(0.0, options.init_std));
-    gate_w = register_parameter("gate_w", torch::ones({options.heads}));
+    gate_u = register_parameter("gate_u",
+                                torch::empty({args.heads, head_dim}).normal_(0.0, args.init_std));
+    gate_v = register_parameter("gate_v",
+                                torch::empty({args.heads, head_dim}).normal_(0.0, args.init_std));
+    gate_w = register_parameter("gate_w", torch::ones({args.heads}));
   }
 }
 
@@ -225,7 +231,7 @@ torch::Tensor SelfAttentionImpl::bias_table(const torch::Tensor& buckets) const 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& padding,
                                          const torch::Tensor& table) {
   const int64_t batch = x.size(0), length = x.size(1);
-  const int64_t heads = options_.heads, head_dim = options_.hidden_size / heads;
+  const int64_t heads = args_.heads, head_dim = args_.hidden_size / heads;
   auto split = [&](const torch::Tensor& t) {  // [B, T, hidden] -> [B, H, T, d_k]
     return t.view({batch, length, heads, head_dim}).transpose(1, 2);
   };
@@ -241,10 +247,10 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Te
   bias.gate_v = gate_v;
   bias.gate_w = gate_w;
   bias.far = far_;
-  const auto kernel = resolve_attention_kernel(options_.kernel, x.device());
-  const auto context = attention(q, k, v, padding, bias, options_.attention_dropout, is_training(),
+  const auto kernel = resolve_attention_kernel(args_.attention, x.device());
+  const auto context = attention(q, k, v, padding, bias, args_.attention_dropout, is_training(),
                                  kernel);  // [B, H, T, d_k]
-  return linear(output, context.transpose(1, 2).reshape({batch, length, options_.hidden_size}));
+  return linear(output, context.transpose(1, 2).reshape({batch, length, args_.hidden_size}));
 }
 
 }  // namespace xlme::model

@@ -28,13 +28,14 @@ DiscriminatorModelImpl::DiscriminatorModelImpl(const config::ModelConfig& config
              "model.vocab_size or load it with checkpoint::load_pretrained",
              config.vocab_size);
   // Built as ElectraModel builds it, so that the names and shapes are the same.
-  const auto options = EncoderOptions::discriminator(config);
-  auto buckets = std::make_shared<BucketCache>(options.num_buckets, options.max_distance);
-  embeddings = register_module("embeddings", SharedEmbeddings(options));
-  discriminator = register_module("discriminator", Encoder(options, embeddings, buckets));
+  const auto args = config::discriminator_args(config);
+  auto buckets = std::make_shared<BucketCache>(args.relative_position.num_buckets,
+                                               args.relative_position.max_distance);
+  embeddings = register_module("embeddings", SharedEmbeddings(args));
+  discriminator = register_module("discriminator", Encoder(args, embeddings, buckets));
   if (with_head) {
-    discriminator_head = register_module("discriminator_head",
-                                         DiscriminatorHead(options.hidden_size, options.init_std));
+    discriminator_head =
+        register_module("discriminator_head", DiscriminatorHead(args.hidden_size, args.init_std));
   }
 }
 

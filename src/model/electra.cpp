@@ -1,9 +1,9 @@
 #include "xlme/model/electra.h"
 
 #include "xlme/common/error.h"
+#include "xlme/config/objective_set.h"
 #include "xlme/data/pair_sides.h"
 #include "xlme/model/linear.h"
-#include "xlme/objectives/objective_set.h"
 #include "xlme/ops/masked_lm.h"
 
 #include <torch/torch.h>
@@ -145,11 +145,12 @@ ElectraModelImpl::ElectraModelImpl(const config::ModelConfig& config, Architectu
              "model.vocab_size is {} (= the tokenizer's size) and must be resolved before the "
              "model is built; set model.vocab_size or data.tokenizer",
              config.vocab_size);
-  const auto disc = EncoderOptions::discriminator(config);
-  auto buckets = std::make_shared<BucketCache>(disc.num_buckets, disc.max_distance);
+  const auto disc = config::discriminator_args(config);
+  auto buckets = std::make_shared<BucketCache>(disc.relative_position.num_buckets,
+                                               disc.relative_position.max_distance);
   embeddings = register_module("embeddings", SharedEmbeddings(disc));
   if (architecture == Architecture::kElectra) {
-    const auto gen = EncoderOptions::generator(config);
+    const auto gen = config::generator_args(config);
     generator = register_module("generator", Encoder(gen, embeddings, buckets));
     discriminator = register_module("discriminator", Encoder(disc, embeddings, buckets));
     generator_head = register_module(
@@ -174,7 +175,7 @@ namespace {
 // run: the projections need only the layer's input.
 void distillation_view(EncoderImpl& encoder, const ModelInputs& in, int64_t layer, bool hidden,
                        AttentionProjections& attention, torch::Tensor& last) {
-  const int64_t run = hidden ? encoder.options().layers : layer - 1;
+  const int64_t run = hidden ? encoder.args().layers : layer - 1;
   const auto states = encoder.hidden_states(in.labels, in.positions, in.padding, run);
   attention = encoder.layer(layer - 1).projections(states[static_cast<size_t>(layer - 1)]);
   if (hidden) last = states.back();
@@ -197,7 +198,7 @@ void ElectraModelImpl::set_teacher(Teacher teacher) {
              "only a distillation student (objectives.set=distill) takes a teacher");
   XLME_CHECK(teacher.model && teacher.encoder,
              "the teacher needs its model and its discriminator encoder");
-  const int64_t layers = teacher.encoder->options().layers;
+  const int64_t layers = teacher.encoder->args().layers;
   XLME_CHECK(teacher.layer >= 1 && teacher.layer <= layers,
              "teacher layer {} is not one of the teacher's layers 1..{}", teacher.layer, layers);
   for (auto& p : teacher.model->parameters()) p.set_requires_grad(false);
@@ -213,7 +214,7 @@ ModelOutput ElectraModelImpl::forward(const ModelInputs& in) {
     XLME_CHECK(teacher_.model,
                "objectives.set=distill: the student has no teacher; train::build_model loads "
                "distill.teacher");
-    distillation_view(*discriminator, in, discriminator->options().layers, teacher_.hidden,
+    distillation_view(*discriminator, in, discriminator->args().layers, teacher_.hidden,
                       out.student_attention, out.student_hidden);
     if (teacher_device_ != in.labels.device()) {
       teacher_.model->to(in.labels.device());

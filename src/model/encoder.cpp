@@ -11,66 +11,17 @@
 
 namespace xlme::model {
 
-LayerSharing parse_layer_sharing(const std::string& name) {
-  if (name == "none") return LayerSharing::kNone;
-  if (name == "all") return LayerSharing::kAll;
-  if (name == "attention") return LayerSharing::kAttention;
-  XLME_CHECK(name == "ffn", "model.share_layers must be none, all, attention or ffn, not '{}'",
-             name);
-  return LayerSharing::kFfn;
-}
-
-EncoderOptions EncoderOptions::discriminator(const config::ModelConfig& model) {
-  EncoderOptions o;
-  o.vocab_size = model.vocab_size;
-  o.max_positions = model.max_positions;
-  o.absolute_positions = model.absolute_positions;
-  o.embedding_size = model.embedding_size > 0 ? model.embedding_size : model.hidden_size;
-  o.hidden_size = model.hidden_size;
-  o.layers = model.layers;
-  o.heads = model.heads;
-  o.ffn_size = model.ffn_size;
-  o.dropout = model.dropout;
-  o.attention_dropout = model.attention_dropout;
-  o.layer_norm_eps = model.layer_norm_eps;
-  o.pre_norm = model.norm == "pre";
-  o.init_std = model.init_std;
-  o.relative_bias = model.relative_position.enabled;
-  o.gated = model.relative_position.gated;
-  o.shared_table = model.relative_position.shared_across_layers;
-  o.num_buckets = model.relative_position.num_buckets;
-  o.max_distance = model.relative_position.max_distance;
-  o.embedding_delta = model.embedding_sharing == "gdes";
-  o.attention = model.attention;
-  o.sharing = parse_layer_sharing(model.share_layers);
-  o.cross_attention = model.cross_attention;
-  return o;
-}
-
-EncoderOptions EncoderOptions::generator(const config::ModelConfig& model) {
-  EncoderOptions o = discriminator(model);
-  const auto& g = model.generator;
-  o.layers = g.layers;
-  if (g.hidden_size > 0) o.hidden_size = g.hidden_size;
-  if (g.heads > 0) o.heads = g.heads;
-  if (g.ffn_size > 0) o.ffn_size = g.ffn_size;
-  o.embedding_delta = false;  // the generator trains the shared tables themselves
-  o.cross_attention = false;  // VECO has no generator
-  return o;
-}
-
-SharedEmbeddingsImpl::SharedEmbeddingsImpl(const EncoderOptions& options) {
-  XLME_CHECK(options.vocab_size > 0,
+SharedEmbeddingsImpl::SharedEmbeddingsImpl(const config::ModelArgs& args) {
+  XLME_CHECK(args.vocab_size > 0,
              "the model needs a vocabulary size, got {}; set model.vocab_size or data.tokenizer",
-             options.vocab_size);
-  token =
-      register_module("token", torch::nn::Embedding(options.vocab_size, options.embedding_size));
+             args.vocab_size);
+  token = register_module("token", torch::nn::Embedding(args.vocab_size, args.embedding_size));
   torch::NoGradGuard no_grad;
-  token->weight.normal_(0.0, options.init_std);
-  if (options.absolute_positions) {
-    position = register_module("position",
-                               torch::nn::Embedding(options.max_positions, options.embedding_size));
-    position->weight.normal_(0.0, options.init_std);
+  token->weight.normal_(0.0, args.init_std);
+  if (args.absolute_positions) {
+    position =
+        register_module("position", torch::nn::Embedding(args.max_positions, args.embedding_size));
+    position->weight.normal_(0.0, args.init_std);
   }
 }
 
@@ -94,48 +45,30 @@ torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
   return linear(output, torch::gelu(linear(intermediate, x)));
 }
 
-EncoderLayerImpl::EncoderLayerImpl(const EncoderOptions& options, const EncoderLayerImpl* first)
-    : dropout_(options.dropout), pre_norm_(options.pre_norm) {
-  if (first != nullptr && options.shares_attention()) {
+EncoderLayerImpl::EncoderLayerImpl(const config::ModelArgs& args, const EncoderLayerImpl* first)
+    : dropout_(args.dropout), pre_norm_(args.norm == config::Norm::kPre) {
+  if (first != nullptr && args.shares_attention()) {
     attention = first->attention;
     attention_norm = first->attention_norm;
   } else {
-    SelfAttentionOptions a;
-    a.hidden_size = options.hidden_size;
-    a.heads = options.heads;
-    a.attention_dropout = options.attention_dropout;
-    a.relative_bias = options.relative_bias;
-    a.own_table = !options.shared_table;
-    a.gated = options.gated;
-    a.num_buckets = options.num_buckets;
-    a.max_distance = options.max_distance;
-    a.init_std = options.init_std;
-    a.kernel = options.attention;
-    attention = register_module("attention", SelfAttention(a));
+    attention = register_module("attention", SelfAttention(args));
     attention_norm =
-        register_module("attention_norm", layer_norm(options.hidden_size, options.layer_norm_eps));
+        register_module("attention_norm", layer_norm(args.hidden_size, args.layer_norm_eps));
   }
-  if (options.cross_attention && first != nullptr && options.shares_attention()) {
+  if (args.cross_attention && first != nullptr && args.shares_attention()) {
     cross_attention = first->cross_attention;
     cross_attention_norm = first->cross_attention_norm;
-  } else if (options.cross_attention) {
-    CrossAttentionOptions c;
-    c.hidden_size = options.hidden_size;
-    c.heads = options.heads;
-    c.attention_dropout = options.attention_dropout;
-    c.init_std = options.init_std;
-    c.kernel = options.attention;
-    cross_attention = register_module("cross_attention", CrossAttention(c));
-    cross_attention_norm = register_module("cross_attention_norm",
-                                           layer_norm(options.hidden_size, options.layer_norm_eps));
+  } else if (args.cross_attention) {
+    cross_attention = register_module("cross_attention", CrossAttention(args));
+    cross_attention_norm =
+        register_module("cross_attention_norm", layer_norm(args.hidden_size, args.layer_norm_eps));
   }
-  if (first != nullptr && options.shares_ffn()) {
+  if (first != nullptr && args.shares_ffn()) {
     ffn = first->ffn;
     ffn_norm = first->ffn_norm;
   } else {
-    ffn = register_module("ffn",
-                          FeedForward(options.hidden_size, options.ffn_size, options.init_std));
-    ffn_norm = register_module("ffn_norm", layer_norm(options.hidden_size, options.layer_norm_eps));
+    ffn = register_module("ffn", FeedForward(args.hidden_size, args.ffn_size, args.init_std));
+    ffn_norm = register_module("ffn_norm", layer_norm(args.hidden_size, args.layer_norm_eps));
   }
 }
 
@@ -176,40 +109,39 @@ torch::Tensor EncoderLayerImpl::bias_table(const torch::Tensor& buckets) const {
   return attention->bias_table(buckets);
 }
 
-EncoderImpl::EncoderImpl(const EncoderOptions& options, SharedEmbeddings embeddings,
+EncoderImpl::EncoderImpl(const config::ModelArgs& args, SharedEmbeddings embeddings,
                          std::shared_ptr<BucketCache> buckets)
-    : options_(options), embeddings_(std::move(embeddings)), buckets_(std::move(buckets)) {
+    : args_(args), embeddings_(std::move(embeddings)), buckets_(std::move(buckets)) {
   embedding_norm =
-      register_module("embedding_norm", layer_norm(options.embedding_size, options.layer_norm_eps));
+      register_module("embedding_norm", layer_norm(args.embedding_size, args.layer_norm_eps));
   // Factorized embeddings (embedding_size < hidden_size), or a generator narrower than the
   // shared tables (ELECTRA's smaller generators).
-  if (options.embedding_size != options.hidden_size) {
-    embedding_projection = register_module(
-        "embedding_projection",
-        normal_linear(options.embedding_size, options.hidden_size, options.init_std));
+  if (args.embedding_size != args.hidden_size) {
+    embedding_projection =
+        register_module("embedding_projection",
+                        normal_linear(args.embedding_size, args.hidden_size, args.init_std));
   }
-  if (options.embedding_delta) {
-    token_delta = register_parameter("token_delta",
-                                     torch::zeros({options.vocab_size, options.embedding_size}));
-    if (options.absolute_positions) {
-      position_delta = register_parameter(
-          "position_delta", torch::zeros({options.max_positions, options.embedding_size}));
+  if (args.embedding_sharing == config::EmbeddingSharing::kGdes) {
+    token_delta =
+        register_parameter("token_delta", torch::zeros({args.vocab_size, args.embedding_size}));
+    if (args.absolute_positions) {
+      position_delta = register_parameter("position_delta",
+                                          torch::zeros({args.max_positions, args.embedding_size}));
     }
   }
-  if (options.relative_bias && options.shared_table) {
+  if (args.relative_position.enabled && args.relative_position.shared_across_layers) {
     relative_bias = register_parameter(
         "relative_bias",
-        torch::empty({options.heads, options.num_buckets}).normal_(0.0, options.init_std));
+        torch::empty({args.heads, args.relative_position.num_buckets}).normal_(0.0, args.init_std));
   }
   layers = register_module("layers", torch::nn::ModuleList());
   // share_layers=all: one layer serves every depth.
-  const int64_t distinct = options.sharing == LayerSharing::kAll ? 1 : options.layers;
+  const int64_t distinct = args.share_layers == LayerSharing::kAll ? 1 : args.layers;
   for (int64_t i = 0; i < distinct; ++i) {
-    layers->push_back(EncoderLayer(options, i == 0 ? nullptr : &layer(0)));
+    layers->push_back(EncoderLayer(args, i == 0 ? nullptr : &layer(0)));
   }
-  if (options.pre_norm) {
-    final_norm =
-        register_module("final_norm", layer_norm(options.hidden_size, options.layer_norm_eps));
+  if (args.norm == config::Norm::kPre) {
+    final_norm = register_module("final_norm", layer_norm(args.hidden_size, args.layer_norm_eps));
   }
 }
 
@@ -228,10 +160,10 @@ torch::Tensor EncoderImpl::embed(const torch::Tensor& input_ids, const torch::Te
     return ops::embedding_lookup(shared.detach(), ids) + ops::embedding_lookup(delta, ids);
   };
   auto x = lookup(embeddings_->token->weight, token_delta, input_ids);  // [B, T, E]
-  if (options_.absolute_positions) {
-    XLME_CHECK(input_ids.size(1) <= options_.max_positions,
+  if (args_.absolute_positions) {
+    XLME_CHECK(input_ids.size(1) <= args_.max_positions,
                "a batch of length {} exceeds model.max_positions ({}); lower data.*.max_len",
-               input_ids.size(1), options_.max_positions);
+               input_ids.size(1), args_.max_positions);
     x = x + lookup(embeddings_->position->weight, position_delta, positions);
   }
   return x;
@@ -239,7 +171,7 @@ torch::Tensor EncoderImpl::embed(const torch::Tensor& input_ids, const torch::Te
 
 torch::Tensor EncoderImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& positions,
                                    const torch::Tensor& padding) {
-  return run(input_ids, positions, padding, options_.layers, nullptr);
+  return run(input_ids, positions, padding, args_.layers, nullptr);
 }
 
 torch::Tensor EncoderImpl::forward_with_context(const torch::Tensor& input_ids,
@@ -248,17 +180,17 @@ torch::Tensor EncoderImpl::forward_with_context(const torch::Tensor& input_ids,
                                                 const torch::Tensor& context,
                                                 const torch::Tensor& context_padding) {
   XLME_CHECK(context.defined(), "forward_with_context needs the other side's hidden states");
-  return run(input_ids, positions, padding, options_.layers, nullptr, context, context_padding);
+  return run(input_ids, positions, padding, args_.layers, nullptr, context, context_padding);
 }
 
 std::vector<torch::Tensor> EncoderImpl::hidden_states(const torch::Tensor& input_ids,
                                                       const torch::Tensor& positions,
                                                       const torch::Tensor& padding,
                                                       int64_t up_to_layer) {
-  if (up_to_layer < 0) up_to_layer = options_.layers;
-  XLME_CHECK(up_to_layer <= options_.layers,
+  if (up_to_layer < 0) up_to_layer = args_.layers;
+  XLME_CHECK(up_to_layer <= args_.layers,
              "layer {} requested, but the encoder has {} layers (0 = embeddings, 1..{} = layers)",
-             up_to_layer, options_.layers, options_.layers);
+             up_to_layer, args_.layers, args_.layers);
   std::vector<torch::Tensor> states;
   states.reserve(static_cast<size_t>(up_to_layer) + 1);
   auto last = run(input_ids, positions, padding, up_to_layer, &states);
@@ -271,28 +203,28 @@ torch::Tensor EncoderImpl::run(const torch::Tensor& input_ids, const torch::Tens
                                std::vector<torch::Tensor>* states, const torch::Tensor& context,
                                const torch::Tensor& context_padding) {
   const int64_t length = input_ids.size(1);
-  auto x =
-      ops::dropout(embedding_norm(embed(input_ids, positions)), options_.dropout, is_training());
+  auto x = ops::dropout(embedding_norm(embed(input_ids, positions)), args_.dropout, is_training());
   if (embedding_projection) x = linear(embedding_projection, x);  // [B, T, E] -> [B, T, hidden]
   if (states) states->push_back(x);
   torch::Tensor buckets, shared_table;  // [T, T], [H, T, T]
-  if (options_.relative_bias && up_to_layer > 0) {
+  if (args_.relative_position.enabled && up_to_layer > 0) {
     buckets = buckets_->get(length, input_ids.device());
-    if (options_.shared_table) shared_table = toeplitz_bias(relative_bias, buckets);
+    if (args_.relative_position.shared_across_layers)
+      shared_table = toeplitz_bias(relative_bias, buckets);
   }
   torch::Tensor table = shared_table;  // [H, T, T]
   for (int64_t i = 0; i < up_to_layer; ++i) {
     auto& current = layer(i);
     // Each layer slices its own table; a shared attention's table is sliced once for every depth.
-    if (options_.relative_bias && !options_.shared_table &&
-        (i == 0 || !options_.shares_attention())) {
+    if (args_.relative_position.enabled && !args_.relative_position.shared_across_layers &&
+        (i == 0 || !args_.shares_attention())) {
       table = current.bias_table(buckets);
     }
     x = current.forward(x, padding, table, context, context_padding);
     if (states) states->push_back(x);
   }
   // The final LayerNorm of pre-LN belongs to the last layer's output only.
-  return final_norm && up_to_layer == options_.layers ? final_norm(x) : x;
+  return final_norm && up_to_layer == args_.layers ? final_norm(x) : x;
 }
 
 }  // namespace xlme::model

@@ -22,11 +22,12 @@ int64_t linear_count(int64_t in, int64_t out) {
   return in * out + out;
 }
 
-int64_t encoder_count(const EncoderOptions& o) {
+int64_t encoder_count(const config::ModelArgs& o) {
   const int64_t h = o.hidden_size, head_dim = o.hidden_size / o.heads;
+  const auto& rp = o.relative_position;
   int64_t attention = 4 * linear_count(h, h) + 2 * h;  // q, k, v, output; attention_norm
-  if (o.relative_bias && !o.shared_table) attention += o.heads * o.num_buckets;   // d
-  if (o.relative_bias && o.gated) attention += 2 * o.heads * head_dim + o.heads;  // u, v, w
+  if (rp.enabled && !rp.shared_across_layers) attention += o.heads * rp.num_buckets;  // d
+  if (rp.enabled && rp.gated) attention += 2 * o.heads * head_dim + o.heads;          // u, v, w
   // VECO's cross-attention (q, k, v, output; cross_attention_norm), shared with the attention.
   if (o.cross_attention) attention += 4 * linear_count(h, h) + 2 * h;
   const int64_t ffn = linear_count(h, o.ffn_size) + linear_count(o.ffn_size, h) + 2 * h;
@@ -34,16 +35,16 @@ int64_t encoder_count(const EncoderOptions& o) {
   int64_t n = (o.shares_attention() ? 1 : o.layers) * attention +
               (o.shares_ffn() ? 1 : o.layers) * ffn + 2 * o.embedding_size;  // embedding_norm
   if (o.embedding_size != h) n += linear_count(o.embedding_size, h);
-  if (o.embedding_delta) {
+  if (o.embedding_sharing == config::EmbeddingSharing::kGdes) {
     n += o.vocab_size * o.embedding_size;
     if (o.absolute_positions) n += o.max_positions * o.embedding_size;
   }
-  if (o.relative_bias && o.shared_table) n += o.heads * o.num_buckets;
-  if (o.pre_norm) n += 2 * h;
+  if (rp.enabled && rp.shared_across_layers) n += o.heads * rp.num_buckets;
+  if (o.norm == config::Norm::kPre) n += 2 * h;
   return n;
 }
 
-int64_t generator_head_count(const EncoderOptions& o) {
+int64_t generator_head_count(const config::ModelArgs& o) {
   return linear_count(o.hidden_size, o.embedding_size) + 2 * o.embedding_size + o.vocab_size;
 }
 
@@ -51,7 +52,7 @@ int64_t generator_head_count(const EncoderOptions& o) {
 
 std::vector<ModuleParameters> analytic_parameter_counts(const config::ModelConfig& config,
                                                         Architecture architecture) {
-  const auto disc = EncoderOptions::discriminator(config);
+  const auto disc = config::discriminator_args(config);
   int64_t embeddings = disc.vocab_size * disc.embedding_size;
   if (disc.absolute_positions) embeddings += disc.max_positions * disc.embedding_size;
   if (architecture == Architecture::kEncoder) {
@@ -62,7 +63,7 @@ std::vector<ModuleParameters> analytic_parameter_counts(const config::ModelConfi
             {"discriminator", encoder_count(disc)},
             {"mlm_head", generator_head_count(disc)}};
   }
-  const auto gen = EncoderOptions::generator(config);
+  const auto gen = config::generator_args(config);
   return {{"embeddings", embeddings},
           {"generator", encoder_count(gen)},
           {"discriminator", encoder_count(disc)},

@@ -1,7 +1,7 @@
 #include "xlme/train/micro_batch_graphs.h"
 
 #include "xlme/common/error.h"
-#include "xlme/objectives/objective_set.h"
+#include "xlme/config/objective_set.h"
 
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>

@@ -1,9 +1,9 @@
 #include "xlme/train/performance.h"
 
 #include "xlme/common/error.h"
+#include "xlme/config/objective_set.h"
 #include "xlme/model/electra.h"
 #include "xlme/model/encoder.h"
-#include "xlme/objectives/objective_set.h"
 
 #include <sys/resource.h>
 
@@ -16,24 +16,23 @@
 namespace xlme::train {
 namespace {
 
-double layer_flops(const model::EncoderOptions& o, int64_t length) {
+double layer_flops(const config::ModelArgs& o, int64_t length) {
   const auto h = static_cast<double>(o.hidden_size), f = static_cast<double>(o.ffn_size);
   return 2 * 4 * h * h + 2 * 2 * h * f + 2 * 2 * static_cast<double>(length) * h;
 }
 
-double embedding_projection_flops(const model::EncoderOptions& o) {
+double embedding_projection_flops(const config::ModelArgs& o) {
   const auto h = static_cast<double>(o.hidden_size), e = static_cast<double>(o.embedding_size);
   return o.embedding_size != o.hidden_size ? 2 * e * h : 0.0;
 }
 
-double encoder_flops(const model::EncoderOptions& o, int64_t length) {
+double encoder_flops(const config::ModelArgs& o, int64_t length) {
   return embedding_projection_flops(o) + static_cast<double>(o.layers) * layer_flops(o, length);
 }
 
 // One side of distillation, forward: the layers below the distilled `layer`, then its Q, K, V
 // projections (with `hidden`, every layer from it up instead), then the three relations.
-double distillation_flops(const model::EncoderOptions& o, int64_t layer, bool hidden,
-                          int64_t length) {
+double distillation_flops(const config::ModelArgs& o, int64_t layer, bool hidden, int64_t length) {
   const auto h = static_cast<double>(o.hidden_size);
   const double top =
       hidden ? static_cast<double>(o.layers - layer + 1) * layer_flops(o, length) : 2 * 3 * h * h;
@@ -41,7 +40,7 @@ double distillation_flops(const model::EncoderOptions& o, int64_t layer, bool hi
          top + 3 * 2 * static_cast<double>(length) * h;
 }
 
-double lm_head_flops(const model::EncoderOptions& o, double mask_ratio) {
+double lm_head_flops(const config::ModelArgs& o, double mask_ratio) {
   const auto h = static_cast<double>(o.hidden_size), e = static_cast<double>(o.embedding_size);
   return mask_ratio * 2 * (h * e + e * static_cast<double>(o.vocab_size));
 }
@@ -65,12 +64,12 @@ double peak_memory_mib(const torch::Device& device) {
 
 double training_flops_per_token(const config::Config& config, int64_t length,
                                 const model::Teacher* teacher) {
-  const auto disc = model::EncoderOptions::discriminator(config.model);
+  const auto disc = config::discriminator_args(config.model);
   const auto architecture = model::architecture_for(config.objectives.set);
   if (architecture == model::Architecture::kEncoder) {
     XLME_CHECK(teacher != nullptr,
                "the FLOPs of objectives.set=distill need the teacher (distill.teacher)");
-    const auto& t = teacher->encoder->options();
+    const auto& t = teacher->encoder->args();
     return 3 * distillation_flops(disc, disc.layers, teacher->hidden, length) +
            distillation_flops(t, teacher->layer, teacher->hidden, length);
   }
@@ -88,7 +87,7 @@ double training_flops_per_token(const config::Config& config, int64_t length,
   }
   double forward = encoder_flops(disc, length);
   if (architecture == model::Architecture::kElectra) {
-    const auto gen = model::EncoderOptions::generator(config.model);
+    const auto gen = config::generator_args(config.model);
     const auto h = static_cast<double>(disc.hidden_size);
     forward += encoder_flops(gen, length) + lm_head_flops(gen, r) + 2 * (h * h + h);
   } else {

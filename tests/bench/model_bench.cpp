@@ -138,12 +138,13 @@ int main(int argc, char** argv) {
   // Components, on the same shapes as in the step.
   double attention_ms = 0, ffn_ms = 0;
   for (auto* encoder : {&model->generator, &model->discriminator}) {
-    const auto& o = (*encoder)->options();
+    const auto& o = (*encoder)->args();
+    const auto& rp = o.relative_position;
     auto x = torch::randn({batch, length, o.hidden_size}).requires_grad_(true);
     torch::Tensor buckets, shared;
-    xlme::model::BucketCache cache(o.num_buckets, o.max_distance);
-    if (o.relative_bias) buckets = cache.get(length, torch::kCPU);
-    if (o.relative_bias && o.shared_table) {
+    xlme::model::BucketCache cache(rp.num_buckets, rp.max_distance);
+    if (rp.enabled) buckets = cache.get(length, torch::kCPU);
+    if (rp.enabled && rp.shared_across_layers) {
       shared = xlme::model::toeplitz_bias((*encoder)->relative_bias, buckets);
     }
     for (const auto& module : *(*encoder)->layers) {
@@ -151,7 +152,7 @@ int main(int argc, char** argv) {
       attention_ms += xlme::bench::time_ms(steps, [&] {
         forward_backward(x, [&](const torch::Tensor& in) {
           auto table = shared;
-          if (o.relative_bias && !o.shared_table) {
+          if (rp.enabled && !rp.shared_across_layers) {
             table = xlme::model::toeplitz_bias(layer->attention->relative_bias, buckets);
           }
           return layer->attention->forward(in, b.padding, table);
@@ -162,7 +163,7 @@ int main(int argc, char** argv) {
       });
     }
   }
-  const auto gen = model->generator->options();
+  const auto gen = model->generator->args();
   auto hidden = torch::randn({masked, gen.hidden_size}).requires_grad_(true);
   const auto targets = inputs.labels.view(-1).index_select(0, inputs.masked_index);
   const double head_ms = xlme::bench::time_ms(steps, [&] {

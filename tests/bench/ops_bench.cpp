@@ -299,7 +299,8 @@ int main(int argc, char** argv) {
   abias.gate_v = torch::randn({ah, ad}, opts).mul_(0.02).requires_grad_();
   abias.gate_w = torch::ones({ah}, opts).requires_grad_();
   const auto adout = torch::randn({ab, ah, at, ad}, attn_opts);
-  const auto akernel = xlme::model::resolve_attention_kernel("auto", device);
+  const auto akernel =
+      xlme::model::resolve_attention_kernel(xlme::config::AttentionChoice::kAuto, device);
   Case attention_case{"attention",
                       xlme::ops::Op::kAttention,
                       0.0,

@@ -973,7 +973,7 @@ TEST(CudaOps, FusedAttentionInAnAlbertSharedEncoder) {
   XLME_REQUIRE_CUDA();
   const fused::OpsRestored restore;
   const torch::Device cuda(torch::kCUDA, 0);
-  model::EncoderOptions o;
+  config::ModelArgs o;
   o.vocab_size = 300;
   o.max_positions = 320;
   o.embedding_size = 64;
@@ -983,11 +983,12 @@ TEST(CudaOps, FusedAttentionInAnAlbertSharedEncoder) {
   o.ffn_size = 512;
   o.dropout = 0.0;
   o.attention_dropout = 0.0;
-  o.shared_table = true;
-  o.sharing = model::LayerSharing::kAll;
-  o.attention = "math";
+  o.relative_position.shared_across_layers = true;
+  o.share_layers = model::LayerSharing::kAll;
+  o.attention = config::AttentionChoice::kMath;
   torch::manual_seed(8);
-  auto buckets = std::make_shared<model::BucketCache>(o.num_buckets, o.max_distance);
+  auto buckets = std::make_shared<model::BucketCache>(o.relative_position.num_buckets,
+                                                      o.relative_position.max_distance);
   // The shared embeddings belong to the model that holds the encoder: moved here by hand.
   model::SharedEmbeddings embeddings(o);
   embeddings->to(cuda);

@@ -532,7 +532,8 @@ TEST(ExportedConfig, HoldsExactlyTheExportFormatsKeys) {
   // Exports made before layer sharing have no share_layers: read as none.
   auto old = nlohmann::ordered_json::parse(to_json(e));
   old.erase("share_layers");
-  EXPECT_EQ(parse_exported_config(old.dump(), "old.json").model.share_layers, "none");
+  EXPECT_EQ(parse_exported_config(old.dump(), "old.json").model.share_layers,
+            config::LayerSharing::kNone);
   // ... and those made before VECO no cross_attention: read as false (plugged out).
   old.erase("cross_attention");
   EXPECT_FALSE(parse_exported_config(old.dump(), "old.json").model.cross_attention);
@@ -542,7 +543,7 @@ TEST(ExportedConfig, ReadsBackWhatItWrites) {
   ExportedConfig e;
   e.model.vocab_size = 1000;
   e.model.embedding_size = 128;
-  e.model.norm = "pre";
+  e.model.norm = config::Norm::kPre;
   e.model.layer_norm_eps = 1e-12;
   e.model.relative_position.shared_across_layers = true;
   e.model.relative_position.gated = false;
@@ -556,7 +557,7 @@ TEST(ExportedConfig, ReadsBackWhatItWrites) {
   const auto back = parse_exported_config(to_json(e), "c.json");
   EXPECT_EQ(back.model.vocab_size, 1000);
   EXPECT_EQ(back.model.embedding_size, 128);
-  EXPECT_EQ(back.model.norm, "pre");
+  EXPECT_EQ(back.model.norm, config::Norm::kPre);
   EXPECT_EQ(back.model.layer_norm_eps, 1e-12);
   EXPECT_TRUE(back.model.relative_position.shared_across_layers);
   EXPECT_FALSE(back.model.relative_position.gated);

@@ -53,7 +53,7 @@ TEST(ConfigFile, SetsOnlyTheKeysItNames) {
              "data:\n  mono:\n    languages: [de, fr, zh_CN]\ntrain:\n  lr: 1e-4\n");
   const Config c = load_config(dir / "c.yaml");
   EXPECT_EQ(c.model.layers, 6);
-  EXPECT_EQ(c.model.norm, "pre");
+  EXPECT_EQ(c.model.norm, Norm::kPre);
   EXPECT_FALSE(c.model.relative_position.gated);
   EXPECT_TRUE(c.model.relative_position.enabled);  // untouched sibling keeps its default
   EXPECT_EQ(c.data.mono.languages, (std::vector<std::string>{"de", "fr", "zh_CN"}));
@@ -171,6 +171,60 @@ TEST(ConfigRoundTrip, CommentedOutputReadsBackIdentically) {
   TempDir dir;
   write_file(dir / "commented.yaml", commented);
   EXPECT_EQ(to_yaml(load_config(dir / "commented.yaml")), to_yaml(c));
+}
+
+// The model's named values are read once into enums: every spelling reads as its value, is
+// written back as the same spelling and reads back; the reference lists the spellings.
+TEST(ConfigNamed, EverySpellingReadsWritesAndReadsBack) {
+  auto round_trip = [](const std::string& key, const auto& named, auto member) {
+    for (const auto& [spelling, value] : named.names) {
+      SCOPED_TRACE(key + "=" + spelling);
+      const Config c = load_config("", {key + "=" + spelling});
+      EXPECT_EQ(c.model.*member, value);
+      EXPECT_NE(to_yaml(c).find("  " + key.substr(6) + ": " + spelling + "\n"), std::string::npos);
+      TempDir dir;
+      save_config(c, dir / "c.yaml");
+      EXPECT_EQ(load_config(dir / "c.yaml").model.*member, value);
+    }
+  };
+  round_trip("model.norm", kNorms, &ModelConfig::norm);
+  round_trip("model.embedding_sharing", kEmbeddingSharings, &ModelConfig::embedding_sharing);
+  round_trip("model.attention", kAttentionChoices, &ModelConfig::attention);
+  round_trip("model.share_layers", kLayerSharings, &ModelConfig::share_layers);
+  EXPECT_TRUE(contains_all(to_yaml(load_config(""), /*docs=*/true),
+                           {"[one of: none, all, attention, ffn]", "[one of: auto, math, sdpa]"}));
+  EXPECT_EQ(kLayerSharings.name(static_cast<LayerSharing>(7)), "");
+  EXPECT_FALSE(kNorms.value("middle").has_value());
+}
+
+// The generator's arguments: its layers, its sizes where they are not 0 and the discriminator's
+// otherwise, the discriminator's embedding width (the tables are shared), no gdes delta and no
+// cross-attention; everything else as the discriminator's.
+TEST(ModelArgs, TheGeneratorsAreResolvedFromTheDiscriminators) {
+  Config c =
+      load_config("", {"model.hidden_size=64", "model.heads=4", "model.ffn_size=256",
+                       "model.generator.layers=2", "model.generator.hidden_size=32",
+                       "model.embedding_sharing=gdes", "model.norm=pre", "model.share_layers=ffn",
+                       "model.cross_attention=true", "objectives.set=veco"});
+  const ModelArgs disc = discriminator_args(c.model);
+  EXPECT_EQ(disc.embedding_size, 64);  // 0 = hidden_size
+  EXPECT_EQ(disc.embedding_sharing, EmbeddingSharing::kGdes);
+  EXPECT_TRUE(disc.cross_attention);
+  const ModelArgs gen = generator_args(c.model);
+  EXPECT_EQ(gen.layers, 2);
+  EXPECT_EQ(gen.hidden_size, 32);
+  EXPECT_EQ(gen.heads, 4);
+  EXPECT_EQ(gen.ffn_size, 256);
+  EXPECT_EQ(gen.embedding_size, 64);
+  EXPECT_EQ(gen.embedding_sharing, EmbeddingSharing::kFull);
+  EXPECT_FALSE(gen.cross_attention);
+  EXPECT_EQ(gen.norm, Norm::kPre);
+  EXPECT_EQ(gen.share_layers, LayerSharing::kFfn);
+  EXPECT_FALSE(gen.shares_attention());
+  EXPECT_TRUE(gen.shares_ffn());
+  c.model.embedding_size = 16;
+  EXPECT_EQ(discriminator_args(c.model).embedding_size, 16);
+  EXPECT_EQ(generator_args(c.model).embedding_size, 16);
 }
 
 TEST(ConfigScalars, FormattedStringsParseBackToTheSameText) {

@@ -1,6 +1,6 @@
-// finetune/task_registry: the one table of fine-tuning tasks, and what asks it (the config check
+// config/task_registry: the one table of fine-tuning tasks, and what asks it (the config check
 // of finetune.task, the readers, the submission layout, xlme-data xtreme).
-#include "xlme/finetune/task_registry.h"
+#include "xlme/config/task_registry.h"
 
 #include "xlme/config/config.h"
 #include "xlme/finetune/pair_io.h"

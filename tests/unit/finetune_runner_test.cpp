@@ -24,8 +24,8 @@ namespace {
 using xlme::testing::contains_all;
 using xlme::testing::TempDir;
 
-model::EncoderOptions tiny_encoder_options() {
-  model::EncoderOptions o;
+config::ModelArgs tiny_encoder_options() {
+  config::ModelArgs o;
   o.vocab_size = 16;
   o.max_positions = 16;
   o.embedding_size = 16;
@@ -35,8 +35,8 @@ model::EncoderOptions tiny_encoder_options() {
   o.ffn_size = 32;
   o.dropout = 0.0;
   o.attention_dropout = 0.0;
-  o.num_buckets = 8;
-  o.max_distance = 16;
+  o.relative_position.num_buckets = 8;
+  o.relative_position.max_distance = 16;
   return o;
 }
 

@@ -443,14 +443,16 @@ TEST(GatedAttention, GradientsMatchCentralDifferences) {
 }
 
 TEST(AttentionKernel, ResolvesFromConfig) {
-  EXPECT_EQ(resolve_attention_kernel("math", torch::kCPU), AttentionKernel::kMath);
-  EXPECT_EQ(resolve_attention_kernel("auto", torch::kCPU), AttentionKernel::kMath);
-  EXPECT_EQ(resolve_attention_kernel("sdpa", torch::kCPU), AttentionKernel::kSdpa);
-  EXPECT_EQ(resolve_attention_kernel("auto", torch::Device(torch::kCUDA, 0)),
+  using config::AttentionChoice;
+  EXPECT_EQ(resolve_attention_kernel(AttentionChoice::kMath, torch::kCPU), AttentionKernel::kMath);
+  EXPECT_EQ(resolve_attention_kernel(AttentionChoice::kAuto, torch::kCPU), AttentionKernel::kMath);
+  EXPECT_EQ(resolve_attention_kernel(AttentionChoice::kSdpa, torch::kCPU), AttentionKernel::kSdpa);
+  EXPECT_EQ(resolve_attention_kernel(AttentionChoice::kAuto, torch::Device(torch::kCUDA, 0)),
             AttentionKernel::kSdpa);
   EXPECT_TRUE(testing::contains_all(
-      testing::error_message([] { resolve_attention_kernel("flash", torch::kCPU); }),
-      {"model.attention must be auto, math or sdpa, not 'flash'"}));
+      testing::error_message([] { config::load_config("", {"model.attention=flash"}); }),
+      {"model.attention: expected one of: auto, math, sdpa, got "
+       "'flash'"}));
 }
 
 TEST(AttentionKernel, SdpaMatchesMath) {

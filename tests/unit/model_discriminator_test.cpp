@@ -33,9 +33,9 @@ TEST(DiscriminatorModel, HasElectraModelsNamesAndShapes) {
   auto c = xlme::testing::tiny_train_config(2, 1, 0.0);
   expect_same_names_and_shapes(c);
   c.model.embedding_size = 16;
-  c.model.embedding_sharing = "gdes";
+  c.model.embedding_sharing = config::EmbeddingSharing::kGdes;
   c.model.relative_position.shared_across_layers = true;
-  c.model.norm = "pre";
+  c.model.norm = config::Norm::kPre;
   expect_same_names_and_shapes(c);
   c.objectives.set = "mlm";  // no RTD head
   expect_same_names_and_shapes(c);

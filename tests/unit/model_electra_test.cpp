@@ -336,7 +336,7 @@ TEST(ElectraModel, DiscriminatorLossSendsNoGradientIntoTheGenerator) {
 
 TEST(ElectraModel, GdesKeepsDiscriminatorGradientOffTheSharedEmbeddings) {
   auto m = tiny_config();
-  m.embedding_sharing = "gdes";
+  m.embedding_sharing = config::EmbeddingSharing::kGdes;
   auto model = build(m);
   model->train();
   const auto in = tiny_inputs();
@@ -373,9 +373,9 @@ TEST(ElectraModel, MaskedLmBaselineHasNoGenerator) {
 }
 
 TEST(Encoder, HiddenStatesAreEachLayersOutputAndStopEarly) {
-  for (const char* norm : {"post", "pre"}) {
+  for (const auto& [norm, value] : config::kNorms.names) {
     auto m = tiny_config();
-    m.norm = norm;
+    m.norm = value;
     auto model = build(m);
     model->eval();
     const auto in = tiny_inputs();
@@ -453,7 +453,10 @@ TEST(Ablations, EachSwitchChangesTheOutputAndOnlyItsParameters) {
        [](auto& m) { m.relative_position.shared_across_layers = true; },
        {"discriminator.layers.0.attention.relative_bias"},
        {"discriminator.relative_bias"}},
-      {"pre-LN", [](auto& m) { m.norm = "pre"; }, {}, {"discriminator.final_norm.weight"}},
+      {"pre-LN",
+       [](auto& m) { m.norm = config::Norm::kPre; },
+       {},
+       {"discriminator.final_norm.weight"}},
       {"no absolute positions",
        [](auto& m) { m.absolute_positions = false; },
        {"embeddings.position.weight"},

@@ -36,10 +36,10 @@ void expect_counts_match(const config::ModelConfig& m, Architecture a, const std
 TEST(ParameterCounts, AnalyticEqualsBuiltModules) {
   const std::vector<std::pair<std::string, std::function<void(config::ModelConfig&)>>> variants = {
       {"default", [](auto&) {}},
-      {"gdes", [](auto& m) { m.embedding_sharing = "gdes"; }},
+      {"gdes", [](auto& m) { m.embedding_sharing = config::EmbeddingSharing::kGdes; }},
       {"pre-LN, shared table",
        [](auto& m) {
-         m.norm = "pre";
+         m.norm = config::Norm::kPre;
          m.relative_position.shared_across_layers = true;
        }},
       {"no relative bias, no positions",

@@ -20,8 +20,8 @@
 namespace xlme::model {
 namespace {
 
-EncoderOptions sharing_test_options(LayerSharing sharing) {
-  EncoderOptions o;
+config::ModelArgs sharing_test_options(LayerSharing sharing) {
+  config::ModelArgs o;
   o.vocab_size = 50;
   o.max_positions = 16;
   o.embedding_size = 8;  // factorized: ALBERT's embeddings
@@ -31,10 +31,10 @@ EncoderOptions sharing_test_options(LayerSharing sharing) {
   o.ffn_size = 32;
   o.dropout = 0.0;
   o.attention_dropout = 0.0;
-  o.num_buckets = 8;
-  o.max_distance = 16;
-  o.attention = "math";
-  o.sharing = sharing;
+  o.relative_position.num_buckets = 8;
+  o.relative_position.max_distance = 16;
+  o.attention = config::AttentionChoice::kMath;
+  o.share_layers = sharing;
   return o;
 }
 
@@ -48,10 +48,11 @@ SharedAndUnshared equal_encoders(LayerSharing sharing) {
   torch::manual_seed(3);
   auto options = sharing_test_options(sharing);
   SharedEmbeddings embeddings(options);
-  auto buckets = std::make_shared<BucketCache>(options.num_buckets, options.max_distance);
+  auto buckets = std::make_shared<BucketCache>(options.relative_position.num_buckets,
+                                               options.relative_position.max_distance);
   SharedAndUnshared e{Encoder(options, embeddings, buckets), nullptr};
   auto plain = options;
-  plain.sharing = LayerSharing::kNone;
+  plain.share_layers = LayerSharing::kNone;
   e.unshared = Encoder(plain, embeddings, buckets);
   const auto from = e.shared->named_parameters();
   torch::NoGradGuard no_grad;
@@ -118,7 +119,8 @@ TEST(LayerSharing, EverySharedParameterIsRegisteredOnce) {
     auto options = sharing_test_options(sharing);
     SharedEmbeddings embeddings(options);
     Encoder encoder(options, embeddings,
-                    std::make_shared<BucketCache>(options.num_buckets, options.max_distance));
+                    std::make_shared<BucketCache>(options.relative_position.num_buckets,
+                                                  options.relative_position.max_distance));
     std::vector<std::string> names;
     for (const auto& item : encoder->named_parameters()) names.push_back(item.key());
     return names;
@@ -152,7 +154,7 @@ TEST(LayerSharing, AnalyticCountsEqualTheBuiltModels) {
     m.ffn_size = 32;
     m.max_positions = 32;
     m.generator.layers = 2;
-    m.share_layers = what;
+    m.share_layers = sharing;
     for (const auto architecture : {Architecture::kElectra, Architecture::kMaskedLm}) {
       torch::manual_seed(0);
       ElectraModel model(m, architecture);
@@ -180,13 +182,13 @@ TEST(LayerSharing, AlbertBaseHasAlbertsParameterCount) {
   m.ffn_size = 3072;
   m.max_positions = 512;
   m.relative_position.enabled = false;  // ALBERT has absolute positions only
-  m.share_layers = "all";
+  m.share_layers = LayerSharing::kAll;
   const auto counts = analytic_parameter_counts(m, Architecture::kMaskedLm);
   const int64_t encoder = count_of(counts, "embeddings") + count_of(counts, "discriminator");
   const int64_t pooler = 768 * 768 + 768, token_types = 2 * 128;
   EXPECT_EQ(encoder + pooler + token_types, 11683584);
   // Unshared, the same shapes have 11 more layers of 7,087,872 parameters.
-  m.share_layers = "none";
+  m.share_layers = LayerSharing::kNone;
   const auto plain = analytic_parameter_counts(m, Architecture::kMaskedLm);
   EXPECT_EQ(count_of(plain, "discriminator") - count_of(counts, "discriminator"), 11 * 7087872);
 }
@@ -205,9 +207,6 @@ TEST(LayerSharing, SharedSubLayersTakeTheUndecayedFineTuningRate) {
 }
 
 TEST(LayerSharing, UnknownNameListsTheChoices) {
-  EXPECT_TRUE(
-      testing::contains_all(testing::error_message([] { parse_layer_sharing("both"); }),
-                            {"model.share_layers", "'both'", "none, all, attention or ffn"}));
   EXPECT_TRUE(testing::contains_all(testing::error_message([] {
                                       config::load_config(
                                           std::string(XLME_SOURCE_DIR) + "/configs/model/tiny.yaml",

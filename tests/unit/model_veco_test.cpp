@@ -178,7 +178,7 @@ TEST(VecoModel, CrossAttentionUnpluggedIsThePlainEncoder) {
 torch::Tensor naive_cross_attention(model::CrossAttentionImpl& m, const torch::Tensor& s,
                                     const torch::Tensor& context, const torch::Tensor& padding) {
   const int64_t batch = s.size(0), length = s.size(1), others = context.size(1);
-  const int64_t heads = m.options().heads, d = m.options().hidden_size / heads;
+  const int64_t heads = m.args().heads, d = m.args().hidden_size / heads;
   const auto q = torch::nn::functional::linear(s, m.query->weight, m.query->bias);
   const auto k = torch::nn::functional::linear(context, m.key->weight, m.key->bias);
   const auto v = torch::nn::functional::linear(context, m.value->weight, m.value->bias);
@@ -214,7 +214,7 @@ torch::Tensor encode_by_hand(model::EncoderImpl& encoder, const data::Batch& sid
                              const torch::Tensor& context = {},
                              const torch::Tensor& context_padding = {}) {
   auto x = encoder.embedding_norm(encoder.embed(side.input_ids, side.positions));
-  for (int64_t l = 0; l < encoder.options().layers; ++l) {
+  for (int64_t l = 0; l < encoder.args().layers; ++l) {
     auto& layer = encoder.layer(l);
     auto s = layer.attention_norm(x + layer.attention(x, side.padding, torch::Tensor()));
     if (context.defined()) {
@@ -345,9 +345,9 @@ TEST(VecoTraining, AllFourTermsOfBothTasksFall) {
 }
 
 TEST(VecoCounts, AnalyticCountsEqualTheModulesWithEverySharing) {
-  for (const char* sharing : {"none", "all", "attention", "ffn"}) {
+  for (const auto& [sharing, value] : config::kLayerSharings.names) {
     auto c = veco_config();
-    c.model.share_layers = sharing;
+    c.model.share_layers = value;
     model::ElectraModel m(c.model, model::Architecture::kMaskedLm);
     const auto built = model::parameter_counts(*m);
     const auto analytic = model::analytic_parameter_counts(c.model, model::Architecture::kMaskedLm);

@@ -2,7 +2,7 @@
 // counts summed over micro-batches, and the term sums that training and validation reduce.
 #include "xlme/objectives/objectives.h"
 
-#include "xlme/objectives/objective_set.h"
+#include "xlme/config/objective_set.h"
 #include "xlme/objectives/term_sums.h"
 
 #include "test_util.h"

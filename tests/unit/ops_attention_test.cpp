@@ -139,23 +139,24 @@ TEST(FusedAttentionInputs, AFarDistanceBelowZeroIsRefused) {
 TEST(FusedAttentionInputs, EveryLayerKnowsWhereItsTableTurnsConstant) {
   for (const auto sharing :
        {model::LayerSharing::kNone, model::LayerSharing::kAll, model::LayerSharing::kAttention}) {
-    model::EncoderOptions o;
+    config::ModelArgs o;
     o.vocab_size = 50;
     o.hidden_size = 16;
     o.embedding_size = 16;
     o.layers = 3;
     o.heads = 2;
     o.ffn_size = 32;
-    o.num_buckets = 8;
-    o.max_distance = 16;
-    o.sharing = sharing;
+    o.relative_position.num_buckets = 8;
+    o.relative_position.max_distance = 16;
+    o.share_layers = sharing;
     for (const bool shared_table : {false, true}) {
-      o.shared_table = shared_table;
-      auto buckets = std::make_shared<model::BucketCache>(o.num_buckets, o.max_distance);
+      o.relative_position.shared_across_layers = shared_table;
+      auto buckets = std::make_shared<model::BucketCache>(o.relative_position.num_buckets,
+                                                          o.relative_position.max_distance);
       model::Encoder encoder(o, model::SharedEmbeddings(o), buckets);
       for (int64_t i = 0; i < o.layers; ++i) {
         const auto& attention = encoder->layer(i).attention;
-        EXPECT_EQ(attention->options().max_distance, 16);
+        EXPECT_EQ(attention->args().relative_position.max_distance, 16);
         EXPECT_EQ(attention->far(), relative_position_far_distance(8, 16));
       }
     }

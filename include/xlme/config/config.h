@@ -6,9 +6,9 @@
 // Defaults are the paper's Base recipe (XLM-E, Tables 8-10) unless a comment says otherwise.
 #pragma once
 
+#include "xlme/config/objective_set.h"
 #include "xlme/config/schema.h"
-#include "xlme/finetune/task_registry.h"
-#include "xlme/objectives/objective_set.h"
+#include "xlme/config/task_registry.h"
 
 #include <cstdint>
 #include <map>
@@ -89,8 +89,34 @@ struct GeneratorConfig {
   }
 };
 
-// The encoders: the discriminator's shape at top level, the generator's under `generator`.
-struct ModelConfig {
+// model.norm: LayerNorm after each sub-layer (BERT) or before it (with a final LayerNorm).
+enum class Norm { kPost, kPre };
+inline const Named<Norm> kNorms{{"post", Norm::kPost}, {"pre", Norm::kPre}};
+
+// model.embedding_sharing: ELECTRA's shared embeddings, or DeBERTa-v3's gradient-disentangled
+// sharing (the discriminator adds its own zero-initialized delta to the shared tables).
+enum class EmbeddingSharing { kFull, kGdes };
+inline const Named<EmbeddingSharing> kEmbeddingSharings{{"full", EmbeddingSharing::kFull},
+                                                        {"gdes", EmbeddingSharing::kGdes}};
+
+// model.attention: the attention kernel, or auto (the model picks per device: model/attention.h).
+enum class AttentionChoice { kAuto, kMath, kSdpa };
+inline const Named<AttentionChoice> kAttentionChoices{{"auto", AttentionChoice::kAuto},
+                                                      {"math", AttentionChoice::kMath},
+                                                      {"sdpa", AttentionChoice::kSdpa}};
+
+// model.share_layers: ALBERT's cross-layer parameter sharing, which sub-layers are one set of
+// weights used at every depth.
+enum class LayerSharing { kNone, kAll, kAttention, kFfn };
+inline const Named<LayerSharing> kLayerSharings{{"none", LayerSharing::kNone},
+                                                {"all", LayerSharing::kAll},
+                                                {"attention", LayerSharing::kAttention},
+                                                {"ffn", LayerSharing::kFfn}};
+
+// The arguments one encoder is built from: every key of the model section but `generator`. The
+// model code takes them resolved (discriminator_args, generator_args: no "0 = ..." left) and
+// passes them as they are to the encoder, its layers, the attention and the cross-attention.
+struct ModelArgs {
   int64_t vocab_size = 0;
   int64_t hidden_size = 768;
   int64_t layers = 12;
@@ -102,14 +128,13 @@ struct ModelConfig {
   double dropout = 0.1;
   double attention_dropout = 0.1;
   double layer_norm_eps = 1e-5;
-  std::string norm = "post";
+  Norm norm = Norm::kPost;
   double init_std = 0.02;
-  std::string embedding_sharing = "full";
-  std::string attention = "auto";
-  std::string share_layers = "none";
+  EmbeddingSharing embedding_sharing = EmbeddingSharing::kFull;
+  AttentionChoice attention = AttentionChoice::kAuto;
+  LayerSharing share_layers = LayerSharing::kNone;
   bool cross_attention = false;
   RelativePositionConfig relative_position;
-  GeneratorConfig generator;
 
   template <class V>
   void visit(V& v) {
@@ -129,17 +154,16 @@ struct ModelConfig {
     v.field("attention_dropout", attention_dropout, RealRange{0.0, 1.0, false, true},
             "dropout on attention probabilities");
     v.field("layer_norm_eps", layer_norm_eps, RealRange{0.0, 1.0, true, true}, "LayerNorm epsilon");
-    v.field("norm", norm, Choices{"post", "pre"},
-            "LayerNorm after (BERT, default) or before each sub-layer");
+    v.field("norm", norm, kNorms, "LayerNorm after (BERT, default) or before each sub-layer");
     v.field("init_std", init_std, RealRange{0.0, 1.0, true, false},
             "standard deviation of the N(0, std) initialization");
     v.field(
-        "embedding_sharing", embedding_sharing, Choices{"full", "gdes"},
+        "embedding_sharing", embedding_sharing, kEmbeddingSharings,
         "full = ELECTRA's shared embeddings; gdes = DeBERTa-v3's gradient-disentangled sharing");
-    v.field("attention", attention, Choices{"auto", "math", "sdpa"},
+    v.field("attention", attention, kAttentionChoices,
             "attention kernel: math = explicit softmax (any LibTorch); sdpa = "
             "scaled_dot_product_attention (LibTorch >= 2.0)");
-    v.field("share_layers", share_layers, Choices{"none", "all", "attention", "ffn"},
+    v.field("share_layers", share_layers, kLayerSharings,
             "ALBERT's cross-layer parameter sharing in each encoder: all = one layer's weights at "
             "every depth; attention / ffn = only that sub-layer (with its LayerNorm) shared");
     v.field("cross_attention", cross_attention,
@@ -148,10 +172,39 @@ struct ModelConfig {
             "finetune.cross_attention=plug-in)");
     v.section("relative_position", relative_position,
               "gated relative position bias (docs/ARCHITECTURE.md#model)");
+  }
+
+  // Whether the attention (with its LayerNorm) / the FFN (with its LayerNorm) is one module for
+  // every depth.
+  bool shares_attention() const {
+    return share_layers == LayerSharing::kAll || share_layers == LayerSharing::kAttention;
+  }
+  bool shares_ffn() const {
+    return share_layers == LayerSharing::kAll || share_layers == LayerSharing::kFfn;
+  }
+};
+
+// The encoders: the discriminator's arguments at top level, the generator's sizes under
+// `generator`.
+struct ModelConfig : ModelArgs {
+  GeneratorConfig generator;
+
+  template <class V>
+  void visit(V& v) {
+    ModelArgs::visit(v);
     v.section("generator", generator,
               "the generator encoder (shares the token and position embeddings)");
   }
 };
+
+// The discriminator's encoder: `model` with embedding_size resolved (0 = hidden_size).
+ModelArgs discriminator_args(const ModelConfig& model);
+
+// The generator's encoder: the discriminator's arguments with model.generator's layers and its
+// sizes where they are not 0, the discriminator's embedding width (the tables are shared), plain
+// sharing of those tables (gdes' delta is the discriminator's: the generator trains the tables
+// themselves) and no cross-attention (VECO has no generator).
+ModelArgs generator_args(const ModelConfig& model);
 
 // Which losses a step optimizes: L = L_MLM + L_TLM + rtd_weight * (L_MRTD + L_TRTD).
 struct ObjectivesConfig {
@@ -489,7 +542,7 @@ struct FinetuneConfig {
 
   template <class V>
   void visit(V& v) {
-    // The rows of finetune/task_registry.h (a header of plain data, below config).
+    // The rows of config/task_registry.h.
     v.field("task", task, Choices(finetune::task_names()),
             "XTREME task; retrieval = line-aligned held-out pairs (the demo corpus), alignment = "
             "word-alignment probe (AER)");

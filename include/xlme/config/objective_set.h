@@ -1,8 +1,9 @@
 // The objectives.set registry: one row per objective set, saying what the set trains and what it
 // needs (docs/ARCHITECTURE.md#loss). Code asks the row for what it needs to know (the model's
 // architecture, the batch sources, the terms), never compares the name: adding a set is one row in
-// objective_set.cpp. No dependency beyond the standard library and common/, so that the config
-// (below objectives in the layering) validates objectives.set against this table.
+// src/config/objective_set.cpp. The table is plain data that the config checks objectives.set
+// against, so it sits in config/, below everything that reads it (data, model, objectives, train);
+// its names are in namespace objectives, the area that computes the terms.
 #pragma once
 
 #include <string>

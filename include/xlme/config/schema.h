@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,35 @@ struct Choices {
   std::string describe() const;  // "one of: post, pre"
 
   std::vector<std::string> values;
+};
+
+// One of a fixed set of names, held as the enum E: the readers parse the name once, where they
+// read it, and code compares enum values, never strings. Lists every value of E with its spelling,
+// in the order the reference shows them.
+template <class E>
+struct Named {
+  Named(std::initializer_list<std::pair<const char*, E>> v) : names(v) {}
+
+  // The spellings, as the reader's and the reference's constraint.
+  Choices choices() const {
+    std::vector<std::string> spellings;
+    for (const auto& name : names) spellings.emplace_back(name.first);
+    return Choices(std::move(spellings));
+  }
+  // The spelling of `value`; empty for a value the list lacks (an out-of-range cast).
+  std::string name(E value) const {
+    for (const auto& name : names)
+      if (name.second == value) return name.first;
+    return {};
+  }
+  // The value spelled `spelling`; nullopt for a spelling the list lacks.
+  std::optional<E> value(const std::string& spelling) const {
+    for (const auto& name : names)
+      if (spelling == name.first) return name.second;
+    return std::nullopt;
+  }
+
+  std::vector<std::pair<const char*, E>> names;
 };
 
 }  // namespace xlme::config

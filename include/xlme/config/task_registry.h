@@ -1,8 +1,9 @@
 // The fine-tuning tasks (finetune.task) as rows of one table: which reader family serves each,
 // whether it trains a head or probes the encoder, how it is scored, where its test gold is, its
 // languages and labels. Code asks the table and never compares the name; a task of an existing
-// family is one row in task_registry.cpp. This header needs nothing but the standard library, so
-// that the config check of finetune.task (config/config.h) lists the table's names.
+// family is one row in src/config/task_registry.cpp. The table is plain data that the config
+// checks finetune.task against, so it sits in config/, below everything that reads it; its names
+// are in namespace finetune, the area that serves the tasks.
 #pragma once
 
 #include <string>

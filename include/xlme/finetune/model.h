@@ -2,7 +2,7 @@
 // (docs/ARCHITECTURE.md#fine-tuning), and the optimizer groups of layer-wise learning-rate decay.
 #pragma once
 
-#include "xlme/finetune/task_registry.h"
+#include "xlme/config/task_registry.h"
 #include "xlme/model/encoder.h"
 
 #include <torch/nn/module.h>
@@ -60,13 +60,13 @@ class FinetuneModelImpl : public torch::nn::Module {
   torch::Tensor forward_host(const torch::Tensor& input_ids, const torch::Tensor& positions,
                              const torch::Tensor& padding, const torch::Device& device);
 
-  int64_t layers() const { return encoder->options().layers; }
+  int64_t layers() const { return encoder->args().layers; }
 
   // VECO plug-in (finetune.cross_attention=plug-in): the encoder has cross-attention and the head
   // classifies sequences. forward() then splits each input <s> a </s></s> b </s> into a and b
   // (data::split_pair), runs each with self-attention only, then each with cross-attention to the
   // other's last hidden states, and classifies the mean of the two <s> states.
-  bool plugs_in() const { return sequence_head && encoder->options().cross_attention; }
+  bool plugs_in() const { return sequence_head && encoder->args().cross_attention; }
 
   model::SharedEmbeddings embeddings{nullptr};
   model::Encoder encoder{nullptr};

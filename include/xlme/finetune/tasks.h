@@ -1,5 +1,5 @@
 // The XTREME tasks that train a head (xnli, pawsx, udpos, panx, xquad, mlqa, tydiqa) as
-// TrainableTasks, as their rows in finetune/task_registry.h say: reading (pair_io.h,
+// TrainableTasks, as their rows in config/task_registry.h say: reading (pair_io.h,
 // tagging_io.h, qa_io.h), featurization (finetune/features.h), loss, the official metric
 // (finetune/metrics.h) and the submission files (xtreme_io.h's writers).
 //

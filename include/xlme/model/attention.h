@@ -4,6 +4,8 @@
 //   a_ij     ~ exp(q_i . k_j / sqrt(d_k) + r_{i-j})
 #pragma once
 
+#include "xlme/config/config.h"
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
@@ -18,9 +20,10 @@ namespace xlme::model {
 // kSdpa: at::scaled_dot_product_attention with the bias as an additive mask (LibTorch >= 2.0).
 enum class AttentionKernel { kMath, kSdpa };
 
-// model.attention ("auto", "math", "sdpa") for tensors on `device`: auto = sdpa on CUDA when the
-// LibTorch has it, else math. Throws when sdpa is asked for and this LibTorch lacks it.
-AttentionKernel resolve_attention_kernel(const std::string& name, const torch::Device& device);
+// The kernel model.attention chooses for tensors on `device`: auto = sdpa where ops'
+// sdpa_by_default says so (CUDA), else math.
+AttentionKernel resolve_attention_kernel(config::AttentionChoice choice,
+                                         const torch::Device& device);
 
 // One layer's relative position bias, as the kernel consumes it.
 struct PositionBias {
@@ -60,48 +63,37 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
                         const torch::Tensor& padding, const PositionBias& bias, double dropout,
                         bool training, AttentionKernel kernel);
 
-struct SelfAttentionOptions {
-  int64_t hidden_size = 768;
-  int64_t heads = 12;
-  double attention_dropout = 0.1;
-  bool relative_bias = true;  // this layer has a relative bias (its own table or a shared one)
-  bool own_table = true;      // the table d is this layer's (false: shared across layers)
-  bool gated = true;          // gate the bias by the query
-  int64_t num_buckets = 32;
-  int64_t max_distance = 128;
-  double init_std = 0.02;
-  std::string kernel = "auto";  // model.attention
-};
-
 // Projections, the layer's bias parameters and the kernel. Parameter names (export keys):
 // query, key, value, output (Linear), relative_bias [H, num_buckets] (d), gate_u, gate_v
 // [H, d_k] and gate_w [H].
 class SelfAttentionImpl : public torch::nn::Module {
  public:
-  explicit SelfAttentionImpl(const SelfAttentionOptions& options);
+  // `args`: hidden_size, heads, attention_dropout, init_std, relative_position (the layer has its
+  // own table unless relative_position.shared_across_layers) and the attention kernel.
+  explicit SelfAttentionImpl(const config::ModelArgs& args);
 
   // x: [B, T, hidden]; padding: [B, T] bool; table: [H, T, T] d_{h, b(i-j)} for this layer
   // (undefined when the relative bias is off) -> [B, T, hidden].
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& padding,
                         const torch::Tensor& table);
 
-  // buckets: [T, T] bucket ids -> [H, T, T] d_{h, b(i-j)} from this layer's own table (own_table).
+  // buckets: [T, T] bucket ids -> [H, T, T] d_{h, b(i-j)} from this layer's own table.
   torch::Tensor bias_table(const torch::Tensor& buckets) const;
 
-  const SelfAttentionOptions& options() const { return options_; }
+  const config::ModelArgs& args() const { return args_; }
 
   // The distance from which the bias table is constant on each side (PositionBias::far), from
   // num_buckets and max_distance; 0 without a relative bias.
   int64_t far() const { return far_; }
 
   torch::nn::Linear query{nullptr}, key{nullptr}, value{nullptr}, output{nullptr};
-  torch::Tensor relative_bias;  // [H, num_buckets]: d_{h, b}, when own_table
+  torch::Tensor relative_bias;  // [H, num_buckets]: d_{h, b}, when the layer has its own table
   torch::Tensor gate_u;         // [H, d_k]
   torch::Tensor gate_v;         // [H, d_k]
   torch::Tensor gate_w;         // [H]
 
  private:
-  SelfAttentionOptions options_;
+  config::ModelArgs args_;
   int64_t far_ = 0;  // where the bias table turns constant (PositionBias::far)
 };
 TORCH_MODULE(SelfAttention);

@@ -3,40 +3,32 @@
 // other side. No position bias: the two sides' positions are unrelated.
 #pragma once
 
+#include "xlme/config/config.h"
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
-#include <cstdint>
-#include <string>
-
 namespace xlme::model {
-
-struct CrossAttentionOptions {
-  int64_t hidden_size = 768;
-  int64_t heads = 12;
-  double attention_dropout = 0.1;
-  double init_std = 0.02;
-  std::string kernel = "auto";  // model.attention
-};
 
 // Parameter names (export keys): query, key, value, output (Linear).
 class CrossAttentionImpl : public torch::nn::Module {
  public:
-  explicit CrossAttentionImpl(const CrossAttentionOptions& options);
+  // `args`: hidden_size, heads, attention_dropout, init_std and the attention kernel.
+  explicit CrossAttentionImpl(const config::ModelArgs& args);
 
   // x: [B, T, hidden] (the queries' side); context: [B, S, hidden] (the other side);
   // context_padding: [B, S] bool, true at <pad> (undefined = none) -> [B, T, hidden].
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context,
                         const torch::Tensor& context_padding);
 
-  const CrossAttentionOptions& options() const { return options_; }
+  const config::ModelArgs& args() const { return args_; }
 
   torch::nn::Linear query{nullptr}, key{nullptr}, value{nullptr}, output{nullptr};
 
  private:
-  CrossAttentionOptions options_;
+  config::ModelArgs args_;
 };
 TORCH_MODULE(CrossAttention);
 

@@ -40,7 +40,7 @@ class DiscriminatorModelImpl : public torch::nn::Module {
   torch::Tensor rtd_logits(const torch::Tensor& hidden);
 
   const config::ModelConfig& config() const { return config_; }
-  int64_t hidden_size() const { return discriminator->options().hidden_size; }
+  int64_t hidden_size() const { return discriminator->args().hidden_size; }
 
   SharedEmbeddings embeddings{nullptr};
   Encoder discriminator{nullptr};

@@ -164,7 +164,7 @@ class ElectraModelImpl : public torch::nn::Module {
   // The model's input for a host batch (ModelInputs::from, or from_pair with cross-attention).
   ModelInputs inputs(const data::Batch& batch) const;
   // Whether the encoder has VECO's cross-attention modules (model.cross_attention).
-  bool cross_attention() const { return discriminator->options().cross_attention; }
+  bool cross_attention() const { return discriminator->args().cross_attention; }
 
   Architecture architecture() const { return architecture_; }
   const data::SpecialIds& special_ids() const { return special_; }

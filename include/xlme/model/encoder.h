@@ -24,54 +24,14 @@
 
 namespace xlme::model {
 
-// ALBERT's cross-layer parameter sharing (model.share_layers): which sub-layers are one set of
-// weights used at every depth.
-enum class LayerSharing { kNone, kAll, kAttention, kFfn };
-
-LayerSharing parse_layer_sharing(const std::string& name);
-
-// The shape of one encoder, resolved from config::ModelConfig.
-struct EncoderOptions {
-  int64_t vocab_size = 0;
-  int64_t max_positions = 512;
-  bool absolute_positions = true;
-  int64_t embedding_size = 768;  // width of the shared embedding tables
-  int64_t hidden_size = 768;
-  int64_t layers = 12;
-  int64_t heads = 12;
-  int64_t ffn_size = 3072;
-  double dropout = 0.1;
-  double attention_dropout = 0.1;
-  double layer_norm_eps = 1e-5;
-  bool pre_norm = false;
-  double init_std = 0.02;
-  bool relative_bias = true;
-  bool gated = true;
-  bool shared_table = false;
-  int64_t num_buckets = 32;
-  int64_t max_distance = 128;
-  bool embedding_delta = false;  // gdes: own zero-initialized delta on the shared tables
-  std::string attention = "auto";
-  LayerSharing sharing = LayerSharing::kNone;
-  bool cross_attention = false;  // VECO: a cross-attention module per layer (model.cross_attention)
-
-  // Whether the attention (with attention_norm) / the FFN (with ffn_norm) is one module for
-  // every depth.
-  bool shares_attention() const {
-    return sharing == LayerSharing::kAll || sharing == LayerSharing::kAttention;
-  }
-  bool shares_ffn() const { return sharing == LayerSharing::kAll || sharing == LayerSharing::kFfn; }
-
-  static EncoderOptions discriminator(const config::ModelConfig& model);
-  // The generator: the discriminator's values where model.generator's size fields are 0.
-  static EncoderOptions generator(const config::ModelConfig& model);
-};
+// model.share_layers' values, named where the model code uses them.
+using config::LayerSharing;
 
 // Token and absolute position tables shared by the generator and the discriminator (registered
 // once, in the ELECTRA model, as "embeddings"): token.weight [V, E], position.weight [P, E].
 class SharedEmbeddingsImpl : public torch::nn::Module {
  public:
-  explicit SharedEmbeddingsImpl(const EncoderOptions& options);
+  explicit SharedEmbeddingsImpl(const config::ModelArgs& args);
 
   torch::nn::Embedding token{nullptr};
   torch::nn::Embedding position{nullptr};  // null when absolute positions are off
@@ -102,7 +62,7 @@ struct AttentionProjections {
 // so that every parameter is registered (saved, exported, optimized) once.
 class EncoderLayerImpl : public torch::nn::Module {
  public:
-  explicit EncoderLayerImpl(const EncoderOptions& options, const EncoderLayerImpl* first = nullptr);
+  explicit EncoderLayerImpl(const config::ModelArgs& args, const EncoderLayerImpl* first = nullptr);
 
   // x: [B, T, hidden]; padding: [B, T] bool; table: [H, T, T] or undefined -> [B, T, hidden].
   // With `context` ([B, S, hidden], the other side's last hidden states; context_padding [B, S])
@@ -141,7 +101,8 @@ class EncoderImpl : public torch::nn::Module {
  public:
   // `embeddings` is owned (and registered) by the caller; `buckets` is shared with the other
   // encoder so that both slice one [T, T] bucket index.
-  EncoderImpl(const EncoderOptions& options, SharedEmbeddings embeddings,
+  // `args` resolved (config::discriminator_args, generator_args).
+  EncoderImpl(const config::ModelArgs& args, SharedEmbeddings embeddings,
               std::shared_ptr<BucketCache> buckets);
 
   // input_ids, positions: [B, T] int64; padding: [B, T] bool -> hidden states [B, T, hidden].
@@ -165,7 +126,7 @@ class EncoderImpl : public torch::nn::Module {
   // encoder's delta is added, so its loss reaches only the delta.
   torch::Tensor embed(const torch::Tensor& input_ids, const torch::Tensor& positions);
 
-  const EncoderOptions& options() const { return options_; }
+  const config::ModelArgs& args() const { return args_; }
 
   // The layer at depth `index` + 1 (with share_layers=all, the one layer for every depth).
   EncoderLayerImpl& layer(int64_t index);
@@ -184,7 +145,7 @@ class EncoderImpl : public torch::nn::Module {
                     std::vector<torch::Tensor>* states, const torch::Tensor& context = {},
                     const torch::Tensor& context_padding = {});
 
-  EncoderOptions options_;
+  config::ModelArgs args_;
   SharedEmbeddings embeddings_;  // not registered here: the ELECTRA model owns it
   std::shared_ptr<BucketCache> buckets_;
 };

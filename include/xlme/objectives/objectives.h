@@ -6,9 +6,9 @@
 #pragma once
 
 #include "xlme/config/config.h"
+#include "xlme/config/objective_set.h"
 #include "xlme/data/batch.h"
 #include "xlme/model/electra.h"
-#include "xlme/objectives/objective_set.h"
 
 #include <torch/types.h>
 
