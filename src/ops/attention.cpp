@@ -4,6 +4,7 @@
 #include "xlme/common/shape_text.h"
 #include "xlme/ops/registry.h"
 #include "xlme/ops/triton.h"
+#include "xlme/ops/triton_launchers.h"
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -47,11 +48,6 @@ std::string variant(const char* kind, int64_t head_dim, bool bias, bool gated, b
   return fmt::format("attention_{}_bf16_d{}_{}{}", kind, head_dim, mode, dropout ? "_dropout" : "");
 }
 
-struct Launch {
-  std::vector<tk::Arg> strides;
-  int64_t heads, tq, tk, head_dim;
-};
-
 struct FusedAttention : torch::autograd::Function<FusedAttention> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
                                const torch::Tensor& k, const torch::Tensor& v,
@@ -66,9 +62,11 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
     auto lse = torch::empty({batch, heads, tq}, q.options().dtype(torch::kFloat32));
     const auto name = variant("forward", d, bias, gated, dropout);
     const auto block = constant_of(name, "BM", q.device());
-    auto args = pointers({q, k, v, out, lse, factor, distance, lengths});
-    append_scalars(args, q, k, v, heads, tq, tkeys, far, d, p, philox);
-    tk::launch(name, q.device(), {(tq + block - 1) / block, batch * heads, 1}, std::move(args),
+    tk::AttentionForward kernel;
+    kernel.q = q, kernel.k = k, kernel.v = v, kernel.o = out, kernel.lse = lse;
+    kernel.f = factor, kernel.table = distance, kernel.len = lengths;
+    set_scalars(kernel, q, k, v, tkeys, far, p, philox);
+    tk::launch(name, q.device(), {(tq + block - 1) / block, batch * heads, 1}, kernel.args(),
                fmt::format("{} queries in blocks of {} x {} sequences x {} heads", tq, block, batch,
                            heads));
     ctx->save_for_backward({q, k, v, out, lse, factor, distance, lengths});
@@ -105,16 +103,19 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
     auto sums =
         bias ? torch::zeros({batch * heads, q_blocks, (q_blocks + k_blocks) * block + 2}, f32)
              : torch::empty({0}, f32);
-    auto dkdv = pointers({q, k, v, dout, lse, delta, factor, distance, lengths, dk, dv});
-    append_scalars(dkdv, q, k, v, heads, tq, tkeys, far, d, p, philox);
+    tk::AttentionBackwardDkdv dkdv;
+    set_saved(dkdv, q, k, v, dout, lse, delta, factor, distance, lengths);
+    dkdv.dk = dk, dkdv.dv = dv;
+    set_scalars(dkdv, q, k, v, tkeys, far, p, philox);
     tk::launch(dkdv_name, q.device(),
-               {(tkeys + keys_per_program - 1) / keys_per_program, batch * heads, 1},
-               std::move(dkdv),
+               {(tkeys + keys_per_program - 1) / keys_per_program, batch * heads, 1}, dkdv.args(),
                fmt::format("{} keys in blocks of {} x {} sequences x {} heads", tkeys,
                            keys_per_program, batch, heads));
-    auto dq_args = pointers({q, k, v, dout, lse, delta, factor, distance, lengths, dq, df, sums});
-    append_scalars(dq_args, q, k, v, heads, tq, tkeys, far, d, p, philox);
-    tk::launch(dq_name, q.device(), {q_blocks, batch * heads, 1}, std::move(dq_args),
+    tk::AttentionBackwardDq dq_kernel;
+    set_saved(dq_kernel, q, k, v, dout, lse, delta, factor, distance, lengths);
+    dq_kernel.dq = dq, dq_kernel.df = df, dq_kernel.dtable = sums;
+    set_scalars(dq_kernel, q, k, v, tkeys, far, p, philox);
+    tk::launch(dq_name, q.device(), {q_blocks, batch * heads, 1}, dq_kernel.args(),
                fmt::format("{} queries in blocks of {} x {} sequences x {} heads", tq, block, batch,
                            heads));
     return {dq,
@@ -133,29 +134,31 @@ struct FusedAttention : torch::autograd::Function<FusedAttention> {
     return tk::constant(tk::image_for(name, device), constant);
   }
 
-  // An empty tensor stands for an absent input: the kernel never reads it (its constexpr is off),
-  // but the launch passes a valid float pointer.
-  static std::vector<tk::Arg> pointers(const std::vector<torch::Tensor>& tensors) {
-    std::vector<tk::Arg> args;
-    for (const auto& t : tensors) args.push_back(tk::Arg::pointer(t));
-    return args;
+  // The inputs both backward kernels read (q, k, v, dout: [B, H, T, D]; lse, delta: [B, H, Tq]).
+  // An empty tensor stands for an absent input (factor, distance): the kernel never reads it (its
+  // constexpr is off), but the launch passes a valid float pointer.
+  template <class Kernel>
+  static void set_saved(Kernel& kernel, const torch::Tensor& q, const torch::Tensor& k,
+                        const torch::Tensor& v, const torch::Tensor& dout, const torch::Tensor& lse,
+                        const torch::Tensor& delta, const torch::Tensor& factor,
+                        const torch::Tensor& distance, const torch::Tensor& lengths) {
+    kernel.q = q, kernel.k = k, kernel.v = v, kernel.do_ = dout, kernel.lse = lse;
+    kernel.delta = delta, kernel.f = factor, kernel.table = distance, kernel.len = lengths;
   }
 
-  static void append_scalars(std::vector<tk::Arg>& args, const torch::Tensor& q,
-                             const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
-                             int64_t tq, int64_t tkeys, int64_t far, int64_t d, double p,
-                             const tk::PhiloxArgs& philox) {
-    for (const auto* t : {&q, &k, &v}) {
-      for (int dim = 0; dim < 3; ++dim) args.push_back(tk::Arg::i64(t->stride(dim)));
-    }
-    args.push_back(tk::Arg::i32(heads));
-    args.push_back(tk::Arg::i32(tq));
-    args.push_back(tk::Arg::i32(tkeys));
-    args.push_back(tk::Arg::i32(far));
-    args.push_back(tk::Arg::f32(1.0 / std::sqrt(static_cast<double>(d))));
-    philox.append_to(args);
-    args.push_back(tk::Arg::u32(tk::dropout_threshold(p)));
-    args.push_back(tk::Arg::f32(p > 0 ? 1.0 / (1.0 - p) : 1.0));
+  // The scalars of all three kernels: q's, k's and v's strides over [B, H, T], the shapes, the
+  // softmax scale and the dropout's.
+  template <class Kernel>
+  static void set_scalars(Kernel& kernel, const torch::Tensor& q, const torch::Tensor& k,
+                          const torch::Tensor& v, int64_t tkeys, int64_t far, double p,
+                          const tk::PhiloxArgs& philox) {
+    kernel.sqb = q.stride(0), kernel.sqh = q.stride(1), kernel.sqt = q.stride(2);
+    kernel.skb = k.stride(0), kernel.skh = k.stride(1), kernel.skt = k.stride(2);
+    kernel.svb = v.stride(0), kernel.svh = v.stride(1), kernel.svt = v.stride(2);
+    kernel.heads = q.size(1), kernel.tq = q.size(2), kernel.tk = tkeys, kernel.far = far;
+    kernel.scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+    kernel.philox = philox, kernel.threshold = tk::dropout_threshold(p);
+    kernel.drop_scale = p > 0 ? 1.0 / (1.0 - p) : 1.0;
   }
 };
 

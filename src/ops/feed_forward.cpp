@@ -4,6 +4,7 @@
 #include "xlme/common/shape_text.h"
 #include "xlme/ops/registry.h"
 #include "xlme/ops/triton.h"
+#include "xlme/ops/triton_launchers.h"
 #include "xlme/ops/weight_gradient.h"
 
 #include <ATen/autocast_mode.h>
@@ -50,10 +51,10 @@ struct FusedFeedForward : torch::autograd::Function<FusedFeedForward> {
     const int64_t m = x.size(0), k = x.size(1), f = w1.size(0);
     auto h = torch::empty({m, f}, x.options()), a = torch::empty({m, f}, x.options());
     const auto& image = tk::image_for(kForward, x.device());
-    tk::launch(
-        kForward, x.device(), tiles(image, m, f),
-        {tk::Arg::pointer(x), tk::Arg::pointer(w1), tk::Arg::pointer(b1), tk::Arg::pointer(h),
-         tk::Arg::pointer(a), tk::Arg::i32(m), tk::Arg::i32(f), tk::Arg::i32(k)});
+    tk::GemmBiasGelu kernel;  // h = x w1^T + b1, y = gelu(h): [M, N] from [M, K] and [N, K]
+    kernel.a = x, kernel.b = w1, kernel.bias = b1, kernel.h = h, kernel.y = a;
+    kernel.M = m, kernel.N = f, kernel.K = k;
+    tk::launch(kForward, x.device(), tiles(image, m, f), kernel.args());
     ctx->save_for_backward({x, w1, w2, h, a});
     return torch::addmm(b2, a, w2.t());
   }
@@ -68,10 +69,10 @@ struct FusedFeedForward : torch::autograd::Function<FusedFeedForward> {
     const int64_t bm = tk::constant(image, "BM");
     auto dh = torch::empty_like(h);
     auto part = torch::empty({(m + bm - 1) / bm, f}, h.options().dtype(torch::kFloat32));
-    tk::launch(
-        kBackward, x.device(), tiles(image, m, f),
-        {tk::Arg::pointer(dout), tk::Arg::pointer(w2), tk::Arg::pointer(h), tk::Arg::pointer(dh),
-         tk::Arg::pointer(part), tk::Arg::i32(m), tk::Arg::i32(f), tk::Arg::i32(hidden)});
+    tk::GemmDgeluBgrad kernel;  // dh = (dout w2) * gelu'(h): [M, N] from [M, K] and [K, N]
+    kernel.a = dout, kernel.b = w2, kernel.h = h, kernel.dh = dh, kernel.part = part;
+    kernel.M = m, kernel.N = f, kernel.K = hidden;
+    tk::launch(kBackward, x.device(), tiles(image, m, f), kernel.args());
     const auto leaves = ctx->saved_data["leaves"].toTensorVector();
     // A weight's gradient: into its .grad by the product (weight_gradient), or to its bf16 copy
     // for autograd.

@@ -3,11 +3,13 @@
 #include "xlme/common/error.h"
 #include "xlme/ops/registry.h"
 #include "xlme/ops/triton.h"
+#include "xlme/ops/triton_launchers.h"
 
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -108,24 +110,24 @@ Forward fused_forward(const torch::Tensor& logits, const torch::Tensor& targets,
   const auto i64 = logits.options().dtype(torch::kInt64);
   Forward out{torch::empty({rows}, f32), torch::empty({rows}, f32), torch::empty({rows}, i64),
               torch::empty({rows}, i64)};
-  std::vector<int64_t> excluded(8, -1);
+  std::array<int64_t, 8> excluded;
+  excluded.fill(-1);
   tk::PhiloxArgs philox;
   double inv_temperature = 1.0;
   if (sampling != nullptr) {
-    XLME_CHECK(sampling->excluded.size() <= 8,
+    XLME_CHECK(sampling->excluded.size() <= excluded.size(),
                "masked_lm's fused draw excludes at most 8 ids, not {}", sampling->excluded.size());
     std::copy(sampling->excluded.begin(), sampling->excluded.end(), excluded.begin());
     philox = tk::philox_inputs(logits.device());
     inv_temperature = 1.0 / sampling->temperature;
   }
-  std::vector<tk::Arg> args{tk::Arg::pointer(logits),  tk::Arg::i64(logits.stride(0)),
-                            tk::Arg::pointer(targets), tk::Arg::i32(rows),
-                            tk::Arg::i32(vocab),       tk::Arg::f32(inv_temperature)};
-  philox.append_to(args);
-  for (const int64_t id : excluded) args.push_back(tk::Arg::i32(id));
-  for (const auto* t : {&out.loss, &out.lse, &out.argmax, &out.sampled}) {
-    args.push_back(tk::Arg::pointer(*t));
-  }
+  tk::MaskedLmForward kernel;
+  kernel.logits = logits, kernel.row_stride = logits.stride(0), kernel.targets = targets;
+  kernel.n_rows = rows, kernel.vocab = vocab, kernel.inv_temperature = inv_temperature;
+  kernel.philox = philox, kernel.ex = excluded;
+  kernel.loss = out.loss, kernel.lse = out.lse, kernel.argmax = out.argmax;
+  kernel.sample = out.sampled;
+  auto args = kernel.args();
   // Aligned rows (a 16-byte aligned start, a row stride of a multiple of 16 elements) take the
   // kernel that loads 16 bytes at a time; any other layout the one that promises nothing.
   const std::string variant = tk::aligned_variant(
@@ -160,11 +162,11 @@ struct FusedMaskedLmLoss : torch::autograd::Function<FusedMaskedLmLoss> {
     // for the products after it).
     auto grad = torch::empty({rows, std::max(logits.stride(0), vocab)}, logits.options())
                     .narrow(1, 0, vocab);
-    std::vector<tk::Arg> args{tk::Arg::pointer(logits),     tk::Arg::i64(logits.stride(0)),
-                              tk::Arg::pointer(targets),    tk::Arg::pointer(lse),
-                              tk::Arg::pointer(grad_rows),  tk::Arg::pointer(grad),
-                              tk::Arg::i64(grad.stride(0)), tk::Arg::i32(rows),
-                              tk::Arg::i32(vocab)};
+    tk::MaskedLmBackward kernel;
+    kernel.logits = logits, kernel.row_stride = logits.stride(0), kernel.targets = targets;
+    kernel.lse = lse, kernel.grad_loss = grad_rows, kernel.grad = grad;
+    kernel.grad_stride = grad.stride(0), kernel.n_rows = rows, kernel.vocab = vocab;
+    auto args = kernel.args();
     const std::string variant =
         tk::aligned_variant("masked_lm_backward_" + dtype_suffix(logits), logits.device(), args);
     const int64_t block = tk::constant(tk::image_for(variant, logits.device()), "BLOCK");

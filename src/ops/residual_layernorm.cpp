@@ -4,6 +4,7 @@
 #include "xlme/ops/dropout.h"
 #include "xlme/ops/registry.h"
 #include "xlme/ops/triton.h"
+#include "xlme/ops/triton_launchers.h"
 
 #include <torch/torch.h>
 
@@ -54,14 +55,13 @@ struct FusedResidualLayerNorm : torch::autograd::Function<FusedResidualLayerNorm
     auto out = torch::empty_like(x);
     const auto f32 = x.options().dtype(torch::kFloat32);
     auto mean = torch::empty({rows}, f32), rstd = torch::empty({rows}, f32);
-    std::vector<tk::Arg> args{tk::Arg::pointer(x),      tk::Arg::pointer(y),
-                              tk::Arg::pointer(weight), tk::Arg::pointer(bias),
-                              tk::Arg::pointer(out),    tk::Arg::pointer(mean),
-                              tk::Arg::pointer(rstd),   tk::Arg::i32(rows),
-                              tk::Arg::i32(width),      tk::Arg::f32(eps)};
-    philox.append_to(args);
-    args.push_back(tk::Arg::u32(tk::dropout_threshold(p)));
-    args.push_back(tk::Arg::f32(dropout ? 1.0 / (1.0 - p) : 1.0));
+    tk::ResidualLayernormForward kernel;
+    kernel.x = x, kernel.y = y, kernel.w = weight, kernel.b = bias;
+    kernel.out = out, kernel.mean = mean, kernel.rstd = rstd;
+    kernel.n_rows = rows, kernel.width = width, kernel.eps = eps;
+    kernel.philox = philox, kernel.threshold = tk::dropout_threshold(p);
+    kernel.scale = dropout ? 1.0 / (1.0 - p) : 1.0;
+    auto args = kernel.args();
     // Aligned rows (16-byte aligned tensors, a width that is a multiple of 16) take the kernel
     // with 16-byte loads and stores; any other layout the one that promises nothing.
     const auto variant =
@@ -93,15 +93,13 @@ struct FusedResidualLayerNorm : torch::autograd::Function<FusedResidualLayerNorm
     auto dx = torch::empty_like(x), dy = torch::empty_like(y);
     const auto f32 = x.options().dtype(torch::kFloat32);
     auto dw = torch::empty({programs, width}, f32), db = torch::empty({programs, width}, f32);
-    std::vector<tk::Arg> args{
-        tk::Arg::pointer(x),      tk::Arg::pointer(y),    tk::Arg::pointer(weight),
-        tk::Arg::pointer(mean),   tk::Arg::pointer(rstd), tk::Arg::pointer(dout),
-        tk::Arg::pointer(dx),     tk::Arg::pointer(dy),   tk::Arg::pointer(dw),
-        tk::Arg::pointer(db),     tk::Arg::i32(rows),     tk::Arg::i32(width),
-        tk::Arg::i32(per_program)};
-    philox.append_to(args);
-    args.push_back(tk::Arg::u32(tk::dropout_threshold(p)));
-    args.push_back(tk::Arg::f32(dropout ? 1.0 / (1.0 - p) : 1.0));
+    tk::ResidualLayernormBackward kernel;
+    kernel.x = x, kernel.y = y, kernel.w = weight, kernel.mean = mean, kernel.rstd = rstd;
+    kernel.dout = dout, kernel.dx = dx, kernel.dy = dy, kernel.dw_part = dw, kernel.db_part = db;
+    kernel.n_rows = rows, kernel.width = width, kernel.rows_per_program = per_program;
+    kernel.philox = philox, kernel.threshold = tk::dropout_threshold(p);
+    kernel.scale = dropout ? 1.0 / (1.0 - p) : 1.0;
+    auto args = kernel.args();
     const auto variant =
         tk::aligned_variant(variant_for("backward", x, y, dropout), x.device(), args);
     tk::launch(variant, x.device(), {programs, 1, 1}, std::move(args));

@@ -175,6 +175,13 @@ Arg Arg::f32(double value) {
   return Arg("fp32", &v, sizeof(v), false);
 }
 
+void launcher_member_unset(const char* kernel, const char* member) {
+  XLME_FAIL(
+      "Triton kernel {}: the launch leaves its argument {} unset (a member of the kernel's "
+      "launcher, xlme/ops/triton_launchers.h)",
+      kernel, member);
+}
+
 void check_args(const KernelImage& image, const std::vector<Arg>& args) {
   std::vector<std::string> types;
   for (const char *p = image.signature, *start = p;; ++p) {

@@ -8,6 +8,11 @@
 // loads (cudaGetDriverEntryPointByVersion): no link to libcuda. It launches on the device's current
 // stream. The same kernel sources run on the CPU through Triton's interpreter in the tests
 // (tests/python/test_*kernel*.py), against float64 references.
+//
+// A caller launches a kernel through its typed launcher, which the build generates from the
+// kernel's signature (src/ops/triton/launchers.py writes xlme/ops/triton_launchers.h into the
+// build folder): a struct per @triton.jit function with a member per parameter, filled by name;
+// its args() are the Args below in signature order, which launch() checks against the variant.
 #pragma once
 
 #include "xlme/ops/triton_images.h"
@@ -16,6 +21,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -98,7 +104,7 @@ struct PhiloxArgs {
   const void* offset_ptr = nullptr;  // captured: the device's int64 base offset
   bool captured = false;
 
-  // The six launch arguments in the kernels' order.
+  // The six launch arguments in the kernels' order (a launcher's args() appends them).
   void append_to(std::vector<Arg>& args) const;
   // As integers for an autograd context (the backward draws the same numbers), and back.
   std::vector<int64_t> to_ints() const;
@@ -113,6 +119,20 @@ PhiloxArgs philox_args(bool captured, uint64_t seed, uint64_t offset, const void
 // LibTorch's CUDA generator for `device`: the arguments of one kernel call, which advances the
 // generator's offset by 4 (checkpoints save and restore it), inside a graph capture or not.
 PhiloxArgs philox_inputs(const torch::Device& device);
+
+// What a generated launcher's args() reads of its members: the value; throws, naming the kernel
+// and the member, where the caller left it unset (an undefined tensor, an empty optional).
+[[noreturn]] void launcher_member_unset(const char* kernel, const char* member);
+inline const torch::Tensor& launcher_member(const torch::Tensor& tensor, const char* kernel,
+                                            const char* member) {
+  if (!tensor.defined()) launcher_member_unset(kernel, member);
+  return tensor;
+}
+template <class T>
+const T& launcher_member(const std::optional<T>& value, const char* kernel, const char* member) {
+  if (!value.has_value()) launcher_member_unset(kernel, member);
+  return *value;
+}
 
 // A grid of programs (x, y, z), as the callers compute it from their shapes.
 using Grid = std::array<int64_t, 3>;

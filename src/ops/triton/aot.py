@@ -9,7 +9,9 @@ arguments against). The build fails here, naming the variant, when a cubin's par
 from the signature (the compiled kernel has one per non-constexpr argument, then Triton's two
 scratch pointers), or when a kernel needs scratch memory the launcher does not provide.
 With --table it also writes each cubin's static figures (registers, spills, shared memory, load
-widths, atomics: kernel_table.py), which tests/python/kernel_checks.py checks.
+widths, atomics: kernel_table.py), which tests/python/kernel_checks.py checks. The C++ callers
+launch through structs that launchers.py generates from the same variants' signatures (a member
+per parameter, args() in signature order), in a build step of its own that compiles nothing.
 
     python src/ops/triton/aot.py --out build/generated/triton_kernels.cpp --table build/kernels.tsv
 """
@@ -103,12 +105,12 @@ def cpp_bytes(data):
 
 
 def inputs_hash():
-    """What the output depends on: every kernel source beside this file (this one included), the
-    Triton version and the architectures."""
+    """What the output depends on: every kernel source beside this file (this one included; not
+    launchers.py, which writes the C++ launchers), the Triton version and the architectures."""
     digest = hashlib.sha256()
     here = os.path.dirname(os.path.abspath(__file__))
     for name in sorted(os.listdir(here)):
-        if name.endswith(".py"):
+        if name.endswith(".py") and name != "launchers.py":
             digest.update(name.encode() + b"\0")
             with open(os.path.join(here, name), "rb") as f:
                 digest.update(f.read() + b"\0")
